@@ -1,0 +1,95 @@
+"""`deferred_init`: build a module with fake tensors while recording what its constructor did."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable, TypeVar
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from .devices import DevicePlan, is_available
+from .errors import DeferredInitError
+from .fake import handle_of
+from .graph import InitGraph
+from .lazy import deferred_lazy_modules
+from .modes import RecordingDispatchMode, RecordingFunctionMode
+from .record import GraphBuilder
+from .replay import Replay
+
+M = TypeVar("M", bound=nn.Module)
+_scope = threading.local()
+
+
+def recording_graph() -> InitGraph | None:
+    """The graph being recorded on this thread, if `deferred_init` is running."""
+    return getattr(_scope, "graph", None)
+
+
+def read_value(graph: InitGraph, fake: FakeTensor) -> torch.Tensor:
+    """The true value of `fake` now, as eager construction would have it (for `.item()` etc.)."""
+    handle = handle_of(fake)
+    if handle is None or handle.graph is not graph:
+        raise DeferredInitError("a value was read from a fake tensor that this deferred_init did not create")
+    recorded = graph.tensors[handle.tensor_id].device
+    target = recorded if is_available(recorded) else torch.device("cpu")
+    plan = DevicePlan(exact=((str(recorded), target),), by_type=(), default=None, rng="eager")
+    return Replay(graph, plan, remember=False).run([fake], [handle.tensor_id])[0]
+
+
+def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
+    """Call `module_fn(*args, **kwargs)` with every tensor fake and every op recorded.
+
+    Parameters and buffers of the returned module are fake tensors (metadata, no storage) that
+    `materialize_module` / `materialize_tensor` turn into the values eager construction would have
+    produced from the RNG state at this call. The global RNG state is not advanced.
+
+    Raises TypeError for a non-callable `module_fn` or a non-Module result, DeferredInitError when
+    an op cannot run without storage (naming op, module chain and source line) or when called inside
+    another deferred_init. An exception raised by `module_fn` propagates unchanged, with the partial
+    graph attached as `error.deferred_graph`. No mode stays active on any exit path.
+    """
+    if not callable(module_fn):
+        raise TypeError(
+            f"deferred_init expects a callable that builds an nn.Module (e.g. a class or a lambda), "
+            f"got {type(module_fn).__name__} {module_fn!r:.80}"
+        )
+    if recording_graph() is not None:
+        raise DeferredInitError(
+            "deferred_init cannot be nested: it was called while another deferred_init is building a "
+            "module; build the inner module directly, it is already deferred"
+        )
+    graph = InitGraph()
+    graph.rng_start["cpu"] = torch.get_rng_state()
+    builder = GraphBuilder(graph)
+
+    def reader(fake: FakeTensor) -> torch.Tensor:
+        return read_value(graph, fake)
+
+    _scope.graph = graph
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), RecordingDispatchMode(builder, reader), \
+                RecordingFunctionMode(builder, reader), deferred_lazy_modules():
+            module = module_fn(*args, **kwargs)
+    except DeferredInitError as error:
+        error.graph = error.graph or graph
+        raise
+    except BaseException as error:
+        try:
+            error.deferred_graph = graph
+        except AttributeError:
+            pass
+        raise
+    finally:
+        _scope.graph = None
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"deferred_init: {getattr(module_fn, '__qualname__', module_fn)!r} returned "
+            f"{type(module).__name__}, not an nn.Module"
+        )
+    builder.finish()
+    graph.finished = True
+    graph.root = weakref.ref(module)
+    return module

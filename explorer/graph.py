@@ -1,0 +1,190 @@
+"""The recorded initialization program: plain data, filled by `record`, read by everything else.
+
+Invariants the graph keeps:
+- ops are in the chronological order the constructor issued them; an op's index is its position;
+- every fake tensor the constructor produced has a `TensorInfo` whose `producer` is the op that made
+  it and whose `storage` is shared with every view of the same memory;
+- `writers[storage]` lists, in order, every op that created or wrote that storage; an op writes a
+  storage when its schema marks the argument as written (in-place and out= ops) or when it created it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+
+from .source import SourceLocation
+
+TensorId = int
+StorageId = int
+OpIndex = int
+
+# Ops that overwrite every element of `self` without reading it: an earlier write to a storage they
+# fully cover is dead. Used by rng="fast" to skip the first of Hugging Face's two initialisations.
+_aten = torch.ops.aten
+OVERWRITING_OPS = frozenset(
+    {
+        _aten.fill_.Scalar, _aten.fill_.Tensor, _aten.zero_.default, _aten.uniform_.default,
+        _aten.normal_.default, _aten.random_.default, getattr(_aten.random_, "from"), _aten.random_.to,
+        _aten.exponential_.default, _aten.geometric_.default, _aten.log_normal_.default,
+        _aten.cauchy_.default, _aten.bernoulli_.float, _aten.copy_.default,
+    }
+)
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """An op argument that is a fake tensor of this graph, as it was when the op ran."""
+
+    id: TensorId
+
+
+@dataclass(frozen=True)
+class ExternalRef:
+    """An op argument that is a real tensor from outside (module args, constants): kept by reference."""
+
+    index: int
+
+
+@dataclass
+class ExternalTensor:
+    """A real tensor the constructor read, and its version counter when it was read.
+
+    `version` is None for inference tensors, which have no version counter to check.
+    """
+
+    tensor: torch.Tensor
+    version: int | None
+
+
+@dataclass
+class TensorInfo:
+    """Metadata of one fake tensor (one Python tensor object, or one state of it after `.data = `)."""
+
+    id: TensorId
+    storage: StorageId
+    producer: OpIndex
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+    is_param: bool = False
+
+
+@dataclass
+class StorageInfo:
+    """One fake storage: the memory a base tensor and its views share."""
+
+    id: StorageId
+    nbytes: int
+    device: torch.device
+    creator: OpIndex
+
+
+@dataclass
+class OpNode:
+    """One aten call the constructor made (or a synthetic alias for `.data = x`)."""
+
+    index: OpIndex
+    func: Any  # torch._ops.OpOverload
+    args: tuple
+    kwargs: dict
+    outputs: Any  # the op's return value with fake tensors replaced by TensorRef
+    output_ids: tuple[TensorId, ...]
+    inputs: tuple[TensorId, ...]  # fake tensors among the arguments, in order
+    reads: frozenset[TensorId]  # inputs whose contents the op reads (not pure aliasing, not overwritten)
+    externals: tuple[int, ...]  # indices into InitGraph.externals
+    writes: tuple[StorageId, ...]  # storages written in place (not counting created ones)
+    creates: tuple[StorageId, ...]
+    aliases_only: bool  # outputs only alias inputs and nothing is written
+    random: bool
+    source: SourceLocation | None
+    name: str = ""  # display name; defaults to the aten name
+    overwrites: bool = False  # writes every element of its only written storage without reading it
+    stream: tuple[str, int] | None = None  # random ops: (generator key, position in that stream)
+
+    @property
+    def label(self) -> str:
+        return self.name or str(self.func)
+
+
+@dataclass
+class InitGraph:
+    """Everything `deferred_init` recorded for one module construction."""
+
+    ops: list[OpNode] = field(default_factory=list)
+    tensors: dict[TensorId, TensorInfo] = field(default_factory=dict)
+    storages: dict[StorageId, StorageInfo] = field(default_factory=dict)
+    writers: dict[StorageId, list[OpIndex]] = field(default_factory=dict)
+    externals: list[ExternalTensor] = field(default_factory=list)
+    rng_start: dict[str, torch.Tensor | None] = field(default_factory=dict)  # generator key → state
+    random_streams: dict[str, list[OpIndex]] = field(default_factory=dict)  # key → random ops in order
+    finished: bool = False
+    root: Any = None  # weakref to the module deferred_init returned
+    # Filled by materialization: what replay already produced (weak, so dropping a module frees it).
+    replay_state: Any = None
+
+    def writers_before(self, storage: StorageId, before: OpIndex) -> list[OpIndex]:
+        """Ops that created or wrote `storage` strictly before op `before`, oldest first."""
+        writers = self.writers.get(storage, [])
+        return writers[: bisect.bisect_left(writers, before)]
+
+    def last_write(self, storage: StorageId) -> OpIndex:
+        return self.writers[storage][-1]
+
+    def closure_of(
+        self,
+        tensor_ids: Iterable[TensorId],
+        *,
+        skip_dead_writes: bool = False,
+        has_object: Callable[[TensorId], bool] = lambda tid: False,
+        storage_ready: Callable[[StorageId, OpIndex], bool] = lambda sid, before: False,
+    ) -> list[OpIndex]:
+        """Every op that replaying needs to reproduce `tensor_ids` as they were when recording ended.
+
+        That is: the op that produced each tensor, every write to its storage, and recursively, for
+        each of those ops, the ops producing its inputs plus every earlier write to the storages it
+        reads (ops that only make aliases, or overwrite without reading, need no earlier writes). With
+        `skip_dead_writes`, writes fully overwritten by a later op that reads nothing of the old
+        contents are left out (their values could never be observed).
+
+        The replayer passes what it already holds: `has_object(tid)` (a real tensor for `tid` exists,
+        so its producer need not run) and `storage_ready(sid, before)` (a real copy of the storage in
+        its state just before op `before` exists, so its writers need not run).
+        """
+        end = len(self.ops)
+        needed: set[OpIndex] = set()
+        stack: list[OpIndex] = []
+
+        def require(tid: TensorId, before: OpIndex, reads_data: bool) -> None:
+            info = self.tensors[tid]
+            if not has_object(tid):
+                stack.append(info.producer)
+            if reads_data and not storage_ready(info.storage, before):
+                stack.extend(self._live_writers(info.storage, before, skip_dead_writes))
+
+        for tid in tensor_ids:
+            require(tid, end, True)
+        while stack:
+            index = stack.pop()
+            if index in needed:
+                continue
+            needed.add(index)
+            op = self.ops[index]
+            for tid in op.inputs:
+                require(tid, index, tid in op.reads)
+        return sorted(needed)
+
+    def _live_writers(self, storage: StorageId, before: OpIndex, skip_dead_writes: bool) -> list[OpIndex]:
+        writers = self.writers_before(storage, before)
+        if skip_dead_writes:
+            for position in range(len(writers) - 1, 0, -1):
+                if self.ops[writers[position]].overwrites:
+                    # The creator stays: it makes the tensor object that later ops write into.
+                    return [writers[0], *writers[position:]]
+        return writers

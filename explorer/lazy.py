@@ -1,0 +1,59 @@
+"""Lazy modules (`nn.LazyLinear`, ...) under deferred_init.
+
+`UninitializedParameter(...)` calls `Tensor._make_subclass` on a fresh tensor, which a FakeTensor
+refuses. While `deferred_init` runs (and only then) the two uninitialized classes instead hand back
+a fake tensor whose class mixes the uninitialized behaviour into `DeferredTensor`; its
+`materialize(shape)` (run by the module's first forward) then works on fakes like any `.data = x`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
+
+from .fake import DeferredTensor
+
+
+class DeferredUninitializedParameter(UninitializedTensorMixin, DeferredTensor):
+    """A not-yet-shaped lazy parameter recorded by deferred_init."""
+
+    cls_to_become = DeferredTensor
+
+
+class DeferredUninitializedBuffer(UninitializedTensorMixin, DeferredTensor):
+    """A not-yet-shaped lazy buffer recorded by deferred_init."""
+
+    cls_to_become = DeferredTensor
+
+
+def _new_parameter(cls, requires_grad=True, device=None, dtype=None):  # noqa: ANN001 - torch's signature
+    data = torch.empty(0, device=device, dtype=dtype)
+    data.__class__ = DeferredUninitializedParameter
+    data._is_param = True
+    data.requires_grad_(requires_grad)
+    return data
+
+
+def _new_buffer(cls, requires_grad=False, device=None, dtype=None, persistent=True):  # noqa: ANN001
+    data = torch.empty(0, device=device, dtype=dtype)
+    data.__class__ = DeferredUninitializedBuffer
+    data.requires_grad_(requires_grad)
+    data.persistent = persistent
+    data._is_buffer = True
+    return data
+
+
+@contextlib.contextmanager
+def deferred_lazy_modules() -> Iterator[None]:
+    """Within this scope, lazy modules create fake uninitialized tensors; undone on any exit."""
+    originals = {cls: cls.__dict__["__new__"] for cls in (UninitializedParameter, UninitializedBuffer)}
+    UninitializedParameter.__new__ = staticmethod(_new_parameter)
+    UninitializedBuffer.__new__ = staticmethod(_new_buffer)
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.__new__ = original

@@ -1,0 +1,266 @@
+"""Turning aten calls on fake tensors into `OpNode`s of an `InitGraph`.
+
+`GraphBuilder` is called by the recording modes after each op has run under FakeTensorMode. It
+gives every new fake tensor an id, every new storage an id, and notes which storages each op
+writes (from the op's schema) so that `InitGraph.closure_of` can later find what to replay.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from .errors import DeferredInitError
+from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, handle_of
+from .graph import (
+    OVERWRITING_OPS,
+    ExternalRef,
+    ExternalTensor,
+    InitGraph,
+    OpNode,
+    StorageInfo,
+    TensorId,
+    TensorInfo,
+    TensorRef,
+)
+from .rng import capture_start_state, stream_key
+from .source import SourceLocation, building_modules, user_location
+
+_aten = torch.ops.aten
+_SEEDED = torch.Tag.nondeterministic_seeded
+
+
+@functools.lru_cache(maxsize=None)
+def written_arguments(func: Any) -> tuple[tuple[int, str], ...]:
+    """(position, name) of every argument the op's schema marks as written (`Tensor(a!)`)."""
+    return tuple(
+        (position, argument.name)
+        for position, argument in enumerate(func._schema.arguments)
+        if argument.alias_info is not None and argument.alias_info.is_write
+    )
+
+
+def _argument(func: Any, args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    if position < len(args) and not func._schema.arguments[position].kwarg_only:
+        return args[position]
+    return kwargs.get(name)
+
+
+def _covers_storage(tensor: torch.Tensor) -> bool:
+    """True when writing every element of `tensor` writes every byte of its storage."""
+    if tensor.storage_offset() != 0 or not tensor.is_contiguous():
+        return False
+    return tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes()
+
+
+class GraphBuilder:
+    """Appends ops to one graph; keeps the only references from storages to ids."""
+
+    def __init__(self, graph: InitGraph) -> None:
+        self.graph = graph
+        self._storage_ids: dict[int, int] = {}
+        self._storage_objects: list[torch.UntypedStorage] = []  # keeps storage addresses unique
+        self._storage_anchor: dict[int, TensorId] = {}
+        self._fakes: weakref.WeakSet = weakref.WeakSet()
+
+    # -- ids ---------------------------------------------------------------------------------
+    def _storage_id(self, tensor: torch.Tensor, creator: int) -> tuple[int, bool]:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        sid = self._storage_ids.get(key)
+        if sid is not None:
+            return sid, False
+        sid = len(self.graph.storages)
+        self._storage_ids[key] = sid
+        self._storage_objects.append(storage)
+        self.graph.storages[sid] = StorageInfo(sid, storage.nbytes(), tensor.device, creator)
+        self.graph.writers[sid] = [creator]
+        return sid, True
+
+    def _new_tensor(self, tensor: FakeTensor, producer: int) -> tuple[TensorId, int | None]:
+        """Register a fake that an op produced; returns its id and its storage id if new."""
+        sid, created = self._storage_id(tensor, producer)
+        tid = len(self.graph.tensors)
+        self.graph.tensors[tid] = TensorInfo(
+            id=tid,
+            storage=sid,
+            producer=producer,
+            shape=tuple(tensor.shape),
+            stride=tuple(tensor.stride()),
+            storage_offset=tensor.storage_offset(),
+            dtype=tensor.dtype,
+            device=tensor.device,
+            requires_grad=tensor.requires_grad,
+        )
+        self._storage_anchor.setdefault(sid, tid)
+        if type(tensor) is FakeTensor:
+            tensor.__class__ = DeferredTensor
+        tensor.__dict__[HANDLE_ATTR] = DeferredHandle(self.graph, tid, tensor._version)
+        self._fakes.add(tensor)
+        return tid, (sid if created else None)
+
+    def id_of(self, tensor: FakeTensor, source: SourceLocation | None) -> TensorId:
+        """The id of a fake input; fakes made behind the dispatcher's back get a synthetic alias op."""
+        handle = handle_of(tensor)
+        if handle is not None:
+            if handle.graph is not self.graph:
+                raise DeferredInitError(
+                    f"a fake tensor from another deferred_init graph was used at {source}; "
+                    "tensors of two deferred modules cannot be mixed"
+                )
+            return handle.tensor_id
+        storage_key = tensor.untyped_storage()._cdata
+        sid = self._storage_ids.get(storage_key)
+        if sid is None:
+            raise DeferredInitError(
+                f"a fake tensor that deferred_init did not create was used at {source}; "
+                "it may come from another FakeTensorMode"
+            )
+        return self.alias(tensor, self._storage_anchor[sid], name="alias", source=source)
+
+    def alias(self, tensor: FakeTensor, base: TensorId, *, name: str, source: SourceLocation | None) -> TensorId:
+        """Record `tensor` as an alias of `base` by its metadata (for `.data = x`, `_make_subclass`)."""
+        index = len(self.graph.ops)
+        if tensor.dtype == self.graph.tensors[base].dtype:
+            func, args = _aten.as_strided.default, (
+                TensorRef(base), tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
+        else:
+            raise DeferredInitError(f"cannot record a {tensor.dtype} alias of a storage at {source}")
+        op = OpNode(
+            index=index, func=func, args=args, kwargs={}, outputs=None, output_ids=(), inputs=(base,),
+            reads=frozenset(), externals=(), writes=(), creates=(), aliases_only=True, random=False,
+            source=source, name=name,
+        )
+        self.graph.ops.append(op)
+        tid, _ = self._new_tensor(tensor, index)
+        op.outputs = TensorRef(tid)
+        op.output_ids = (tid,)
+        return tid
+
+    def _external(self, tensor: torch.Tensor) -> int:
+        try:
+            version = tensor._version
+        except RuntimeError:  # inference tensors track no version
+            version = None
+        self.graph.externals.append(ExternalTensor(tensor, version))
+        return len(self.graph.externals) - 1
+
+    # -- ops ---------------------------------------------------------------------------------
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, source: SourceLocation | None) -> None:
+        """Append one op that has just run under fake mode, with its (fake) result `out`."""
+        index = len(self.graph.ops)
+        flat, spec = tree_flatten((args, kwargs))
+        refs: list[Any] = []
+        inputs: list[TensorId] = []
+        externals: list[int] = []
+        for value in flat:
+            if isinstance(value, FakeTensor):
+                tid = self.id_of(value, source)
+                refs.append(TensorRef(tid))
+                inputs.append(tid)
+            elif isinstance(value, torch.Tensor):
+                position = self._external(value)
+                refs.append(ExternalRef(position))
+                externals.append(position)
+            elif isinstance(value, torch.Generator):
+                raise DeferredInitError(
+                    f"{func} was given an explicit torch.Generator at {source}; deferred_init replays "
+                    "random ops from the default generator only, so pass no generator= (seed with "
+                    "torch.manual_seed instead)"
+                )
+            else:
+                refs.append(value)
+        index = len(self.graph.ops)  # id_of may have appended synthetic alias ops
+        ref_args, ref_kwargs = tree_unflatten(refs, spec)
+
+        written_tids: list[TensorId] = []
+        for position, name in written_arguments(func):
+            argument = _argument(func, args, kwargs, position, name)
+            for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
+                if isinstance(tensor, FakeTensor):
+                    written_tids.append(handle_of(tensor).tensor_id)
+
+        out_flat, out_spec = tree_flatten(out)
+        out_refs: list[Any] = []
+        output_ids: list[TensorId] = []
+        created: list[int] = []
+        for value in out_flat:
+            if isinstance(value, FakeTensor):
+                handle = handle_of(value)
+                if handle is not None and handle.graph is self.graph:
+                    tid = handle.tensor_id  # in-place and out= ops return their argument
+                else:
+                    tid, new_storage = self._new_tensor(value, index)
+                    if new_storage is not None:
+                        created.append(new_storage)
+                out_refs.append(TensorRef(tid))
+                output_ids.append(tid)
+            else:
+                out_refs.append(value)
+
+        tensors = self.graph.tensors
+        writes = tuple(dict.fromkeys(tensors[tid].storage for tid in written_tids))
+        for sid in writes:
+            self.graph.writers[sid].append(index)
+        overwrites = func in OVERWRITING_OPS and len(writes) == 1 and _covers_storage(args[0])
+        aliases_only = not writes and not created and bool(output_ids)
+        overwritten = {written_tids[0]} if func in OVERWRITING_OPS and written_tids else set()
+        reads = frozenset() if aliases_only else frozenset(set(inputs) - overwritten)
+
+        stream = None
+        random = _SEEDED in func.tags
+        if random:
+            device = self._random_device(func, args, kwargs, out_flat)
+            if device is not None and device.type != "meta":
+                key = stream_key(device)
+                if key not in self.graph.rng_start:
+                    self.graph.rng_start[key] = capture_start_state(key)
+                positions = self.graph.random_streams.setdefault(key, [])
+                stream = (key, len(positions))
+                positions.append(index)
+
+        self.graph.ops.append(
+            OpNode(
+                index=index, func=func, args=ref_args, kwargs=ref_kwargs,
+                outputs=tree_unflatten(out_refs, out_spec), output_ids=tuple(output_ids),
+                inputs=tuple(inputs), reads=reads, externals=tuple(externals), writes=writes,
+                creates=tuple(created), aliases_only=aliases_only, random=random, source=source,
+                overwrites=overwrites, stream=stream,
+            )
+        )
+
+    @staticmethod
+    def _random_device(func: Any, args: tuple, kwargs: dict, out_flat: list) -> torch.device | None:
+        for value in (*out_flat, *args):
+            if isinstance(value, torch.Tensor):
+                return value.device
+        device = kwargs.get("device")
+        return torch.device(device) if device is not None else torch.device("cpu")
+
+    def record_set_data(self, target: FakeTensor, value: FakeTensor, source: SourceLocation | None) -> None:
+        """`target.data = value` swapped target's storage: target is now an alias of value."""
+        value_id = self.id_of(value, source)
+        self.alias(target, value_id, name="set_data", source=source)
+
+    def finish(self) -> None:
+        """Stamp each live fake with its version now, to catch in-place changes made after recording."""
+        for tensor in list(self._fakes):
+            handle_of(tensor).version = tensor._version
+        self._fakes = weakref.WeakSet()
+        self._storage_objects.clear()
+
+    def failure(self, func: Any, error: BaseException, source: SourceLocation | None) -> DeferredInitError:
+        """The error to raise when an op cannot run under deferred_init."""
+        message = (
+            f"{func} failed under deferred_init while building {building_modules(3)} "
+            f"at {source or '<unknown source>'}"
+        )
+        if source is not None and source.line:
+            message += f"\n    {source.line}"
+        message += f"\n{type(error).__name__}: {error}"
+        return DeferredInitError(message, self.graph)

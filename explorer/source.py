@@ -1,0 +1,75 @@
+"""Where in the user's code an op was issued, and which module constructors were running.
+
+Capturing this for every recorded op must be cheap (a frame walk, no `inspect.stack()`), while the
+module chain is only computed when an error message needs it.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import sys
+from dataclasses import dataclass
+from types import FrameType
+
+import torch
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_EXPLORER_DIR = os.path.dirname(__file__) + os.sep
+_ASSIGNMENT = re.compile(r"self\.(\w+)\s*(?::[^=]*)?=")
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """A line of user code: the innermost frame outside torch and this package."""
+
+    filename: str
+    lineno: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno} in {self.function}"
+
+    @property
+    def line(self) -> str:
+        return linecache.getline(self.filename, self.lineno).strip()
+
+
+def _is_library_frame(frame: FrameType) -> bool:
+    filename = frame.f_code.co_filename
+    return filename.startswith(_TORCH_DIR) or filename.startswith(_EXPLORER_DIR)
+
+
+def user_location(skip: int = 1) -> SourceLocation | None:
+    """The innermost calling frame that belongs to neither torch nor the explorer."""
+    frame: FrameType | None = sys._getframe(skip)
+    while frame is not None and _is_library_frame(frame):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+def building_modules(skip: int = 1) -> str:
+    """The chain of `nn.Module.__init__` calls in progress, outermost first, e.g.
+
+    ``Net.__init__ → self.encoder = Encoder(...) → Encoder.__init__ → self.proj = Linear(...)``
+    shortened to ``Net.encoder(Encoder).proj(Linear)``. Only used for error messages.
+    """
+    chain: list[tuple[str, str | None]] = []  # (class name, attribute being assigned in that init)
+    frame: FrameType | None = sys._getframe(skip)
+    while frame is not None:
+        if frame.f_code.co_name == "__init__":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, torch.nn.Module):
+                match = _ASSIGNMENT.search(linecache.getline(frame.f_code.co_filename, frame.f_lineno))
+                chain.append((type(owner).__name__, match.group(1) if match else None))
+        frame = frame.f_back
+    if not chain:
+        return "<no module under construction>"
+    chain.reverse()
+    parts = [chain[0][0]]
+    for (_, attribute), (cls, _) in zip(chain, chain[1:]):
+        parts.append(f".{attribute}({cls})" if attribute else f" > {cls}")
+    return "".join(parts)
