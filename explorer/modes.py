@@ -10,6 +10,7 @@ answered with real values by materializing the small tensor on the spot.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -28,6 +29,19 @@ _NUMPY = torch.Tensor.numpy
 
 # Reads a fake tensor's true value: (fake) -> real tensor with the values eager construction has.
 ValueReader = Callable[[FakeTensor], torch.Tensor]
+
+
+@functools.lru_cache(maxsize=None)
+def _is_inplace_random(func: Any) -> bool:
+    """Random ops like uniform_ that write `self` in place and return it."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    returns = func._schema.returns
+    first = func._schema.arguments[0] if func._schema.arguments else None
+    return (
+        len(returns) == 1 and first is not None and returns[0].alias_info is not None
+        and first.alias_info is not None and first.alias_info.is_write
+    )
 
 
 class RecordingDispatchMode(TorchDispatchMode):
@@ -50,7 +64,12 @@ class RecordingDispatchMode(TorchDispatchMode):
             self.builder.record(func, args, kwargs, value, source)
             return value
         try:
-            out = func(*args, **kwargs)
+            if _is_inplace_random(func) and isinstance(args[0], FakeTensor):
+                # Fills values only; fake mode would decompose it into prims that need the real
+                # device's generator (absent for a fake "cuda" tensor) for nothing.
+                out = args[0]
+            else:
+                out = func(*args, **kwargs)
         except DeferredInitError:
             raise
         except Exception as error:

@@ -66,7 +66,7 @@ class GraphBuilder:
         self._storage_ids: dict[int, int] = {}
         self._storage_objects: list[torch.UntypedStorage] = []  # keeps storage addresses unique
         self._storage_anchor: dict[int, TensorId] = {}
-        self._fakes: weakref.WeakSet = weakref.WeakSet()
+        self._fakes: list[weakref.ref] = []
 
     # -- ids ---------------------------------------------------------------------------------
     def _storage_id(self, tensor: torch.Tensor, creator: int) -> tuple[int, bool]:
@@ -101,7 +101,7 @@ class GraphBuilder:
         if type(tensor) is FakeTensor:
             tensor.__class__ = DeferredTensor
         tensor.__dict__[HANDLE_ATTR] = DeferredHandle(self.graph, tid, tensor._version)
-        self._fakes.add(tensor)
+        self._fakes.append(weakref.ref(tensor))
         return tid, (sid if created else None)
 
     def id_of(self, tensor: FakeTensor, source: SourceLocation | None) -> TensorId:
@@ -249,9 +249,11 @@ class GraphBuilder:
 
     def finish(self) -> None:
         """Stamp each live fake with its version now, to catch in-place changes made after recording."""
-        for tensor in list(self._fakes):
-            handle_of(tensor).version = tensor._version
-        self._fakes = weakref.WeakSet()
+        for reference in self._fakes:
+            tensor = reference()
+            if tensor is not None:
+                handle_of(tensor).version = tensor._version
+        self._fakes = []
         self._storage_objects.clear()
 
     def failure(self, func: Any, error: BaseException, source: SourceLocation | None) -> DeferredInitError:

@@ -1,0 +1,107 @@
+"""Materialization: views, in-place ops, memoization, ties and partial orders."""
+
+import torch
+from torch import nn
+
+from explorer import deferred_init, is_deferred, materialize_module, materialize_tensor
+
+
+class ViewsAndInplace(nn.Module):
+    """The seed documents' example: an in-place op after a view reaches the view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        a = torch.ones(2, 3)
+        self.register_buffer("flat", a.view(-1))
+        a.add_(2)
+        self.register_buffer("base", a)
+        self.register_buffer("row", a[1])
+
+
+def test_later_inplace_reaches_earlier_view():
+    module = deferred_init(ViewsAndInplace)
+    flat = materialize_tensor(module.flat)
+    assert torch.equal(flat, torch.full((6,), 3.0))
+
+
+def test_materialized_view_shares_storage_with_base_in_any_order():
+    module = deferred_init(ViewsAndInplace)
+    row = materialize_tensor(module.row)
+    base = materialize_tensor(module.base)
+    flat = materialize_tensor(module.flat)
+    assert row.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert flat.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert row.storage_offset() == 3 and row.stride() == (1,)
+    base.mul_(2)  # they really are one memory
+    assert torch.equal(flat, torch.full((6,), 6.0)) and torch.equal(row, torch.full((3,), 6.0))
+
+
+def test_materialize_tensor_is_memoized_for_the_same_fake():
+    module = deferred_init(nn.Linear, 3, 2)
+    first = materialize_tensor(module.weight)
+    assert materialize_tensor(module.weight) is first
+    module.weight = first
+    assert materialize_tensor(module.weight) is first  # a real tensor passes through
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_tied_parameters_stay_one_object():
+    torch.manual_seed(0)
+    eager = Tied()
+    torch.manual_seed(0)
+    module = materialize_module(deferred_init(Tied))
+    assert module.head.weight is module.embed.weight
+    assert isinstance(module.head.weight, nn.Parameter)
+    assert torch.equal(module.embed.weight, eager.embed.weight)
+
+
+def test_tied_parameters_stay_one_object_when_materialized_separately():
+    module = deferred_init(Tied)
+    materialize_module(module.head)
+    materialize_module(module.embed)
+    assert module.head.weight is module.embed.weight
+
+
+def test_materialized_parameter_keeps_kind_and_requires_grad():
+    class Frozen(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(2), requires_grad=False)
+            self.register_buffer("b", torch.zeros(2))
+
+    module = materialize_module(deferred_init(Frozen))
+    assert type(module.w) is nn.Parameter and module.w.requires_grad is False
+    assert type(module.b) is torch.Tensor
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.norm = nn.BatchNorm1d(3)
+        self.b = nn.Linear(3, 2)
+
+
+def test_buffers_only_leaves_parameters_fake():
+    module = materialize_module(deferred_init(Stack), buffers_only=True)
+    assert not is_deferred(module.norm.running_mean)
+    assert is_deferred(module.a.weight) and is_deferred(module.norm.weight)
+
+
+def test_check_fn_chooses_submodules():
+    module = materialize_module(deferred_init(Stack), check_fn=lambda m: isinstance(m, nn.Linear))
+    assert not is_deferred(module.a) and not is_deferred(module.b)
+    assert is_deferred(module.norm)
+
+
+def test_materialize_module_returns_the_module_for_chaining():
+    module = deferred_init(Stack)
+    assert materialize_module(module) is module
+    assert not is_deferred(module)
