@@ -51,6 +51,12 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     another deferred_init. An exception raised by `module_fn` propagates unchanged, with the partial
     graph attached as `error.deferred_graph`. No mode stays active on any exit path.
     """
+    if isinstance(module_fn, nn.Module):
+        raise TypeError(
+            f"deferred_init expects a callable that builds an nn.Module, got an already built "
+            f"{type(module_fn).__name__} instance; pass the class and its arguments instead, e.g. "
+            f"deferred_init({type(module_fn).__name__}, ...)"
+        )
     if not callable(module_fn):
         raise TypeError(
             f"deferred_init expects a callable that builds an nn.Module (e.g. a class or a lambda), "
@@ -87,7 +93,7 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     if not isinstance(module, nn.Module):
         raise TypeError(
             f"deferred_init: {getattr(module_fn, '__qualname__', module_fn)!r} returned "
-            f"{type(module).__name__}, not an nn.Module"
+            f"{'a Tensor' if isinstance(module, torch.Tensor) else type(module).__name__}, not an nn.Module"
         )
     builder.finish()
     graph.finished = True

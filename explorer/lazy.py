@@ -21,26 +21,26 @@ class DeferredUninitializedParameter(UninitializedTensorMixin, DeferredTensor):
     """A not-yet-shaped lazy parameter recorded by deferred_init."""
 
     cls_to_become = DeferredTensor
+    shape = torch._C.TensorBase.shape  # fake mode reads it; the mixin would refuse
 
 
 class DeferredUninitializedBuffer(UninitializedTensorMixin, DeferredTensor):
     """A not-yet-shaped lazy buffer recorded by deferred_init."""
 
     cls_to_become = DeferredTensor
+    shape = torch._C.TensorBase.shape
 
 
 def _new_parameter(cls, requires_grad=True, device=None, dtype=None):  # noqa: ANN001 - torch's signature
-    data = torch.empty(0, device=device, dtype=dtype)
+    data = torch.empty(0, device=device, dtype=dtype).requires_grad_(requires_grad)
     data.__class__ = DeferredUninitializedParameter
     data._is_param = True
-    data.requires_grad_(requires_grad)
     return data
 
 
 def _new_buffer(cls, requires_grad=False, device=None, dtype=None, persistent=True):  # noqa: ANN001
-    data = torch.empty(0, device=device, dtype=dtype)
+    data = torch.empty(0, device=device, dtype=dtype).requires_grad_(requires_grad)
     data.__class__ = DeferredUninitializedBuffer
-    data.requires_grad_(requires_grad)
     data.persistent = persistent
     data._is_buffer = True
     return data

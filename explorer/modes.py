@@ -31,6 +31,11 @@ _NUMPY = torch.Tensor.numpy
 ValueReader = Callable[[FakeTensor], torch.Tensor]
 
 
+def _metadata_access() -> torch._C.DisableTorchFunctionSubclass:
+    """Lets the recorder read stride/storage of tensors whose class refuses it (lazy parameters)."""
+    return torch._C.DisableTorchFunctionSubclass()
+
+
 @functools.lru_cache(maxsize=None)
 def _is_inplace_random(func: Any) -> bool:
     """Random ops like uniform_ that write `self` in place and return it."""
@@ -61,7 +66,8 @@ class RecordingDispatchMode(TorchDispatchMode):
             real = self.read_value(args[0])
             with outside_recording():
                 value = real.item()
-            self.builder.record(func, args, kwargs, value, source)
+            with _metadata_access():
+                self.builder.record(func, args, kwargs, value, source)
             return value
         try:
             if _is_inplace_random(func) and isinstance(args[0], FakeTensor):
@@ -74,7 +80,8 @@ class RecordingDispatchMode(TorchDispatchMode):
             raise
         except Exception as error:
             raise self.builder.failure(func, error, user_location(2)) from error
-        self.builder.record(func, args, kwargs, out, user_location(2))
+        with _metadata_access():
+            self.builder.record(func, args, kwargs, out, user_location(2))
         return out
 
 
@@ -96,6 +103,7 @@ class RecordingFunctionMode(TorchFunctionMode):
             target, value = args
             result = func(*args, **kwargs)
             if isinstance(target, FakeTensor) and isinstance(value, FakeTensor):
-                self.builder.record_set_data(target, value, user_location(2))
+                with _metadata_access():
+                    self.builder.record_set_data(target, value, user_location(2))
             return result
         return func(*args, **kwargs)

@@ -1,0 +1,148 @@
+"""Bad input and failures: clear messages, nothing changed, no mode left behind."""
+
+import pytest
+import torch
+from torch import nn
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from explorer import DeferredInitError, MaterializationError, deferred_init, is_deferred, materialize_module
+
+
+@torch.library.custom_op("explorer_tests::no_fake_kernel", mutates_args=())
+def no_fake_kernel(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+class Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3))
+        self.register_buffer("bad", no_fake_kernel(self.w))
+
+
+class Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(2, 2)
+        self.inner = Inner()
+
+
+def assert_no_mode_active():
+    assert _get_current_dispatch_mode_stack() == []
+    assert _get_current_function_mode_stack() == []
+
+
+def test_op_without_fake_kernel_names_op_module_chain_and_source_line():
+    with pytest.raises(DeferredInitError) as error:
+        deferred_init(Outer)
+    message = str(error.value)
+    assert message.startswith("explorer_tests.no_fake_kernel.default failed under deferred_init while building "
+                              "Outer.inner(Inner) at ")
+    assert "test_errors.py:" in message and "in __init__" in message
+    assert 'self.register_buffer("bad", no_fake_kernel(self.w))' in message
+    assert error.value.graph is not None and len(error.value.graph.ops) >= 6  # the partial recording
+    assert_no_mode_active()
+
+
+def test_exception_inside_module_fn_propagates_and_leaves_no_mode_active():
+    def broken():
+        nn.Linear(2, 2)
+        raise KeyError("config field missing")
+
+    with pytest.raises(KeyError, match="config field missing") as error:
+        deferred_init(broken)
+    assert len(error.value.deferred_graph.ops) > 0
+    assert_no_mode_active()
+    assert torch.ones(2).sum().item() == 2.0  # real tensors work again
+
+
+def test_non_callable_module_fn_is_rejected():
+    with pytest.raises(TypeError, match=r"deferred_init expects a callable that builds an nn.Module .* got str 'Linear'"):
+        deferred_init("Linear")
+
+
+def test_already_built_module_is_rejected_with_a_hint():
+    with pytest.raises(TypeError, match=r"got an already built Linear instance; pass the class and its arguments"):
+        deferred_init(nn.Linear(2, 2))
+
+
+def test_module_fn_returning_a_non_module_is_rejected():
+    with pytest.raises(TypeError, match=r"returned a Tensor, not an nn.Module"):
+        deferred_init(lambda: torch.ones(2))
+    assert_no_mode_active()
+
+
+def test_nested_deferred_init_is_rejected():
+    def outer():
+        return deferred_init(nn.Linear, 2, 2)
+
+    with pytest.raises(DeferredInitError, match="deferred_init cannot be nested"):
+        deferred_init(outer)
+    assert_no_mode_active()
+
+
+def test_explicit_generator_is_rejected_with_the_op_name():
+    def seeded():
+        module = nn.Linear(2, 2)
+        module.weight.data.normal_(generator=torch.Generator().manual_seed(0))
+        return module
+
+    with pytest.raises(DeferredInitError, match=r"aten\.normal_\.default was given an explicit torch\.Generator"):
+        deferred_init(seeded)
+
+
+def test_failed_materialize_module_leaves_every_attribute_as_it_was():
+    table = torch.arange(2.0)
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fine = nn.Linear(2, 2)
+            self.register_buffer("from_table", table + 1)
+
+    module = deferred_init(Mixed)
+    before = {name: tensor for name, tensor in module.state_dict(keep_vars=True).items()}
+    table.mul_(3)
+    with pytest.raises(MaterializationError):
+        materialize_module(module)
+    after = module.state_dict(keep_vars=True)
+    assert all(after[name] is tensor for name, tensor in before.items())
+    assert is_deferred(module.fine.weight)
+
+
+def test_interrupt_during_materialization_leaves_module_and_rng_unchanged():
+    module = deferred_init(lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)))
+    before = dict(module.state_dict(keep_vars=True))
+    rng = torch.get_rng_state()
+
+    def interrupt(done, total, done_bytes, total_bytes):
+        if done >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        materialize_module(module, progress=interrupt)
+    assert all(module.state_dict(keep_vars=True)[name] is t for name, t in before.items())
+    assert torch.equal(torch.get_rng_state(), rng)
+    materialize_module(module)
+    assert not is_deferred(module)
+
+
+def test_fake_modified_after_deferred_init_is_refused():
+    module = deferred_init(nn.Linear, 2, 2)
+    with torch.no_grad():
+        module.weight.add_(1)  # runs on the fake, unrecorded
+    with pytest.raises(MaterializationError, match=r"'weight' was modified in place after deferred_init returned"):
+        materialize_module(module)
+
+
+def test_tensor_from_another_graph_is_rejected():
+    first = deferred_init(nn.Linear, 2, 2)
+
+    def mixes():
+        module = nn.Linear(2, 2)
+        module.weight.data.copy_(first.weight)
+        return module
+
+    with pytest.raises(DeferredInitError, match="a fake tensor from another deferred_init graph"):
+        deferred_init(mixes)

@@ -1,0 +1,38 @@
+"""Lazy modules whose shapes come from a dry-run call inside module_fn."""
+
+import pytest
+import torch
+from torch import nn
+
+from explorer import MaterializationError, deferred_init, is_deferred, materialize_module
+
+
+def build_lazy() -> nn.Module:
+    module = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.LazyLinear(2))
+    module(torch.randn(3, 5))  # dry run: infers in_features
+    return module
+
+
+def test_lazy_linear_with_dry_run_matches_eager():
+    torch.manual_seed(0)
+    eager = build_lazy()
+    torch.manual_seed(0)
+    module = deferred_init(build_lazy)
+    assert type(module[0]) is nn.Linear and module[0].weight.shape == (4, 5)
+    assert is_deferred(module[0].weight) and isinstance(module[0].weight, nn.Parameter)
+    materialize_module(module)
+    for name, value in eager.state_dict().items():
+        assert torch.equal(module.state_dict()[name], value), name
+    assert type(module[0].weight) is nn.Parameter
+
+
+def test_lazy_module_without_dry_run_names_the_uninitialized_parameter():
+    module = deferred_init(nn.LazyLinear, 4)
+    with pytest.raises(MaterializationError, match=r"'weight' is an uninitialized lazy parameter"):
+        materialize_module(module)
+
+
+def test_uninitialized_parameter_is_restored_after_deferred_init():
+    deferred_init(build_lazy)
+    param = nn.parameter.UninitializedParameter()
+    assert type(param) is nn.parameter.UninitializedParameter
