@@ -74,9 +74,10 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     def reader(fake: FakeTensor) -> torch.Tensor:
         return read_value(graph, fake)
 
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     _scope.graph = graph
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), RecordingDispatchMode(builder, reader), \
+        with fake_mode, RecordingDispatchMode(builder, reader, fake_mode), \
                 RecordingFunctionMode(builder, reader), deferred_lazy_modules():
             module = module_fn(*args, **kwargs)
     except DeferredInitError as error:

@@ -14,11 +14,12 @@ import functools
 from typing import Any, Callable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import DeferredInitError
+from .lean_fake import lean_dispatch
 from .record import GraphBuilder
 from .replay import outside_recording
 from .source import user_location
@@ -52,10 +53,11 @@ def _is_inplace_random(func: Any) -> bool:
 class RecordingDispatchMode(TorchDispatchMode):
     """Records every aten op that reaches it, after FakeTensorMode (below it) has run the op."""
 
-    def __init__(self, builder: GraphBuilder, read_value: ValueReader) -> None:
+    def __init__(self, builder: GraphBuilder, read_value: ValueReader, fake_mode: FakeTensorMode) -> None:
         super().__init__()
         self.builder = builder
         self.read_value = read_value
+        self.fake_mode = fake_mode
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -75,7 +77,9 @@ class RecordingDispatchMode(TorchDispatchMode):
                 # device's generator (absent for a fake "cuda" tensor) for nothing.
                 out = args[0]
             else:
-                out = func(*args, **kwargs)
+                out = lean_dispatch(self.fake_mode, func, args, kwargs)
+                if out is NotImplemented:
+                    out = func(*args, **kwargs)
         except DeferredInitError:
             raise
         except Exception as error:

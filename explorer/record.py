@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .errors import DeferredInitError
 from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, handle_of
@@ -151,32 +150,51 @@ class GraphBuilder:
         return len(self.graph.externals) - 1
 
     # -- ops ---------------------------------------------------------------------------------
+    def _ref(self, value: Any, inputs: list[TensorId], externals: list[int], func: Any,
+             source: SourceLocation | None) -> Any:
+        """An argument as the graph stores it: tensors become refs, everything else stays."""
+        if isinstance(value, FakeTensor):
+            tid = self.id_of(value, source)
+            inputs.append(tid)
+            return TensorRef(tid)
+        if isinstance(value, torch.Tensor):
+            position = self._external(value)
+            externals.append(position)
+            return ExternalRef(position)
+        if isinstance(value, (list, tuple)):
+            if any(isinstance(item, (torch.Tensor, list, tuple)) for item in value):
+                return type(value)(self._ref(item, inputs, externals, func, source) for item in value)
+            return value
+        if isinstance(value, torch.Generator):
+            raise DeferredInitError(
+                f"{func} was given an explicit torch.Generator at {source}; deferred_init replays "
+                "random ops from the default generator only, so pass no generator= (seed with "
+                "torch.manual_seed instead)"
+            )
+        return value
+
+    def _out_ref(self, value: Any, index: int, output_ids: list[TensorId], created: list[int]) -> Any:
+        if isinstance(value, FakeTensor):
+            handle = handle_of(value)
+            if handle is not None and handle.graph is self.graph:
+                tid = handle.tensor_id  # in-place and out= ops return their argument
+            else:
+                tid, new_storage = self._new_tensor(value, index)
+                if new_storage is not None:
+                    created.append(new_storage)
+            output_ids.append(tid)
+            return TensorRef(tid)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._out_ref(item, index, output_ids, created) for item in value)
+        return value
+
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any, source: SourceLocation | None) -> None:
         """Append one op that has just run under fake mode, with its (fake) result `out`."""
-        index = len(self.graph.ops)
-        flat, spec = tree_flatten((args, kwargs))
-        refs: list[Any] = []
         inputs: list[TensorId] = []
         externals: list[int] = []
-        for value in flat:
-            if isinstance(value, FakeTensor):
-                tid = self.id_of(value, source)
-                refs.append(TensorRef(tid))
-                inputs.append(tid)
-            elif isinstance(value, torch.Tensor):
-                position = self._external(value)
-                refs.append(ExternalRef(position))
-                externals.append(position)
-            elif isinstance(value, torch.Generator):
-                raise DeferredInitError(
-                    f"{func} was given an explicit torch.Generator at {source}; deferred_init replays "
-                    "random ops from the default generator only, so pass no generator= (seed with "
-                    "torch.manual_seed instead)"
-                )
-            else:
-                refs.append(value)
-        index = len(self.graph.ops)  # id_of may have appended synthetic alias ops
-        ref_args, ref_kwargs = tree_unflatten(refs, spec)
+        ref_args = tuple(self._ref(a, inputs, externals, func, source) for a in args)
+        ref_kwargs = {k: self._ref(v, inputs, externals, func, source) for k, v in kwargs.items()} if kwargs else {}
+        index = len(self.graph.ops)  # after any synthetic alias ops that _ref appended
 
         written_tids: list[TensorId] = []
         for position, name in written_arguments(func):
@@ -185,37 +203,28 @@ class GraphBuilder:
                 if isinstance(tensor, FakeTensor):
                     written_tids.append(handle_of(tensor).tensor_id)
 
-        out_flat, out_spec = tree_flatten(out)
-        out_refs: list[Any] = []
         output_ids: list[TensorId] = []
         created: list[int] = []
-        for value in out_flat:
-            if isinstance(value, FakeTensor):
-                handle = handle_of(value)
-                if handle is not None and handle.graph is self.graph:
-                    tid = handle.tensor_id  # in-place and out= ops return their argument
-                else:
-                    tid, new_storage = self._new_tensor(value, index)
-                    if new_storage is not None:
-                        created.append(new_storage)
-                out_refs.append(TensorRef(tid))
-                output_ids.append(tid)
-            else:
-                out_refs.append(value)
+        outputs = self._out_ref(out, index, output_ids, created)
 
         tensors = self.graph.tensors
         writes = tuple(dict.fromkeys(tensors[tid].storage for tid in written_tids))
         for sid in writes:
             self.graph.writers[sid].append(index)
-        overwrites = func in OVERWRITING_OPS and len(writes) == 1 and _covers_storage(args[0])
+        overwriting = func in OVERWRITING_OPS
+        overwrites = overwriting and len(writes) == 1 and _covers_storage(args[0])
         aliases_only = not writes and not created and bool(output_ids)
-        overwritten = {written_tids[0]} if func in OVERWRITING_OPS and written_tids else set()
-        reads = frozenset() if aliases_only else frozenset(set(inputs) - overwritten)
+        if aliases_only:
+            reads: frozenset[TensorId] = frozenset()
+        elif overwriting and written_tids:
+            reads = frozenset(inputs) - {written_tids[0]}
+        else:
+            reads = frozenset(inputs)
 
         stream = None
         random = _SEEDED in func.tags
         if random:
-            device = self._random_device(func, args, kwargs, out_flat)
+            device = self._random_device(func, args, kwargs, out)
             if device is not None and device.type != "meta":
                 key = stream_key(device)
                 if key not in self.graph.rng_start:
@@ -226,17 +235,17 @@ class GraphBuilder:
 
         self.graph.ops.append(
             OpNode(
-                index=index, func=func, args=ref_args, kwargs=ref_kwargs,
-                outputs=tree_unflatten(out_refs, out_spec), output_ids=tuple(output_ids),
-                inputs=tuple(inputs), reads=reads, externals=tuple(externals), writes=writes,
-                creates=tuple(created), aliases_only=aliases_only, random=random, source=source,
-                overwrites=overwrites, stream=stream,
+                index=index, func=func, args=ref_args, kwargs=ref_kwargs, outputs=outputs,
+                output_ids=tuple(output_ids), inputs=tuple(inputs), reads=reads,
+                externals=tuple(externals), writes=writes, creates=tuple(created),
+                aliases_only=aliases_only, random=random, source=source, overwrites=overwrites,
+                stream=stream,
             )
         )
 
     @staticmethod
-    def _random_device(func: Any, args: tuple, kwargs: dict, out_flat: list) -> torch.device | None:
-        for value in (*out_flat, *args):
+    def _random_device(func: Any, args: tuple, kwargs: dict, out: Any) -> torch.device | None:
+        for value in (*(out if isinstance(out, (list, tuple)) else (out,)), *args):
             if isinstance(value, torch.Tensor):
                 return value.device
         device = kwargs.get("device")
