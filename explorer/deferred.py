@@ -15,7 +15,7 @@ from .errors import DeferredInitError
 from .fake import handle_of
 from .graph import InitGraph
 from .lazy import deferred_lazy_modules
-from .modes import RecordingDispatchMode, RecordingFunctionMode
+from .modes import RecordingDispatchMode
 from .record import GraphBuilder
 from .replay import Replay
 
@@ -77,8 +77,7 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     _scope.graph = graph
     try:
-        with fake_mode, RecordingDispatchMode(builder, reader, fake_mode), \
-                RecordingFunctionMode(builder, reader), deferred_lazy_modules():
+        with fake_mode, RecordingDispatchMode(builder, reader, fake_mode), deferred_lazy_modules():
             module = module_fn(*args, **kwargs)
     except DeferredInitError as error:
         error.graph = error.graph or graph

@@ -44,6 +44,21 @@ class DeferredTensor(FakeTensor):
 
     __str__ = __repr__
 
+    def numpy(self, *, force: bool = False):  # noqa: ANN201 - numpy is optional for users
+        """Inside deferred_init: the true values (as eager construction has them). Outside: an error,
+        since a fake tensor has no data until it is materialized."""
+        from .deferred import recording_graph, read_value  # deferred imports fake: avoid a cycle
+        from .replay import outside_recording
+
+        handle = handle_of(self)
+        if handle is None or recording_graph() is not handle.graph:
+            raise RuntimeError(
+                "this is a fake tensor (no storage): call explorer.materialize_tensor(t).numpy() to get values"
+            )
+        real = read_value(handle.graph, self)
+        with outside_recording():
+            return real.numpy(force=force)
+
 
 def is_fake(tensor: object) -> bool:
     """True for any fake tensor (ours or another FakeTensorMode's): it has metadata but no storage."""

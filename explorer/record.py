@@ -63,6 +63,7 @@ class GraphBuilder:
     def __init__(self, graph: InitGraph) -> None:
         self.graph = graph
         self._storage_ids: dict[int, int] = {}
+        self._storage_keys: list[int] = []  # storage id → address key
         self._storage_objects: list[torch.UntypedStorage] = []  # keeps storage addresses unique
         self._storage_anchor: dict[int, TensorId] = {}
         self._fakes: list[weakref.ref] = []
@@ -76,6 +77,7 @@ class GraphBuilder:
             return sid, False
         sid = len(self.graph.storages)
         self._storage_ids[key] = sid
+        self._storage_keys.append(key)
         self._storage_objects.append(storage)
         self.graph.storages[sid] = StorageInfo(sid, storage.nbytes(), tensor.device, creator)
         self.graph.writers[sid] = [creator]
@@ -104,23 +106,29 @@ class GraphBuilder:
         return tid, (sid if created else None)
 
     def id_of(self, tensor: FakeTensor, source: SourceLocation | None) -> TensorId:
-        """The id of a fake input; fakes made behind the dispatcher's back get a synthetic alias op."""
+        """The id of a fake input. Fakes made behind the dispatcher's back (`_make_subclass`), or
+        whose storage `.data = x` swapped in C++, get a synthetic alias op recorded now."""
         handle = handle_of(tensor)
+        storage_key = tensor.untyped_storage()._cdata
         if handle is not None:
             if handle.graph is not self.graph:
                 raise DeferredInitError(
                     f"a fake tensor from another deferred_init graph was used at {source}; "
                     "tensors of two deferred modules cannot be mixed"
                 )
-            return handle.tensor_id
-        storage_key = tensor.untyped_storage()._cdata
+            info = self.graph.tensors[handle.tensor_id]
+            if self._storage_keys[info.storage] == storage_key and tensor.shape == info.shape:
+                return handle.tensor_id
+            name = "set_data"
+        else:
+            name = "alias"
         sid = self._storage_ids.get(storage_key)
         if sid is None:
             raise DeferredInitError(
                 f"a fake tensor that deferred_init did not create was used at {source}; "
                 "it may come from another FakeTensorMode"
             )
-        return self.alias(tensor, self._storage_anchor[sid], name="alias", source=source)
+        return self.alias(tensor, self._storage_anchor[sid], name=name, source=source)
 
     def alias(self, tensor: FakeTensor, base: TensorId, *, name: str, source: SourceLocation | None) -> TensorId:
         """Record `tensor` as an alias of `base` by its metadata (for `.data = x`, `_make_subclass`)."""
@@ -251,16 +259,13 @@ class GraphBuilder:
         device = kwargs.get("device")
         return torch.device(device) if device is not None else torch.device("cpu")
 
-    def record_set_data(self, target: FakeTensor, value: FakeTensor, source: SourceLocation | None) -> None:
-        """`target.data = value` swapped target's storage: target is now an alias of value."""
-        value_id = self.id_of(value, source)
-        self.alias(target, value_id, name="set_data", source=source)
-
     def finish(self) -> None:
         """Stamp each live fake with its version now, to catch in-place changes made after recording."""
         for reference in self._fakes:
             tensor = reference()
             if tensor is not None:
+                with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+                    self.id_of(tensor, None)  # records a trailing `.data = x`
                 handle_of(tensor).version = tensor._version
         self._fakes = []
         self._storage_objects.clear()
