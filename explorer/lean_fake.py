@@ -37,6 +37,35 @@ VIEWS = frozenset(
 FILLS = frozenset({_aten.fill_.Scalar, _aten.zero_.default})
 
 
+class FakeFactory:
+    """Makes DeferredTensors around meta tensors without FakeTensor.__new__'s general checks.
+
+    The attribute set comes from one FakeTensor built the normal way, so it follows whatever this
+    torch version's FakeTensor keeps.
+    """
+
+    def __init__(self, fake_mode: FakeTensorMode) -> None:
+        with torch._C._DisableTorchDispatch():
+            sample = FakeTensor(fake_mode, torch.empty(0, device=_META), _CPU)
+        self.template = dict(sample.__dict__)
+        self.devices: dict[torch.device, torch.device] = {}
+        self.throw_on_data_ptr = not fake_mode._allow_unsafe_data_ptr_access
+
+    def __call__(self, elem: torch.Tensor, device: torch.device) -> DeferredTensor:
+        normalized = self.devices.get(device)
+        if normalized is None:
+            normalized = self.devices[device] = FakeTensor._normalize_fake_device(device)
+        tensor = torch.Tensor._make_subclass(
+            DeferredTensor, elem, elem.requires_grad, dispatch_device=True, device_for_backend_keys=normalized
+        )
+        if self.throw_on_data_ptr:
+            torch._C._set_throw_on_mutable_data_ptr(tensor)
+        attributes = tensor.__dict__
+        attributes.update(self.template)
+        attributes["_fake_device"] = normalized
+        return tensor
+
+
 def _run_meta(fake_mode: FakeTensorMode, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run `func` with fake tensors acting as the meta tensors they are underneath."""
     previous = fake_mode.in_kernel_invocation
@@ -49,14 +78,15 @@ def _run_meta(fake_mode: FakeTensorMode, func: Any, args: tuple, kwargs: dict) -
             fake_mode.in_kernel_invocation = previous
 
 
-def lean_dispatch(fake_mode: FakeTensorMode, func: Any, args: tuple, kwargs: dict) -> Any:
+def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args: tuple, kwargs: dict) -> Any:
     """The op's fake result by the short path, or NotImplemented when the op is not one of ours."""
     if func in FACTORIES:
         device = kwargs.get("device") or _CPU
         if device.type == "meta" or any(isinstance(a, torch.Tensor) for a in args):
             return NotImplemented
-        out = _run_meta(fake_mode, func, args, {**kwargs, "device": _META})
-        return DeferredTensor(fake_mode, out, device)
+        with torch._C._DisableTorchDispatch():
+            out = func(*args, **{**kwargs, "device": _META})
+        return make(out, device)
     if func in VIEWS or func in FILLS:
         if not args or type(args[0]) is not DeferredTensor or args[0].fake_mode is not fake_mode:
             return NotImplemented
@@ -65,5 +95,5 @@ def lean_dispatch(fake_mode: FakeTensorMode, func: Any, args: tuple, kwargs: dic
         out = _run_meta(fake_mode, func, args, kwargs)
         if func in FILLS:
             return args[0]
-        return DeferredTensor(fake_mode, out, args[0].fake_device)
+        return make(out, args[0].fake_device)
     return NotImplemented

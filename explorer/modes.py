@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import DeferredInitError
-from .lean_fake import lean_dispatch
+from .lean_fake import FakeFactory, lean_dispatch
 from .record import GraphBuilder
 from .replay import outside_recording
 from .source import user_location
@@ -55,6 +55,7 @@ class RecordingDispatchMode(TorchDispatchMode):
         self.builder = builder
         self.read_value = read_value
         self.fake_mode = fake_mode
+        self.make_fake = FakeFactory(fake_mode)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -74,7 +75,7 @@ class RecordingDispatchMode(TorchDispatchMode):
                 # device's generator (absent for a fake "cuda" tensor) for nothing.
                 out = args[0]
             else:
-                out = lean_dispatch(self.fake_mode, func, args, kwargs)
+                out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
                 if out is NotImplemented:
                     out = func(*args, **kwargs)
         except DeferredInitError:
@@ -84,3 +85,8 @@ class RecordingDispatchMode(TorchDispatchMode):
         with _metadata_access():
             self.builder.record(func, args, kwargs, out, user_location(2))
         return out
+
+
+# TorchDispatchMode wraps every subclass's handler in torch._disable_dynamo, a few microseconds per
+# op; deferred_init never runs under dynamo, so recording keeps the plain function.
+RecordingDispatchMode.__torch_dispatch__ = RecordingDispatchMode.__dict__["__torch_dispatch__"].__wrapped__

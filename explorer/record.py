@@ -32,6 +32,10 @@ from .source import SourceLocation, building_modules, user_location
 
 _aten = torch.ops.aten
 _SEEDED = torch.Tag.nondeterministic_seeded
+# Argument types stored as they are (checked first: most arguments are one of these).
+_PLAIN_ARGUMENTS = frozenset(
+    {int, float, bool, str, type(None), torch.device, torch.dtype, torch.layout, torch.memory_format}
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -161,6 +165,8 @@ class GraphBuilder:
     def _ref(self, value: Any, inputs: list[TensorId], externals: list[int], func: Any,
              source: SourceLocation | None) -> Any:
         """An argument as the graph stores it: tensors become refs, everything else stays."""
+        if type(value) in _PLAIN_ARGUMENTS:
+            return value
         if isinstance(value, FakeTensor):
             tid = self.id_of(value, source)
             inputs.append(tid)
@@ -200,7 +206,7 @@ class GraphBuilder:
         """Append one op that has just run under fake mode, with its (fake) result `out`."""
         inputs: list[TensorId] = []
         externals: list[int] = []
-        ref_args = tuple(self._ref(a, inputs, externals, func, source) for a in args)
+        ref_args = tuple([self._ref(a, inputs, externals, func, source) for a in args])
         ref_kwargs = {k: self._ref(v, inputs, externals, func, source) for k, v in kwargs.items()} if kwargs else {}
         index = len(self.graph.ops)  # after any synthetic alias ops that _ref appended
 
