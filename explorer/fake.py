@@ -38,9 +38,7 @@ class DeferredTensor(FakeTensor):
             parts.append(f"dtype={self.dtype}")
         if self.requires_grad:
             parts.append("requires_grad=True")
-        prefix = "Parameter(" if isinstance(self, torch.nn.Parameter) else ""
-        suffix = ")" if prefix else ""
-        return f"{prefix}tensor(..., {', '.join(parts)}, fake=True){suffix}"
+        return f"tensor(..., {', '.join(parts)}, fake=True)"
 
     __str__ = __repr__
 

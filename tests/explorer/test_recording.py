@@ -39,7 +39,9 @@ def test_parameters_and_buffers_are_fake_with_exact_metadata():
 
 def test_fake_tensors_print_with_metadata_and_fake_flag():
     module = deferred_init(nn.Linear, 5, 1)
-    assert repr(module.bias) == "Parameter(tensor(..., size=(1,), device='cpu', requires_grad=True, fake=True))"
+    assert repr(module.bias) == "tensor(..., size=(1,), device='cpu', requires_grad=True, fake=True)"
+    assert str(deferred_init(nn.Linear, 5, 1, dtype=torch.float16).weight) == (
+        "tensor(..., size=(1, 5), device='cpu', dtype=torch.float16, requires_grad=True, fake=True)")
     buffer = deferred_init(nn.BatchNorm1d, 4).running_mean
     assert repr(buffer) == "tensor(..., size=(4,), device='cpu', fake=True)"
 
