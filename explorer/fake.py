@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 HANDLE_ATTR = "_deferred_handle"
 
 
-@dataclass
+@dataclass(slots=True)
 class DeferredHandle:
     """Which graph a fake tensor belongs to, which tensor id it currently is, and its version then."""
 

@@ -35,21 +35,21 @@ OVERWRITING_OPS = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorRef:
     """An op argument that is a fake tensor of this graph, as it was when the op ran."""
 
     id: TensorId
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ExternalRef:
     """An op argument that is a real tensor from outside (module args, constants): kept by reference."""
 
     index: int
 
 
-@dataclass
+@dataclass(slots=True)
 class ExternalTensor:
     """A real tensor the constructor read, and its version counter when it was read.
 
@@ -60,7 +60,7 @@ class ExternalTensor:
     version: int | None
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorInfo:
     """Metadata of one fake tensor (one Python tensor object, or one state of it after `.data = `)."""
 
@@ -76,7 +76,7 @@ class TensorInfo:
     is_param: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class StorageInfo:
     """One fake storage: the memory a base tensor and its views share."""
 
@@ -86,7 +86,7 @@ class StorageInfo:
     creator: OpIndex
 
 
-@dataclass
+@dataclass(slots=True)
 class OpNode:
     """One aten call the constructor made (or a synthetic alias for `.data = x`)."""
 

@@ -38,6 +38,15 @@ _PLAIN_ARGUMENTS = frozenset(
 )
 
 
+_NO_READS: frozenset = frozenset()
+
+
+@functools.lru_cache(maxsize=None)
+def op_facts(func: Any) -> tuple[tuple[tuple[int, str], ...], bool, bool]:
+    """(written arguments, draws random numbers, overwrites self without reading it) of an op."""
+    return written_arguments(func), _SEEDED in func.tags, func in OVERWRITING_OPS
+
+
 @functools.lru_cache(maxsize=None)
 def written_arguments(func: Any) -> tuple[tuple[int, str], ...]:
     """(position, name) of every argument the op's schema marks as written (`Tensor(a!)`)."""
@@ -70,49 +79,48 @@ class GraphBuilder:
         self._storage_keys: list[int] = []  # storage id → address key
         self._storage_objects: list[torch.UntypedStorage] = []  # keeps storage addresses unique
         self._storage_anchor: dict[int, TensorId] = {}
+        # Weak: holding fakes would change what PyTorch does (`.data` detaches twice when the first
+        # result is still referenced elsewhere).
         self._fakes: list[weakref.ref] = []
 
     # -- ids ---------------------------------------------------------------------------------
-    def _storage_id(self, tensor: torch.Tensor, creator: int) -> tuple[int, bool]:
+    def _storage_id(self, tensor: torch.Tensor, device: torch.device, creator: int) -> tuple[int, bool]:
         storage = tensor.untyped_storage()
         key = storage._cdata
         sid = self._storage_ids.get(key)
         if sid is not None:
             return sid, False
-        sid = len(self.graph.storages)
+        sid = len(self._storage_keys)
         self._storage_ids[key] = sid
         self._storage_keys.append(key)
         self._storage_objects.append(storage)
-        self.graph.storages[sid] = StorageInfo(sid, storage.nbytes(), tensor.device, creator)
+        self.graph.storages[sid] = StorageInfo(sid, storage.nbytes(), device, creator)
         self.graph.writers[sid] = [creator]
         return sid, True
 
     def _new_tensor(self, tensor: FakeTensor, producer: int) -> tuple[TensorId, int | None]:
         """Register a fake that an op produced; returns its id and its storage id if new."""
-        sid, created = self._storage_id(tensor, producer)
-        tid = len(self.graph.tensors)
-        self.graph.tensors[tid] = TensorInfo(
-            id=tid,
-            storage=sid,
-            producer=producer,
-            shape=tuple(tensor.shape),
-            stride=tuple(tensor.stride()),
-            storage_offset=tensor.storage_offset(),
-            dtype=tensor.dtype,
-            device=tensor.device,
-            requires_grad=tensor.requires_grad,
+        attributes = tensor.__dict__
+        device = attributes["_fake_device"]
+        sid, created = self._storage_id(tensor, device, producer)
+        tensors = self.graph.tensors
+        tid = len(tensors)
+        tensors[tid] = TensorInfo(
+            tid, sid, producer, tensor.shape, tensor.stride(), tensor.storage_offset(), tensor.dtype,
+            device, tensor.requires_grad,
         )
-        self._storage_anchor.setdefault(sid, tid)
+        if sid not in self._storage_anchor:
+            self._storage_anchor[sid] = tid
         if type(tensor) is FakeTensor:
             tensor.__class__ = DeferredTensor
-        tensor.__dict__[HANDLE_ATTR] = DeferredHandle(self.graph, tid, tensor._version)
+        attributes[HANDLE_ATTR] = DeferredHandle(self.graph, tid, tensor._version)
         self._fakes.append(weakref.ref(tensor))
         return tid, (sid if created else None)
 
     def id_of(self, tensor: FakeTensor, source: SourceLocation | None) -> TensorId:
         """The id of a fake input. Fakes made behind the dispatcher's back (`_make_subclass`), or
         whose storage `.data = x` swapped in C++, get a synthetic alias op recorded now."""
-        handle = handle_of(tensor)
+        handle = tensor.__dict__.get(HANDLE_ATTR)
         storage_key = tensor.untyped_storage()._cdata
         if handle is not None:
             if handle.graph is not self.graph:
@@ -189,7 +197,7 @@ class GraphBuilder:
 
     def _out_ref(self, value: Any, index: int, output_ids: list[TensorId], created: list[int]) -> Any:
         if isinstance(value, FakeTensor):
-            handle = handle_of(value)
+            handle = value.__dict__.get(HANDLE_ATTR)
             if handle is not None and handle.graph is self.graph:
                 tid = handle.tensor_id  # in-place and out= ops return their argument
             else:
@@ -204,6 +212,7 @@ class GraphBuilder:
 
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any, source: SourceLocation | None) -> None:
         """Append one op that has just run under fake mode, with its (fake) result `out`."""
+        written_arguments_, random, overwriting = op_facts(func)
         inputs: list[TensorId] = []
         externals: list[int] = []
         ref_args = tuple([self._ref(a, inputs, externals, func, source) for a in args])
@@ -211,32 +220,34 @@ class GraphBuilder:
         index = len(self.graph.ops)  # after any synthetic alias ops that _ref appended
 
         written_tids: list[TensorId] = []
-        for position, name in written_arguments(func):
+        for position, name in written_arguments_:
             argument = _argument(func, args, kwargs, position, name)
             for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
                 if isinstance(tensor, FakeTensor):
-                    written_tids.append(handle_of(tensor).tensor_id)
+                    written_tids.append(tensor.__dict__[HANDLE_ATTR].tensor_id)
 
         output_ids: list[TensorId] = []
         created: list[int] = []
         outputs = self._out_ref(out, index, output_ids, created)
 
+        writers = self.graph.writers
         tensors = self.graph.tensors
-        writes = tuple(dict.fromkeys(tensors[tid].storage for tid in written_tids))
-        for sid in writes:
-            self.graph.writers[sid].append(index)
-        overwriting = func in OVERWRITING_OPS
+        if written_tids:
+            writes = tuple(dict.fromkeys([tensors[tid].storage for tid in written_tids]))
+            for sid in writes:
+                writers[sid].append(index)
+        else:
+            writes = ()
         overwrites = overwriting and len(writes) == 1 and _covers_storage(args[0])
         aliases_only = not writes and not created and bool(output_ids)
         if aliases_only:
-            reads: frozenset[TensorId] = frozenset()
+            reads: frozenset[TensorId] = _NO_READS
         elif overwriting and written_tids:
             reads = frozenset(inputs) - {written_tids[0]}
         else:
             reads = frozenset(inputs)
 
         stream = None
-        random = _SEEDED in func.tags
         if random:
             device = self._random_device(func, args, kwargs, out)
             if device is not None and device.type != "meta":
@@ -249,11 +260,8 @@ class GraphBuilder:
 
         self.graph.ops.append(
             OpNode(
-                index=index, func=func, args=ref_args, kwargs=ref_kwargs, outputs=outputs,
-                output_ids=tuple(output_ids), inputs=tuple(inputs), reads=reads,
-                externals=tuple(externals), writes=writes, creates=tuple(created),
-                aliases_only=aliases_only, random=random, source=source, overwrites=overwrites,
-                stream=stream,
+                index, func, ref_args, ref_kwargs, outputs, tuple(output_ids), tuple(inputs), reads,
+                tuple(externals), writes, tuple(created), aliases_only, random, source, "", overwrites, stream,
             )
         )
 
@@ -267,12 +275,12 @@ class GraphBuilder:
 
     def finish(self) -> None:
         """Stamp each live fake with its version now, to catch in-place changes made after recording."""
-        for reference in self._fakes:
-            tensor = reference()
-            if tensor is not None:
-                with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+        with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+            for reference in self._fakes:
+                tensor = reference()
+                if tensor is not None:
                     self.id_of(tensor, None)  # records a trailing `.data = x`
-                handle_of(tensor).version = tensor._version
+                    handle_of(tensor).version = tensor._version
         self._fakes = []
         self._storage_objects.clear()
 
