@@ -24,6 +24,7 @@ from .replay import outside_recording
 from .source import user_location
 
 _aten = torch.ops.aten
+_INPLACE_VIEW = torch.Tag.inplace_view
 
 # Reads a fake tensor's true value: (fake) -> real tensor with the values eager construction has.
 ValueReader = Callable[[FakeTensor], torch.Tensor]
@@ -69,6 +70,14 @@ class RecordingDispatchMode(TorchDispatchMode):
             with _metadata_access():
                 self.builder.record(func, args, kwargs, value, source)
             return value
+        if _INPLACE_VIEW in func.tags and func is not _aten.resize_.default and isinstance(args[0], FakeTensor):
+            source = user_location(2)
+            with _metadata_access():
+                self.builder.id_of(args[0], source)  # the layout before, in case it was never seen
+            out = func(*args, **kwargs)
+            with _metadata_access():
+                self.builder.record_inplace_view(args[0], func, source)
+            return out
         try:
             if _is_inplace_random(func) and isinstance(args[0], FakeTensor):
                 # Fills values only; fake mode would decompose it into prims that need the real

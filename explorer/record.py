@@ -129,7 +129,12 @@ class GraphBuilder:
                     "tensors of two deferred modules cannot be mixed"
                 )
             info = self.graph.tensors[handle.tensor_id]
-            if self._storage_keys[info.storage] == storage_key and tensor.shape == info.shape:
+            if (
+                self._storage_keys[info.storage] == storage_key
+                and tensor.shape == info.shape
+                and tensor.stride() == info.stride
+                and tensor.storage_offset() == info.storage_offset
+            ):
                 return handle.tensor_id
             name = "set_data"
         else:
@@ -272,6 +277,15 @@ class GraphBuilder:
                 return value.device
         device = kwargs.get("device")
         return torch.device(device) if device is not None else torch.device("cpu")
+
+    def record_inplace_view(self, tensor: FakeTensor, func: Any, source: SourceLocation | None) -> None:
+        """`t_()`, `squeeze_()`...: the same tensor object now has a new layout over the same storage.
+
+        Recorded as an alias with the new layout (by metadata), not as the op itself: replaying the
+        op on the alias would apply it twice.
+        """
+        sid = self.graph.tensors[tensor.__dict__[HANDLE_ATTR].tensor_id].storage
+        self.alias(tensor, self._storage_anchor[sid], name=str(func), source=source)
 
     def finish(self) -> None:
         """Stamp each live fake with its version now, to catch in-place changes made after recording."""

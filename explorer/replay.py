@@ -223,7 +223,14 @@ class Replay:
             with outside_recording(), RngSession(self.state.streams, self.plan.rng, self._run_scratch) as rng:
                 finished, finished_bytes = 0, 0
                 for position, index in enumerate(ops):
-                    self._run_op(index, rng)
+                    try:
+                        self._run_op(index, rng)
+                    except Exception as error:
+                        op = self.graph.ops[index]
+                        raise MaterializationError(
+                            f"replaying {op.label} (recorded at {op.source or 'an unknown line'}) for "
+                            f"{self._target_names(tids)} failed: {type(error).__name__}: {error}"
+                        ) from error
                     for tid in done_at.get(position, ()):
                         finished += 1
                         finished_bytes += self._nbytes(tid)
