@@ -11,6 +11,7 @@ Invariants the graph keeps:
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -33,6 +34,24 @@ OVERWRITING_OPS = frozenset(
         _aten.cauchy_.default, _aten.bernoulli_.float, _aten.copy_.default,
     }
 )
+
+
+@functools.lru_cache(maxsize=None)
+def is_inplace_random(func: Any) -> bool:
+    """Random ops like uniform_ that write `self` in place and return it."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    returns = func._schema.returns
+    first = func._schema.arguments[0] if func._schema.arguments else None
+    return (
+        len(returns) == 1 and first is not None and returns[0].alias_info is not None
+        and first.alias_info is not None and first.alias_info.is_write
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def accepts_generator(func: Any) -> bool:
+    return any(argument.name == "generator" for argument in func._schema.arguments)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ notices the swap the next time the tensor is used) and `.numpy()` (`DeferredTens
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import torch
@@ -18,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import DeferredInitError
+from .graph import is_inplace_random
 from .lean_fake import FakeFactory, lean_dispatch
 from .record import GraphBuilder
 from .replay import outside_recording
@@ -33,19 +33,6 @@ ValueReader = Callable[[FakeTensor], torch.Tensor]
 def _metadata_access() -> torch._C.DisableTorchFunctionSubclass:
     """Lets the recorder read stride/storage of tensors whose class refuses it (lazy parameters)."""
     return torch._C.DisableTorchFunctionSubclass()
-
-
-@functools.lru_cache(maxsize=None)
-def _is_inplace_random(func: Any) -> bool:
-    """Random ops like uniform_ that write `self` in place and return it."""
-    if torch.Tag.nondeterministic_seeded not in func.tags:
-        return False
-    returns = func._schema.returns
-    first = func._schema.arguments[0] if func._schema.arguments else None
-    return (
-        len(returns) == 1 and first is not None and returns[0].alias_info is not None
-        and first.alias_info is not None and first.alias_info.is_write
-    )
 
 
 class RecordingDispatchMode(TorchDispatchMode):
@@ -79,7 +66,7 @@ class RecordingDispatchMode(TorchDispatchMode):
                 self.builder.record_inplace_view(args[0], func, source)
             return out
         try:
-            if _is_inplace_random(func) and isinstance(args[0], FakeTensor):
+            if is_inplace_random(func) and isinstance(args[0], FakeTensor):
                 # Fills values only; fake mode would decompose it into prims that need the real
                 # device's generator (absent for a fake "cuda" tensor) for nothing.
                 out = args[0]

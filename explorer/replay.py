@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 import weakref
 from typing import Any, Callable, Iterator, Sequence
 
@@ -21,7 +22,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .devices import DevicePlan, describe_absence, is_available, normalize
 from .errors import MaterializationError
-from .graph import ExternalRef, InitGraph, OpIndex, StorageId, TensorId, TensorRef
+from .graph import (
+    ExternalRef, InitGraph, OpIndex, StorageId, TensorId, TensorRef, accepts_generator, is_inplace_random,
+)
 from .rng import RngSession, RngStreams, stream_key
 
 # progress(done_tensors, total_tensors, done_bytes, total_bytes); may raise to cancel.
@@ -92,6 +95,8 @@ class Replay:
         self.env: dict[TensorId, torch.Tensor] = {}
         self._externals: dict[int, torch.Tensor] = {}
         self._anchor_on_exec: dict[tuple[StorageId, torch.device], torch.Tensor] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[StorageId, Future] = {}
 
     # -- planning ----------------------------------------------------------------------------
     def _reusable(self, sid: StorageId) -> bool:
@@ -220,11 +225,15 @@ class Replay:
             done_at = self._completion_points(ops, tids)
             total_bytes = sum(self._nbytes(tid) for tid in set(tids))
             total_tensors = len(set(tids))
-            with outside_recording(), RngSession(self.state.streams, self.plan.rng, self._run_scratch) as rng:
+            with outside_recording(), RngSession(self.state.streams, self.plan.rng, self._run_scratch) as rng, \
+                    self._parallel_fills():
                 finished, finished_bytes = 0, 0
                 for position, index in enumerate(ops):
                     try:
+                        self._wait_for(index)
                         self._run_op(index, rng)
+                        if position == len(ops) - 1:
+                            self._wait_for(None)
                     except Exception as error:
                         op = self.graph.ops[index]
                         raise MaterializationError(
@@ -262,9 +271,55 @@ class Replay:
             points.setdefault(max(positions, default=-1), []).append(tid)
         return points
 
+    @contextlib.contextmanager
+    def _parallel_fills(self) -> Iterator[None]:
+        """With rng="fast", random fills own their seeds, so independent ones run side by side
+        (CPU random kernels are single-threaded)."""
+        workers = torch.get_num_threads()
+        if self.plan.rng != "fast" or workers < 2:
+            yield
+            return
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="explorer-fill")
+        try:
+            yield
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+            self._pending.clear()
+
+    def _wait_for(self, index: OpIndex | None) -> None:
+        """Wait for parallel fills of the storages op `index` touches (all of them for None)."""
+        if not self._pending:
+            return
+        if index is None:
+            storages = list(self._pending)
+        else:
+            op = self.graph.ops[index]
+            storages = [self.graph.tensors[tid].storage for tid in op.inputs]
+        for sid in storages:
+            future = self._pending.pop(sid, None)
+            if future is not None:
+                future.result()
+
+    def _submit_fill(self, op: Any, args: tuple, kwargs: dict) -> bool:
+        """Run a seeded in-place random op on the pool; False when it must run here instead."""
+        if self._pool is None or not (is_inplace_random(op.func) and accepts_generator(op.func)):
+            return False
+        target = args[0]
+        if target.device.type != "cpu":
+            return False
+        key, position = op.stream
+        generator = torch.Generator(device=target.device)
+        generator.manual_seed(self.state.streams.fast_seed(key, position))
+        sid = self.graph.tensors[op.inputs[0]].storage
+        self._pending[sid] = self._pool.submit(op.func, *args, **{**kwargs, "generator": generator})
+        return True
+
     def _run_op(self, index: OpIndex, rng: RngSession) -> None:
         op = self.graph.ops[index]
         args, kwargs = tree_map(self._resolve, (op.args, op.kwargs))
+        if op.stream is not None and self._submit_fill(op, args, kwargs):
+            return  # in place: the output is args[0], already in env
         if op.stream is not None:
             key, position = op.stream
             exec_key = stream_key(self.plan.exec_device(torch.device(key)))
