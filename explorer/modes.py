@@ -10,6 +10,7 @@ notices the swap the next time the tensor is used) and `.numpy()` (`DeferredTens
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -47,18 +48,18 @@ class RecordingDispatchMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func.namespace == "prim":
+        kind = _kind(func)
+        if kind is _PASS_THROUGH:
             return func(*args, **kwargs)
-        if func is _aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
-            source = user_location(2)
+        source = user_location(2)
+        if kind is _VALUE_READ and isinstance(args[0], FakeTensor):
             real = self.read_value(args[0])
             with outside_recording():
                 value = real.item()
             with _metadata_access():
                 self.builder.record(func, args, kwargs, value, source)
             return value
-        if _INPLACE_VIEW in func.tags and func is not _aten.resize_.default and isinstance(args[0], FakeTensor):
-            source = user_location(2)
+        if kind is _INPLACE_VIEW_OP and isinstance(args[0], FakeTensor):
             with _metadata_access():
                 self.builder.id_of(args[0], source)  # the layout before, in case it was never seen
             out = func(*args, **kwargs)
@@ -66,7 +67,7 @@ class RecordingDispatchMode(TorchDispatchMode):
                 self.builder.record_inplace_view(args[0], func, source)
             return out
         try:
-            if is_inplace_random(func) and isinstance(args[0], FakeTensor):
+            if kind is _INPLACE_RANDOM and isinstance(args[0], FakeTensor):
                 # Fills values only; fake mode would decompose it into prims that need the real
                 # device's generator (absent for a fake "cuda" tensor) for nothing.
                 out = args[0]
@@ -77,10 +78,28 @@ class RecordingDispatchMode(TorchDispatchMode):
         except DeferredInitError:
             raise
         except Exception as error:
-            raise self.builder.failure(func, error, user_location(2)) from error
+            raise self.builder.failure(func, error, source) from error
         with _metadata_access():
-            self.builder.record(func, args, kwargs, out, user_location(2))
+            self.builder.record(func, args, kwargs, out, source)
         return out
+
+
+_PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _OTHER = (
+    "pass-through", "value-read", "inplace-view", "inplace-random", "other")
+
+
+@functools.lru_cache(maxsize=None)
+def _kind(func: Any) -> str:
+    """How the recorder treats an op, decided once per op overload."""
+    if func.namespace == "prim":
+        return _PASS_THROUGH
+    if func is _aten._local_scalar_dense.default:
+        return _VALUE_READ
+    if _INPLACE_VIEW in func.tags and func is not _aten.resize_.default:
+        return _INPLACE_VIEW_OP
+    if is_inplace_random(func):
+        return _INPLACE_RANDOM
+    return _OTHER
 
 
 # TorchDispatchMode wraps every subclass's handler in torch._disable_dynamo, a few microseconds per

@@ -39,6 +39,7 @@ _PLAIN_ARGUMENTS = frozenset(
 
 
 _NO_READS: frozenset = frozenset()
+_stream_keys: dict[torch.device, str] = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -256,7 +257,9 @@ class GraphBuilder:
         if random:
             device = self._random_device(func, args, kwargs, out)
             if device is not None and device.type != "meta":
-                key = stream_key(device)
+                key = _stream_keys.get(device)
+                if key is None:
+                    key = _stream_keys[device] = stream_key(device)
                 if key not in self.graph.rng_start:
                     self.graph.rng_start[key] = capture_start_state(key)
                 positions = self.graph.random_streams.setdefault(key, [])
@@ -273,6 +276,8 @@ class GraphBuilder:
     @staticmethod
     def _random_device(func: Any, args: tuple, kwargs: dict, out: Any) -> torch.device | None:
         for value in (*(out if isinstance(out, (list, tuple)) else (out,)), *args):
+            if isinstance(value, FakeTensor):
+                return value.__dict__["_fake_device"]
             if isinstance(value, torch.Tensor):
                 return value.device
         device = kwargs.get("device")

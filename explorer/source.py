@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from types import FrameType
+from types import CodeType, FrameType
 
 import torch
 
@@ -36,15 +36,21 @@ class SourceLocation:
         return linecache.getline(self.filename, self.lineno).strip()
 
 
-def _is_library_frame(frame: FrameType) -> bool:
-    filename = frame.f_code.co_filename
-    return filename.startswith(_TORCH_DIR) or filename.startswith(_EXPLORER_DIR)
+_library_code: dict[CodeType, bool] = {}
+
+
+def _is_library_code(code: CodeType) -> bool:
+    known = _library_code.get(code)
+    if known is None:
+        filename = code.co_filename
+        known = _library_code[code] = filename.startswith(_TORCH_DIR) or filename.startswith(_EXPLORER_DIR)
+    return known
 
 
 def user_location(skip: int = 1) -> SourceLocation | None:
     """The innermost calling frame that belongs to neither torch nor the explorer."""
     frame: FrameType | None = sys._getframe(skip)
-    while frame is not None and _is_library_frame(frame):
+    while frame is not None and _is_library_code(frame.f_code):
         frame = frame.f_back
     if frame is None:
         return None
