@@ -4,13 +4,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-APT_PACKAGES := graphviz
+APT_PACKAGES := graphviz chromium fonts-liberation
+NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 
-.PHONY: install system-packages test bench lab clean
+.PHONY: install system-packages test bench lab demo fuzz clean
 
 system-packages:
 	@missing=""; \
 	command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
+	test -x /usr/bin/chromium || missing="$$missing chromium"; \
+	dpkg -s fonts-liberation >/dev/null 2>&1 || missing="$$missing fonts-liberation"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
@@ -27,11 +30,22 @@ install: system-packages $(STAMP)
 test: install
 	$(PY) -m pytest -q -rs
 
+# Differential fuzzing beyond the CI budget: FUZZ_EXAMPLES programs, FUZZ_SEED for another sample.
+FUZZ_EXAMPLES ?= 2000
+fuzz: install
+	EXPLORER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(if $(FUZZ_SEED),EXPLORER_FUZZ_SEED=$(FUZZ_SEED)) \
+		$(PY) -m pytest -q -p no:cacheprovider tests/fuzz --hypothesis-show-statistics
+
 bench: install
 	$(PY) benchmarks/run.py
 
 lab: install
 	$(VENV)/bin/jupyter lab notebooks/quickstart.ipynb
+
+# Executes every notebook headless; build/notebooks/*.html keep the widgets' saved state.
+demo: install
+	$(VENV)/bin/jupyter nbconvert --to html --execute --ExecutePreprocessor.store_widget_state=True \
+		--ExecutePreprocessor.timeout=600 --output-dir build/notebooks $(NOTEBOOKS)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -18,6 +18,7 @@ from .lazy import deferred_lazy_modules
 from .modes import RecordingDispatchMode
 from .record import GraphBuilder
 from .replay import Replay
+from .source import user_location
 
 M = TypeVar("M", bound=nn.Module)
 _scope = threading.local()
@@ -30,6 +31,10 @@ def recording_graph() -> InitGraph | None:
 
 def read_value(graph: InitGraph, fake: FakeTensor) -> torch.Tensor:
     """The true value of `fake` now, as eager construction would have it (for `.item()` etc.)."""
+    builder = getattr(_scope, "builder", None)
+    if builder is not None and builder.graph is graph:
+        with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+            builder.id_of(fake, user_location(2))  # a `.data = x` since its last use: read x
     handle = handle_of(fake)
     if handle is None or handle.graph is not graph:
         raise DeferredInitError("a value was read from a fake tensor that this deferred_init did not create")
@@ -75,7 +80,7 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
         return read_value(graph, fake)
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    _scope.graph = graph
+    _scope.graph, _scope.builder = graph, builder
     try:
         with fake_mode, RecordingDispatchMode(builder, reader, fake_mode), deferred_lazy_modules():
             module = module_fn(*args, **kwargs)
@@ -89,7 +94,7 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
             pass
         raise
     finally:
-        _scope.graph = None
+        _scope.graph = _scope.builder = None
     if not isinstance(module, nn.Module):
         raise TypeError(
             f"deferred_init: {getattr(module_fn, '__qualname__', module_fn)!r} returned "

@@ -9,14 +9,27 @@ target device directly. A "meta" target never computes anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import Any, Callable, Mapping, Protocol, Union, runtime_checkable
 
 import torch
 
 from .errors import MaterializationError
 
 DeviceLike = Union[str, torch.device, int]
-DeviceMap = Union[DeviceLike, Mapping[DeviceLike, DeviceLike], None]
+
+
+@runtime_checkable
+class TensorPlacement(Protocol):
+    """A device per tensor name rather than per recorded device (`explorer.plan_devices`'s MemoryPlan).
+
+    `materialize_module(module, device=placement)` calls `placement.resolver(module)` once and asks
+    the returned function for the target of each qualified tensor name (relative to `module`).
+    """
+
+    def resolver(self, module: Any) -> Callable[[str], DeviceLike]: ...
+
+
+DeviceMap = Union[DeviceLike, Mapping[DeviceLike, DeviceLike], TensorPlacement, None]
 RNG_MODES = ("eager", "fast")
 
 

@@ -22,3 +22,20 @@ class DeferredInitError(RuntimeError):
 
 class MaterializationError(RuntimeError):
     """Replaying recorded ops into real tensors failed; the module was left unchanged."""
+
+
+class DistributedMaterializationError(MaterializationError):
+    """Materializing a deferred module across ranks failed on at least one rank.
+
+    Raised on every rank of the mesh alike, so no rank is left waiting at its next collective.
+    `failures` maps each failed rank to its error (-1: the agreement itself failed, e.g. a peer
+    exited).
+    """
+
+    def __init__(self, failures: dict[int, str], headline: str | None = None) -> None:
+        self.failures = dict(failures)
+        ranks = sorted(r for r in failures if r >= 0)
+        lines = [headline or f"materialization failed on rank{'s' if len(ranks) > 1 else ''} "
+                 f"{', '.join(map(str, ranks))}"]
+        lines += [f"  rank {r}: {message}" if r >= 0 else f"  {message}" for r, message in sorted(failures.items())]
+        super().__init__("\n".join(lines))

@@ -8,8 +8,9 @@ graph.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -22,11 +23,12 @@ HANDLE_ATTR = "_deferred_handle"
 
 @dataclass(slots=True)
 class DeferredHandle:
-    """Which graph a fake tensor belongs to, which tensor id it currently is, and its version then."""
+    """Which graph a fake tensor belongs to, which tensor id it currently is, and its version then
+    (None for an inference tensor, which has no version counter)."""
 
     graph: "InitGraph"
     tensor_id: "TensorId"
-    version: int
+    version: int | None
 
 
 class DeferredTensor(FakeTensor):
@@ -56,6 +58,54 @@ class DeferredTensor(FakeTensor):
         real = read_value(handle.graph, self)
         with outside_recording():
             return real.numpy(force=force)
+
+    def __deepcopy__(self, memo: dict[Any, Any]) -> torch.Tensor:
+        """`copy.deepcopy` inside deferred_init (`nn.Transformer` clones its layers this way): the copy
+        is made of recorded ops, as eager makes it. A parameter clones its data, as
+        `nn.Parameter.__deepcopy__` does; any other tensor copies its whole storage once per deepcopy
+        and keeps its layout, as `Tensor.__deepcopy__` does, so views copied together still share
+        memory. Outside deferred_init there is nothing to record the copy into: RuntimeError.
+        """
+        if id(self) in memo:
+            return memo[id(self)]
+        from .deferred import recording_graph  # deferred imports fake: avoid a cycle
+
+        handle = handle_of(self)
+        if handle is None or recording_graph() is not handle.graph:
+            raise RuntimeError(
+                "copy.deepcopy of a fake tensor works only inside the deferred_init that created it; "
+                "materialize the module first (explorer.materialize_module), then copy it"
+            )
+        if not self.is_leaf:
+            raise RuntimeError(  # eager's rule and wording (Tensor.__deepcopy__)
+                "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol "
+                "at the moment."
+            )
+        with torch.no_grad():
+            if isinstance(self, torch.nn.Parameter):
+                data = self.data.clone(memory_format=torch.preserve_format)
+                result = torch.nn.Parameter(data, self.requires_grad)
+            else:
+                result = _copy_keeping_storage(self, memo)
+                if self.requires_grad:
+                    result.requires_grad_()
+                if self.grad is not None:
+                    result.grad = copy.deepcopy(self.grad, memo)
+                for key, value in self.__dict__.items():
+                    if key not in result.__dict__:  # user attributes; not fake-mode state or our handle
+                        result.__dict__[key] = copy.deepcopy(value, memo)
+        memo[id(self)] = result
+        return result
+
+
+def _copy_keeping_storage(tensor: torch.Tensor, memo: dict[Any, Any]) -> torch.Tensor:
+    """A copy of `tensor`'s whole storage (made once per deepcopy call), viewed with its layout."""
+    key = ("explorer.deepcopy.storage", tensor.untyped_storage()._cdata, tensor.dtype)
+    flat = memo.get(key)
+    if flat is None:
+        numel = tensor.untyped_storage().nbytes() // tensor.element_size()
+        flat = memo[key] = tensor.as_strided((numel,), (1,), 0).clone()
+    return flat.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
 
 
 def is_fake(tensor: object) -> bool:

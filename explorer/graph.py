@@ -72,11 +72,13 @@ class ExternalRef:
 class ExternalTensor:
     """A real tensor the constructor read, and its version counter when it was read.
 
-    `version` is None for inference tensors, which have no version counter to check.
+    `version` is None for inference tensors, which have no version counter to check. `fresh`: a
+    constant `torch.tensor([...])` made inside the constructor, which nobody else can change.
     """
 
     tensor: torch.Tensor
     version: int | None
+    fresh: bool = False
 
 
 @dataclass(slots=True)
@@ -126,6 +128,8 @@ class OpNode:
     name: str = ""  # display name; defaults to the aten name
     overwrites: bool = False  # writes every element of its only written storage without reading it
     stream: tuple[str, int] | None = None  # random ops: (generator key, position in that stream)
+    resizes: bool = False  # grew a storage it writes (resize_, a resized out=): never a dead write
+    inference: bool = False  # ran under torch.inference_mode(): replayed there, makes inference tensors
 
     @property
     def label(self) -> str:
@@ -204,6 +208,8 @@ class InitGraph:
         if skip_dead_writes:
             for position in range(len(writers) - 1, 0, -1):
                 if self.ops[writers[position]].overwrites:
-                    # The creator stays: it makes the tensor object that later ops write into.
-                    return [writers[0], *writers[position:]]
+                    # The creator stays: it makes the tensor object that later ops write into; so do
+                    # resizes, which give the storage the size later layouts need.
+                    resized = [w for w in writers[1:position] if self.ops[w].resizes]
+                    return [writers[0], *resized, *writers[position:]]
         return writers

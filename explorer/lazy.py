@@ -12,20 +12,24 @@ import contextlib
 from typing import Iterator
 
 import torch
-from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
 from .fake import DeferredTensor
 
 
-class DeferredUninitializedParameter(UninitializedTensorMixin, DeferredTensor):
-    """A not-yet-shaped lazy parameter recorded by deferred_init."""
+class DeferredUninitializedParameter(UninitializedParameter, DeferredTensor):
+    """A not-yet-shaped lazy parameter recorded by deferred_init.
+
+    A subclass of `UninitializedParameter` itself, not only of its mixin: lazy modules check
+    `isinstance(self.weight, UninitializedParameter)` before shaping it (`LazyConv2d` asserts it).
+    """
 
     cls_to_become = DeferredTensor
     shape = torch._C.TensorBase.shape  # fake mode reads it; the mixin would refuse
 
 
-class DeferredUninitializedBuffer(UninitializedTensorMixin, DeferredTensor):
-    """A not-yet-shaped lazy buffer recorded by deferred_init."""
+class DeferredUninitializedBuffer(UninitializedBuffer, DeferredTensor):
+    """A not-yet-shaped lazy buffer recorded by deferred_init (an `UninitializedBuffer`, as above)."""
 
     cls_to_become = DeferredTensor
     shape = torch._C.TensorBase.shape

@@ -7,9 +7,10 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from .devices import DeviceMap, device_plan
+from .devices import DeviceLike, DeviceMap, TensorPlacement, device_plan
 from .errors import MaterializationError
 from .fake import handle_of, is_fake
+from .provenance import remember_origins
 from .replay import Progress, Replay
 
 TensorSlot = tuple[nn.Module, str, str, str]  # (owner, "_parameters" | "_buffers", key, qualified name)
@@ -35,7 +36,8 @@ def _check_materializable(fake: torch.Tensor, name: str) -> None:
             f"{name!r} is an uninitialized lazy parameter: call the module once on an example input "
             "inside module_fn so its shape is known"
         )
-    if fake._version != handle.version:
+    # An inference tensor has no version counter; outside inference mode it cannot be changed anyway.
+    if handle.version is not None and fake._version != handle.version:
         raise MaterializationError(
             f"{name!r} was modified in place after deferred_init returned (version {handle.version}, now "
             f"{fake._version}); ops run outside deferred_init are not recorded and cannot be replayed"
@@ -55,8 +57,41 @@ def _materialize(
         graph = handle_of(fakes[positions[0]]).graph
         tids = [handle_of(fakes[p]).tensor_id for p in positions]
         replay = Replay(graph, plan, names={tid: names[p] for tid, p in zip(tids, positions)})
-        for position, real in zip(positions, replay.run([fakes[p] for p in positions], tids, progress)):
+        reals = replay.run([fakes[p] for p in positions], tids, progress)
+        remember_origins(graph, tids, reals)  # so inspect still tells them from eager tensors
+        for position, real in zip(positions, reals):
             results[position] = real
+    return results  # type: ignore[return-value]
+
+
+def _materialize_placed(
+    fakes: list[torch.Tensor], names: list[str], placement: Callable[[str], DeviceLike], rng: str,
+    progress: Progress | None,
+) -> list[torch.Tensor]:
+    """`_materialize` with a target device per tensor name: one replay per target device, every
+    target validated before anything runs; progress counts across the groups."""
+    groups: dict[str, list[int]] = {}
+    for position, name in enumerate(names):
+        groups.setdefault(str(placement(name)), []).append(position)
+    for target in groups:
+        device_plan(target, rng)
+    handles = {(id(h.graph), h.tensor_id): f for f in fakes if (h := handle_of(f)) is not None}
+    total = len(handles)
+    total_bytes = sum(f.numel() * f.element_size() for f in handles.values())
+    done = [0, 0]
+    results: list[torch.Tensor | None] = [None] * len(fakes)
+    for target, positions in groups.items():
+        def group_progress(n: int, _total: int, nbytes: int, _total_bytes: int) -> None:
+            progress(done[0] + n, total, done[1] + nbytes, total_bytes)
+
+        group = [fakes[p] for p in positions]
+        reals = _materialize(group, [names[p] for p in positions], target, rng,
+                             group_progress if progress is not None else None)
+        for position, real in zip(positions, reals):
+            results[position] = real
+        distinct = {(id(handle_of(f).graph), handle_of(f).tensor_id): f for f in group}
+        done[0] += len(distinct)
+        done[1] += sum(f.numel() * f.element_size() for f in distinct.values())
     return results  # type: ignore[return-value]
 
 
@@ -118,14 +153,19 @@ def materialize_module(
 
     As torchdistx: `buffers_only` skips parameters; `check_fn(submodule)` chooses which submodules'
     own tensors are materialized (children are visited either way). `device` and `rng` as for
-    `materialize_tensor`; `progress(done, total, done_bytes, total_bytes)` is called as tensors
+    `materialize_tensor`, or a per-tensor placement such as `explorer.plan_devices(...)`'s plan;
+    `progress(done, total, done_bytes, total_bytes)` is called as tensors
     complete and may raise to cancel. All or nothing: on any error (or interrupt) every attribute
     of the module is left as it was. Returns `module`.
     """
     slots = deferred_slots(module, buffers_only, check_fn)
     if not slots:
         return module
-    reals = _materialize([t for _, t in slots], [s[3] for s, _ in slots], device, rng, progress)
+    fakes, names = [t for _, t in slots], [s[3] for s, _ in slots]
+    if isinstance(device, TensorPlacement):
+        reals = _materialize_placed(fakes, names, device.resolver(module), rng, progress)
+    else:
+        reals = _materialize(fakes, names, device, rng, progress)
     for ((owner, kind, key, _), _), real in zip(slots, reals):
         getattr(owner, kind)[key] = real
     return module

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .errors import DeferredInitError
 from .graph import is_inplace_random
 from .lean_fake import FakeFactory, lean_dispatch
-from .record import GraphBuilder
+from .record import GraphBuilder, written_arguments
 from .replay import outside_recording
 from .source import user_location
 
@@ -55,7 +55,7 @@ class RecordingDispatchMode(TorchDispatchMode):
         if kind is _VALUE_READ and isinstance(args[0], FakeTensor):
             real = self.read_value(args[0])
             with outside_recording():
-                value = real.item()
+                value = func(real)
             with _metadata_access():
                 self.builder.record(func, args, kwargs, value, source)
             return value
@@ -66,6 +66,10 @@ class RecordingDispatchMode(TorchDispatchMode):
             with _metadata_access():
                 self.builder.record_inplace_view(args[0], func, source)
             return out
+        written = None
+        if kind is _WRITING or kind is _INPLACE_RANDOM:
+            with _metadata_access():
+                written = self.builder.before_write(func, args, kwargs, source)
         try:
             if kind is _INPLACE_RANDOM and isinstance(args[0], FakeTensor):
                 # Fills values only; fake mode would decompose it into prims that need the real
@@ -80,12 +84,17 @@ class RecordingDispatchMode(TorchDispatchMode):
         except Exception as error:
             raise self.builder.failure(func, error, source) from error
         with _metadata_access():
-            self.builder.record(func, args, kwargs, out, source)
+            self.builder.record(func, args, kwargs, out, source, written)
         return out
 
 
-_PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _OTHER = (
-    "pass-through", "value-read", "inplace-view", "inplace-random", "other")
+_PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _OTHER = (
+    "pass-through", "value-read", "inplace-view", "inplace-random", "writing", "other")
+
+
+# `.item()`, `float()`, `bool()`... reach the mode as `_local_scalar_dense`; under inference mode
+# (no autograd keys to decompose them) as the composite `item` / `is_nonzero` themselves.
+_VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.item.default, _aten.is_nonzero.default})
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,12 +102,14 @@ def _kind(func: Any) -> str:
     """How the recorder treats an op, decided once per op overload."""
     if func.namespace == "prim":
         return _PASS_THROUGH
-    if func is _aten._local_scalar_dense.default:
+    if func in _VALUE_READS:
         return _VALUE_READ
     if _INPLACE_VIEW in func.tags and func is not _aten.resize_.default:
         return _INPLACE_VIEW_OP
     if is_inplace_random(func):
         return _INPLACE_RANDOM
+    if written_arguments(func):
+        return _WRITING
     return _OTHER
 
 

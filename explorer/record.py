@@ -58,6 +58,19 @@ def written_arguments(func: Any) -> tuple[tuple[int, str], ...]:
     )
 
 
+# `torch.tensor([...])` lifts a constant it has just made: only the recording holds it.
+_LIFTS = frozenset({_aten.lift_fresh.default, _aten.lift_fresh_copy.default})
+
+
+@functools.lru_cache(maxsize=None)
+def views_external(func: Any) -> bool:
+    """True when a real tensor argument's memory is aliased by the op's output (view ops: schema
+    `-> Tensor(a)`), except for the fresh constants of `torch.tensor([...])`."""
+    if func in _LIFTS:
+        return False
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+
+
 def _argument(func: Any, args: tuple, kwargs: dict, position: int, name: str) -> Any:
     if position < len(args) and not func._schema.arguments[position].kwarg_only:
         return args[position]
@@ -69,6 +82,14 @@ def _covers_storage(tensor: torch.Tensor) -> bool:
     if tensor.storage_offset() != 0 or not tensor.is_contiguous():
         return False
     return tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes()
+
+
+def version_of(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter, or None for an inference tensor (it has none)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 class GraphBuilder:
@@ -83,6 +104,8 @@ class GraphBuilder:
         # Weak: holding fakes would change what PyTorch does (`.data` detaches twice when the first
         # result is still referenced elsewhere).
         self._fakes: list[weakref.ref] = []
+        # Fake storages that are views of real tensors from outside: replay aliases the real memory.
+        self._external_views: set[int] = set()
 
     # -- ids ---------------------------------------------------------------------------------
     def _storage_id(self, tensor: torch.Tensor, device: torch.device, creator: int) -> tuple[int, bool]:
@@ -114,7 +137,7 @@ class GraphBuilder:
             self._storage_anchor[sid] = tid
         if type(tensor) is FakeTensor:
             tensor.__class__ = DeferredTensor
-        attributes[HANDLE_ATTR] = DeferredHandle(self.graph, tid, tensor._version)
+        attributes[HANDLE_ATTR] = DeferredHandle(self.graph, tid, version_of(tensor))
         self._fakes.append(weakref.ref(tensor))
         return tid, (sid if created else None)
 
@@ -159,7 +182,7 @@ class GraphBuilder:
         op = OpNode(
             index=index, func=func, args=args, kwargs={}, outputs=None, output_ids=(), inputs=(base,),
             reads=frozenset(), externals=(), writes=(), creates=(), aliases_only=True, random=False,
-            source=source, name=name,
+            source=source, name=name, inference=torch.is_inference_mode_enabled(),
         )
         self.graph.ops.append(op)
         tid, _ = self._new_tensor(tensor, index)
@@ -167,31 +190,30 @@ class GraphBuilder:
         op.output_ids = (tid,)
         return tid
 
-    def _external(self, tensor: torch.Tensor) -> int:
-        try:
-            version = tensor._version
-        except RuntimeError:  # inference tensors track no version
-            version = None
-        self.graph.externals.append(ExternalTensor(tensor, version))
+    def _external(self, tensor: torch.Tensor, func: Any) -> int:
+        self.graph.externals.append(ExternalTensor(tensor, version_of(tensor), func in _LIFTS))
         return len(self.graph.externals) - 1
 
     # -- ops ---------------------------------------------------------------------------------
     def _ref(self, value: Any, inputs: list[TensorId], externals: list[int], func: Any,
-             source: SourceLocation | None) -> Any:
-        """An argument as the graph stores it: tensors become refs, everything else stays."""
+             source: SourceLocation | None, known: dict[int, TensorId] | None = None) -> Any:
+        """An argument as the graph stores it: tensors become refs, everything else stays. `known`
+        holds ids taken before the op ran (`before_write`)."""
         if type(value) in _PLAIN_ARGUMENTS:
             return value
         if isinstance(value, FakeTensor):
-            tid = self.id_of(value, source)
+            tid = known.get(id(value)) if known else None
+            if tid is None:
+                tid = self.id_of(value, source)
             inputs.append(tid)
             return TensorRef(tid)
         if isinstance(value, torch.Tensor):
-            position = self._external(value)
+            position = self._external(value, func)
             externals.append(position)
             return ExternalRef(position)
         if isinstance(value, (list, tuple)):
             if any(isinstance(item, (torch.Tensor, list, tuple)) for item in value):
-                return type(value)(self._ref(item, inputs, externals, func, source) for item in value)
+                return type(value)(self._ref(item, inputs, externals, func, source, known) for item in value)
             return value
         if isinstance(value, torch.Generator):
             raise DeferredInitError(
@@ -216,25 +238,38 @@ class GraphBuilder:
             return type(value)(self._out_ref(item, index, output_ids, created) for item in value)
         return value
 
-    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, source: SourceLocation | None) -> None:
-        """Append one op that has just run under fake mode, with its (fake) result `out`."""
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, source: SourceLocation | None,
+               written: dict[int, TensorId] | None = None) -> None:
+        """Append one op that has just run under fake mode, with its (fake) result `out`; `written`
+        is what `before_write` returned for it."""
         written_arguments_, random, overwriting = op_facts(func)
         inputs: list[TensorId] = []
         externals: list[int] = []
-        ref_args = tuple([self._ref(a, inputs, externals, func, source) for a in args])
-        ref_kwargs = {k: self._ref(v, inputs, externals, func, source) for k, v in kwargs.items()} if kwargs else {}
+        ref_args = tuple([self._ref(a, inputs, externals, func, source, written) for a in args])
+        ref_kwargs = (
+            {k: self._ref(v, inputs, externals, func, source, written) for k, v in kwargs.items()} if kwargs else {}
+        )
         index = len(self.graph.ops)  # after any synthetic alias ops that _ref appended
 
         written_tids: list[TensorId] = []
+        resizes = False
         for position, name in written_arguments_:
             argument = _argument(func, args, kwargs, position, name)
             for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
                 if isinstance(tensor, FakeTensor):
-                    written_tids.append(tensor.__dict__[HANDLE_ATTR].tensor_id)
+                    tid = tensor.__dict__[HANDLE_ATTR].tensor_id
+                    written_tids.append(tid)
+                    storage = self.graph.storages[self.graph.tensors[tid].storage]
+                    nbytes = tensor.untyped_storage().nbytes()
+                    if nbytes > storage.nbytes:  # resize_, or an out= tensor the op resized
+                        storage.nbytes = nbytes
+                        resizes = True
 
         output_ids: list[TensorId] = []
         created: list[int] = []
         outputs = self._out_ref(out, index, output_ids, created)
+        if externals and created and views_external(func):
+            self._external_views.update(created)
 
         writers = self.graph.writers
         tensors = self.graph.tensors
@@ -249,7 +284,10 @@ class GraphBuilder:
         if aliases_only:
             reads: frozenset[TensorId] = _NO_READS
         elif overwriting and written_tids:
-            reads = frozenset(inputs) - {written_tids[0]}
+            # It does not read the old contents of what it overwrites, unless that is also its
+            # source (`x.copy_(x)`).
+            target = written_tids[0]
+            reads = frozenset(inputs) if inputs.count(target) > 1 else frozenset(inputs) - {target}
         else:
             reads = frozenset(inputs)
 
@@ -270,8 +308,47 @@ class GraphBuilder:
             OpNode(
                 index, func, ref_args, ref_kwargs, outputs, tuple(output_ids), tuple(inputs), reads,
                 tuple(externals), writes, tuple(created), aliases_only, random, source, "", overwrites, stream,
+                resizes, torch.is_inference_mode_enabled(),
             )
         )
+
+    def before_write(self, func: Any, args: tuple, kwargs: dict, source: SourceLocation | None) -> dict[int, TensorId]:
+        """Called before an op that writes some of its arguments runs; returns the ids of the fakes
+        it writes, keyed by `id()`, as they are now.
+
+        The op may change their layout (an `out=` tensor resized, `resize_`): `record` must name the
+        tensors the op was given, and the new layout is picked up by `id_of` at their next use.
+
+        Refuses an op that writes a real tensor from outside the constructor or a view of one: eager
+        construction changes the caller's tensor there and then, and deferred_init can neither defer
+        that side effect nor replay it later without changing the tensor a second time.
+        """
+        ids: dict[int, TensorId] = {}
+        for position, name in written_arguments(func):
+            argument = _argument(func, args, kwargs, position, name)
+            for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
+                if not isinstance(tensor, torch.Tensor):
+                    continue
+                if isinstance(tensor, FakeTensor):
+                    if not (
+                        self._external_views
+                        and self._storage_ids.get(tensor.untyped_storage()._cdata) in self._external_views
+                    ):
+                        ids[id(tensor)] = self.id_of(tensor, source)
+                        continue
+                    what = "a view of a real tensor"
+                else:
+                    what = "a real tensor"
+                dtype = str(tensor.dtype).replace("torch.", "")
+                raise DeferredInitError(
+                    f"{func} writes in place into {what} from outside the constructor ({dtype}"
+                    f"{list(tensor.shape)} on {tensor.device}) while building {building_modules(2)} at "
+                    f"{source or '<unknown source>'}; eager construction would change that tensor, which "
+                    "deferred_init cannot defer: clone it first (x = x.clone()) or change it before "
+                    "calling deferred_init",
+                    self.graph,
+                )
+        return ids
 
     @staticmethod
     def _random_device(func: Any, args: tuple, kwargs: dict, out: Any) -> torch.device | None:
@@ -299,7 +376,7 @@ class GraphBuilder:
                 tensor = reference()
                 if tensor is not None:
                     self.id_of(tensor, None)  # records a trailing `.data = x`
-                    handle_of(tensor).version = tensor._version
+                    handle_of(tensor).version = version_of(tensor)
         self._fakes = []
         self._storage_objects.clear()
 

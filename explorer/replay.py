@@ -55,13 +55,33 @@ def outside_recording() -> Iterator[None]:
 
 
 def alias_on(base: torch.Tensor, shape: tuple, stride: tuple, offset: int, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor with the given layout over `base`'s storage."""
-    return torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), offset, shape, stride)
+    """A tensor with the given layout over `base`'s storage (an inference tensor if `base` is one,
+    as a view of it would be)."""
+    with torch.inference_mode(base.is_inference()):
+        return torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), offset, shape, stride)
 
 
 def storage_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """The whole storage under `tensor` as one uint8 tensor (to move it once for all its views)."""
-    return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
+    with torch.inference_mode(tensor.is_inference()):
+        return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
+
+
+def storage_moved(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A copy of the whole storage under `tensor` on `device`, as uint8 (inference stays inference)."""
+    with torch.inference_mode(tensor.is_inference()):
+        return storage_bytes(tensor).to(device)
+
+
+# `torch.tensor([...])` records `lift_fresh(constant)`, which returns the constant itself: replaying
+# it as is would let later recorded in-place ops write into the graph's copy of the constant (so a
+# second replay would start from a changed value, and is refused as "modified in place").
+_FRESH_COPIES = {torch.ops.aten.lift_fresh.default: torch.ops.aten.lift_fresh_copy.default}
+
+
+def replayed_func(func: Any) -> Any:
+    """The op to run for a recorded op: the same, except `lift_fresh`, which copies its constant."""
+    return _FRESH_COPIES.get(func, func)
 
 
 def _describe_external(graph: InitGraph, index: int) -> str:
@@ -147,6 +167,8 @@ class Replay:
             op = graph.ops[index]
             for external in op.externals:
                 record = graph.externals[external]
+                if record.fresh:
+                    continue
                 where = f"{op.label} at {op.source}" if op.source else op.label
                 if record.version is None:
                     raise MaterializationError(
@@ -179,7 +201,7 @@ class Replay:
         base = self._anchor_on_exec.get(key)
         if base is None:
             anchor = self.anchors[info.storage]
-            base = anchor if anchor.device == exec_device else storage_bytes(anchor).to(exec_device)
+            base = anchor if anchor.device == exec_device else storage_moved(anchor, exec_device)
             self._anchor_on_exec[key] = base
         return alias_on(base, info.shape, info.stride, info.storage_offset, info.dtype)
 
@@ -312,12 +334,18 @@ class Replay:
         generator = torch.Generator(device=target.device)
         generator.manual_seed(self.state.streams.fast_seed(key, position))
         sid = self.graph.tensors[op.inputs[0]].storage
-        self._pending[sid] = self._pool.submit(op.func, *args, **{**kwargs, "generator": generator})
+        self._pending[sid] = self._pool.submit(
+            _fill_in_mode, op.inference, op.func, args, {**kwargs, "generator": generator}
+        )
         return True
 
     def _run_op(self, index: OpIndex, rng: RngSession) -> None:
         op = self.graph.ops[index]
+        if op.inference != torch.is_inference_mode_enabled():
+            with torch.inference_mode(op.inference):
+                return self._run_op(index, rng)
         args, kwargs = tree_map(self._resolve, (op.args, op.kwargs))
+        func = replayed_func(op.func)
         if op.stream is not None and self._submit_fill(op, args, kwargs):
             return  # in place: the output is args[0], already in env
         if op.stream is not None:
@@ -325,12 +353,12 @@ class Replay:
             exec_key = stream_key(self.plan.exec_device(torch.device(key)))
             if self.plan.exec_device(torch.device(key)).type != "meta":
                 rng.before_random_op(key, position, exec_key)
-                out = op.func(*args, **kwargs)
+                out = func(*args, **kwargs)
                 rng.after_random_op(key, position)
             else:
-                out = op.func(*args, **kwargs)
+                out = func(*args, **kwargs)
         else:
-            out = op.func(*args, **kwargs)
+            out = func(*args, **kwargs)
         refs, _ = tree_flatten(op.outputs)
         values, _ = tree_flatten(out)
         for ref, value in zip(refs, values):
@@ -356,14 +384,23 @@ class Replay:
                 real = self.env[tid]
                 if normalize(real.device) != target:
                     if info.storage not in moved:
-                        moved[info.storage] = storage_bytes(real).to(target)
+                        moved[info.storage] = storage_moved(real, target)
                     real = alias_on(moved[info.storage], info.shape, info.stride, info.storage_offset, info.dtype)
             results[tid] = _as_recorded_kind(real, fake)
         return [results[tid] for tid in tids]
 
 
+def _fill_in_mode(inference: bool, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run a fill on a pool thread under the op's recorded inference mode (that mode is per thread)."""
+    with torch.inference_mode(inference):
+        return func(*args, **kwargs)
+
+
 def _as_recorded_kind(real: torch.Tensor, fake: FakeTensor) -> torch.Tensor:
     """Parameters come back as nn.Parameter (same requires_grad); buffers as plain tensors."""
+    if real.is_inference() and not torch.is_inference_mode_enabled():
+        with torch.inference_mode():  # where eager made it: requires_grad is refused elsewhere
+            return _as_recorded_kind(real, fake)
     if isinstance(fake, torch.nn.Parameter):
         return torch.nn.Parameter(real, requires_grad=fake.requires_grad)
     if fake.requires_grad and not real.requires_grad and real.is_leaf and real.is_floating_point():

@@ -1,0 +1,83 @@
+"""deferred-explorer notebook UI: explore a module built under `explorer.deferred_init`.
+
+    import widgets
+    ui = widgets.explore(transformers.LlamaForCausalLM, config)   # deferred_init + widget
+    ui                                                            # display it
+    ui = widgets.ExplorerWidget(model)                            # any module: deferred, partial, eager
+
+Works wherever ipywidgets 8 and anywidget render (JupyterLab, Notebook 7, VS Code).
+
+Layout: a module tree (left) with checkboxes (a parent selects its subtree), expand/collapse and
+per node class, parameter count, bytes, device and state (fake / partly / materialized); tabs
+Tensors / Ops / Graph / Memory following the selection; a details pane for the tensor opened from
+the tensors table or the graph; the materialize bar at the bottom.
+
+Stable CSS classes (for end-to-end tests and styling):
+
+- `de-explorer`: the whole widget; `de-summary`: its one-line summary.
+- tree: `de-tree`; each row `de-tree-node` (attributes `data-path`, `data-state`; the last
+  selected row adds `de-tree-node-active`), holding `de-tree-toggle` (▸/▾), `de-tree-checkbox`
+  (an `<input type=checkbox>`, indeterminate when partly selected), `de-tree-label` (click: select
+  this subtree only), `de-tree-class`, `de-tree-params`, `de-tree-bytes`, `de-tree-device`,
+  `de-tree-state` (also `de-state-<fake|partly|materialized|empty>`).
+- tabs: `de-tabs`; `de-tensors-tab`, `de-ops-tab`, `de-graph-tab`, `de-memory-tab`.
+- tables: `de-tensors-table`, `de-ops-table`, `de-memory-table`, `de-details-table`, each drawn as
+  `table.de-table` with `th.de-table-header` (`data-column`; click: sort), `tr.de-table-row`
+  (`data-key`: the tensor name, "<graph>:<index>" for ops, the module path in the memory table;
+  click: select the row — opens the details pane for a tensor, drills into a module in the
+  memory table; `de-table-row-selected`), `td.de-table-cell`, and `de-table-caption`.
+- filters: `de-tensors-filter` (name text, dtype, device, state), `de-ops-filter` (kind).
+- details pane: `de-details`, title `de-details-title`.
+- graph: `de-graph` (the SVG view; inside it `de-graph-viewport`, `de-graph-canvas`, graphviz
+  `g.node` / `g.cluster` with a `<title>` holding the node name, the open tensor's node marked
+  `de-graph-selected`, mouse hints `de-graph-legend`; the colour legend is part of the SVG),
+  controls `de-graph-depth`, `de-graph-closure`, status `de-graph-status`.
+- memory: `de-memory-totals`, `de-dry-run-button`, `de-dry-run-status`, `de-dry-run-output`,
+  `de-plan-button`, `de-plan-status`.
+- materialize bar: `de-materialize-bar`, `de-device` and `de-rng` (dropdowns: target device, RNG
+  mode eager/fast), `de-materialize-button` (both buttons; `de-materialize-selected`,
+  `de-materialize-all` tell them apart), `de-cancel-button`, `de-progress`, `de-progress-text`,
+  `de-status` (plus `de-status-error` after a failure).
+
+Python mirrors of the clicks, for tests and scripts: `ui.select(path)`, `ui.tree.set_checked(path,
+value)`, `ui.show_tensor(name)`, `ui.graph_tab.view.clicked = "<node name>"`,
+`ui.materialize_selected(wait=True)`, `ui.materialize_all(wait=True)`, `ui.cancel()`.
+Layout in files: selection.py (the checkbox rule), tree.py/tree.js, table.py/table.js (every
+table), tensors_tab.py, details.py, ops_tab.py, graph.py/graph.js, memory_tab.py,
+materialize_bar.py, explorer_widget.py (composition), formatting.py and states.py (text, colours).
+
+ipywidgets controls carry these classes on their outer element (`.widget-button.de-...`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torch import nn
+
+import explorer
+
+try:
+    import anywidget  # noqa: F401
+    import ipywidgets  # noqa: F401
+except ImportError as error:  # the engine works without them; the notebook UI does not
+    raise ImportError(
+        f"the notebook explorer needs ipywidgets and anywidget ({error}); "
+        "install them with `pip install deferred-explorer[widgets]`"
+    ) from error
+
+from .explorer_widget import ExplorerWidget  # noqa: E402
+from .materialize_bar import MaterializationCancelled  # noqa: E402
+from .states import STATE_COLOURS  # noqa: E402
+
+
+def explore(module_fn: Callable[..., nn.Module], *args: Any, **kwargs: Any) -> ExplorerWidget:
+    """Build `module_fn(*args, **kwargs)` under `explorer.deferred_init` and return its explorer widget.
+
+    Nothing is allocated: every parameter and buffer is fake until materialized from the widget.
+    Errors from construction (`DeferredInitError`) propagate unchanged.
+    """
+    return ExplorerWidget(explorer.deferred_init(module_fn, *args, **kwargs))
+
+
+__all__ = ["ExplorerWidget", "MaterializationCancelled", "STATE_COLOURS", "explore"]

@@ -36,3 +36,33 @@ def test_uninitialized_parameter_is_restored_after_deferred_init():
     deferred_init(build_lazy)
     param = nn.parameter.UninitializedParameter()
     assert type(param) is nn.parameter.UninitializedParameter
+
+
+def build_lazy_conv() -> nn.Module:
+    module = nn.LazyConv2d(4, 3)  # shaping asserts isinstance(self.weight, UninitializedParameter)
+    module(torch.randn(1, 2, 5, 5))
+    return module
+
+
+def test_lazy_conv_with_dry_run_matches_eager():
+    torch.manual_seed(0)
+    eager = build_lazy_conv()
+    torch.manual_seed(0)
+    module = materialize_module(deferred_init(build_lazy_conv))
+    assert type(module) is nn.Conv2d and module.weight.shape == (4, 2, 3, 3)
+    for name, value in eager.state_dict().items():
+        assert torch.equal(module.state_dict()[name], value), name
+
+
+def test_uninitialized_fakes_are_instances_of_the_torch_uninitialized_classes():
+    seen = {}
+
+    def build() -> nn.Module:
+        module = nn.LazyBatchNorm1d()
+        seen["weight"], seen["running_mean"] = module.weight, module.running_mean
+        return module
+
+    deferred_init(build)
+    assert isinstance(seen["weight"], nn.parameter.UninitializedParameter)
+    assert isinstance(seen["running_mean"], nn.parameter.UninitializedBuffer)
+    assert not isinstance(seen["running_mean"], nn.Parameter)

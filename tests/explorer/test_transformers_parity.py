@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from explorer import deferred_init, is_deferred, is_fake, materialize_module
+from .parity import slots, tie_groups
 
 pytest.importorskip("transformers")
 
@@ -67,19 +68,6 @@ def forward(model: nn.Module, arch: HFArchitecture) -> list[torch.Tensor]:
     leaves = tensor_leaves(out.to_tuple())
     assert leaves, f"{arch.name}: forward returned no tensors"
     return leaves
-
-
-def slots(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return list(module.named_parameters(remove_duplicate=False)) + [
-        (f"[buffer] {name}", b) for name, b in module.named_buffers(remove_duplicate=False)
-    ]
-
-
-def tie_groups(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, ...]]:
-    groups: dict[int, list[str]] = {}
-    for name, tensor in named:
-        groups.setdefault(id(tensor), []).append(name)
-    return sorted(tuple(names) for names in groups.values())
 
 
 _PLAIN = (int, float, bool, str, type(None))

@@ -1,0 +1,400 @@
+"""deferred-explorer benchmarks: every target is a ratio measured side by side in this run.
+
+    .venv/bin/python benchmarks/run.py            # full run (`make bench`), table → build/bench.md
+    .venv/bin/python benchmarks/run.py --quick    # small configs, smoke run (seconds, not minutes)
+    .venv/bin/python benchmarks/run.py --profile  # cProfile of deferred_init / materialize → build/profile.md
+
+Each measurement runs in a fresh child process (this script with --child), so lazy imports, the
+allocator and RSS of one case never leak into another; repetitions of competing cases are
+interleaved (rotated order each round) and medians reported. The exit code is 0 even when a target
+fails: the table says FAIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+# Children import the engine from a snapshot the parent took when it started (BENCH_ENGINE_DIR), so
+# every case of one run measures the same code even while explorer/ is being edited.
+ENGINE_ENV = "BENCH_ENGINE_DIR"
+sys.path[:0] = [p for p in (os.environ.get(ENGINE_ENV), str(ROOT), str(HERE)) if p]
+
+import cases  # noqa: E402  (after the path setup; light: no torch at import)
+
+MARKER = "@@BENCH-RESULT@@ "
+MB = 1024 * 1024
+
+
+# -- child processes ------------------------------------------------------------------------------
+class ChildError(RuntimeError):
+    """A child case failed: carries its traceback / output tail for the report."""
+
+
+def snapshot_engine() -> tuple[str, str]:
+    """Copy explorer/ to a temporary directory for the children; returns (its parent, a description)."""
+    target = Path(tempfile.mkdtemp(prefix="bench-engine-"))
+    shutil.copytree(ROOT / "explorer", target / "explorer", ignore=shutil.ignore_patterns("__pycache__"))
+    os.environ[ENGINE_ENV] = str(target)
+
+    def git(*arguments: str) -> str:
+        try:
+            return subprocess.run(["git", *arguments], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown commit"
+    dirty = " + uncommitted changes in explorer/" if git("status", "--porcelain", "--", "explorer") else ""
+    return str(target), f"engine: explorer/ at {commit}{dirty} (snapshot taken when the run started)"
+
+
+def run_child(case: str, timeout: float, **kwargs: Any) -> dict:
+    spec = json.dumps({"case": case, "kwargs": kwargs})
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", spec]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired as error:
+        raise ChildError(f"{case}({kwargs}) timed out after {timeout:.0f} s") from error
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(MARKER):
+            return json.loads(line[len(MARKER):])
+    tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
+    raise ChildError(f"{case}({kwargs}) exited with {done.returncode}:\n{tail}")
+
+
+def all_cases() -> dict[str, Callable[..., dict]]:
+    """Every workload by name: the engine's (cases.py) and the inspection / UI ones beside it."""
+    import importlib
+
+    found = dict(cases.CASES)
+    for module in ("table_cases", "inspection_cases", "widget_cases"):
+        try:
+            found.update(importlib.import_module(module).CASES)
+        except ModuleNotFoundError as error:
+            if error.name != module:
+                raise
+    return found
+
+
+def child_main(spec: str) -> None:
+    request = json.loads(spec)
+    result = all_cases()[request["case"]](**request["kwargs"])
+    sys.stdout.flush()
+    print(MARKER + json.dumps(result), flush=True)
+
+
+# -- table ----------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    name: str
+    measured: str
+    baseline: str
+    ratio: str
+    target: str
+    result: str  # PASS / FAIL / INFO / ERROR
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        log(f"  {row.name}: {row.measured} vs {row.baseline} → {row.ratio} ({row.target}) {row.result}")
+
+    def error(self, name: str, target: str, error: BaseException) -> None:
+        self.add(Row(name, "error", "—", "—", target, "ERROR"))
+        self.errors.append(f"### {name}\n\n```\n{error}\n```")
+
+    def markdown(self, header: str) -> str:
+        lines = [header, "", "| benchmark | measured | baseline | ratio | target | result |",
+                 "|---|---:|---:|---:|---|---|"]
+        for r in self.rows:
+            lines.append(f"| {r.name} | {r.measured} | {r.baseline} | {r.ratio} | {r.target} | {r.result} |")
+        if self.notes:
+            lines += ["", "Notes:", ""] + [f"- {n}" for n in self.notes]
+        if self.errors:
+            lines += ["", "## Errors", ""] + self.errors
+        return "\n".join(lines) + "\n"
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def seconds(values: list[float]) -> str:
+    return ", ".join(f"{v:.3f}" for v in values)
+
+
+# -- benchmarks -----------------------------------------------------------------------------------
+def bench_deferred_init(report: Report, config: str, reps: int) -> None:
+    name = f"deferred_init {config} vs meta-device construction (time)"
+    try:
+        times = run_child("deferred_init_time", 900, config=config, reps=reps)
+        deferred, meta = statistics.median(times["deferred"]), statistics.median(times["meta"])
+        ratio = deferred / meta
+        report.add(Row(name, f"{deferred * 1e3:.0f} ms", f"{meta * 1e3:.0f} ms", f"{ratio:.2f}×", "≤ 2.50×",
+                       verdict(ratio <= 2.5)))
+        report.notes.append(f"{config} deferred_init s: {seconds(times['deferred'])}; meta s: {seconds(times['meta'])}")
+    except ChildError as error:
+        report.error(name, "≤ 2.50×", error)
+
+    name = f"deferred_init {config} RSS growth"
+    try:
+        rss = run_child("deferred_init_rss", 900, config=config)
+        growth = rss["growth"] / MB
+        report.add(Row(name, f"{growth:.1f} MB", "—", "—", "≤ 150 MB", verdict(growth <= 150)))
+        report.notes.append(f"{config}: {rss['params'] / 1e9:.2f} B parameters held deferred; RSS "
+                            f"{rss['before'] / MB:.0f} → {rss['after'] / MB:.0f} MB")
+    except ChildError as error:
+        report.error(name, "≤ 150 MB", error)
+
+
+MATERIALIZE_MODES = ("eager", "materialize-eager", "materialize-fast", "meta-to-empty-init")
+
+
+def bench_materialize(report: Report, config: str, reps: int) -> None:
+    times: dict[str, list[float]] = {mode: [] for mode in MATERIALIZE_MODES}
+    digests: dict[str, dict[str, str]] = {}
+    peaks: dict[str, list[float]] = {mode: [] for mode in MATERIALIZE_MODES}
+    errors: dict[str, BaseException] = {}
+    for rep in range(reps):
+        shift = rep % len(MATERIALIZE_MODES)
+        for mode in MATERIALIZE_MODES[shift:] + MATERIALIZE_MODES[:shift]:
+            if mode in errors:
+                continue
+            verify = rep == 0 and mode in ("eager", "materialize-eager")
+            log(f"  [{rep + 1}/{reps}] {mode} {config}")
+            try:
+                result = run_child("materialize_time", 900, config=config, mode=mode, verify=verify)
+            except ChildError as error:
+                errors[mode] = error
+                continue
+            times[mode].append(result["time"])
+            peaks[mode].append(result["peak_rss"] / MB)
+            if verify:
+                digests[mode] = result["digests"]
+    median = {mode: statistics.median(v) for mode, v in times.items() if v}
+
+    def ratio_row(mode: str, label: str, limit: float | None, expect: str = "") -> None:
+        if mode in errors:
+            report.error(label, f"≤ {limit:.2f}×" if limit else "info", errors[mode])
+            return
+        if "eager" in errors or mode not in median:
+            report.add(Row(label, "—", "—", "—", "—", "ERROR"))
+            return
+        ratio = median[mode] / median["eager"]
+        target = f"≤ {limit:.2f}×" if limit is not None else f"info{expect}"
+        result = verdict(ratio <= limit) if limit is not None else "INFO"
+        report.add(Row(label, f"{median[mode]:.2f} s", f"{median['eager']:.2f} s", f"{ratio:.2f}×", target, result))
+
+    ratio_row("materialize-eager", f"materialize_module {config} rng=eager vs eager construction", 1.1)
+    ratio_row("materialize-fast", f"materialize_module {config} rng=fast vs eager construction", 0.6)
+    ratio_row("meta-to-empty-init", f"meta + to_empty + init_weights {config} vs eager construction", None,
+              " (~0.5× expected)")
+    if "eager" in errors:
+        report.error(f"eager construction {config}", "baseline", errors["eager"])
+
+    name = f"materialize_module {config} rng=eager values == eager construction"
+    if "eager" in digests and "materialize-eager" in digests:
+        reference, ours = digests["eager"], digests["materialize-eager"]
+        equal = [key for key in reference if reference[key] == ours.get(key)]
+        report.add(Row(name, f"{len(equal)}/{len(reference)} tensors bit-identical", "—", "—", "all equal",
+                       verdict(len(equal) == len(reference))))
+        for key in reference:
+            if reference[key] != ours.get(key):
+                report.notes.append(f"MISMATCH {key}: eager {reference[key]} vs materialized {ours.get(key)}")
+        report.notes.append("parity checked by blake2b of the bytes of: " + ", ".join(reference))
+    else:
+        report.add(Row(name, "not checked", "—", "—", "all equal", "ERROR"))
+    for mode in MATERIALIZE_MODES:
+        if times[mode]:
+            report.notes.append(f"{config} {mode} s: {seconds(times[mode])} (child peak RSS "
+                                f"{statistics.median(peaks[mode]):.0f} MB)")
+
+
+def bench_layer(report: Report, config: str, rngs: list[str], timeout: float) -> None:
+    took: dict[str, float] = {}
+    for rng in rngs:
+        name = f"{config} layers[0] materialize (rng={rng}) peak RSS growth"
+        try:
+            log(f"  layer[0] of {config}, rng={rng} (timeout {timeout:.0f} s)")
+            r = run_child("layer_peak_rss", timeout, config=config, rng=rng)
+        except ChildError as error:
+            report.error(name, "≤ 1.25× layer + 300 MB", error)
+            continue
+        layer, growth = r["layer_bytes"] / MB, r["growth"] / MB
+        limit = 1.25 * layer + 300
+        report.add(Row(name, f"{growth:.0f} MB", f"{layer:.0f} MB (layer)", f"{growth / layer:.2f}×",
+                       f"≤ {limit:.0f} MB (1.25× layer + 300 MB)", verdict(growth <= limit)))
+        took[rng] = r["time"]
+        report.notes.append(
+            f"{config} layers[0] rng={rng}: materialize took {r['time']:.1f} s; RSS before "
+            f"{r['before'] / MB:.0f} MB; growth by ru_maxrss {r['growth_maxrss'] / MB:.0f} MB "
+            f"({'exact' if r['maxrss_valid'] else 'upper bound, not used'}), by 5 ms sampling "
+            f"{r['growth_sampled'] / MB:.0f} MB; peak during deferred_init {r['deferred_peak'] / MB:.0f} MB")
+    if "eager" in took and "fast" in took:
+        report.add(Row(f"{config} layers[0] materialize time, rng=eager vs rng=fast", f"{took['eager']:.1f} s",
+                       f"{took['fast']:.1f} s", f"{took['eager'] / took['fast']:.1f}×",
+                       "info (eager replays every earlier random op to reach the RNG state)", "INFO"))
+
+
+def bench_inspection(report: Report, reps: int) -> None:
+    """Absolute targets of the inspection and UI issues (seconds on this machine, median of reps)."""
+
+    def row(name: str, case: str, limit: float, pick: Callable[[dict], float], **kwargs: Any) -> None:
+        if case not in all_cases():
+            return
+        try:
+            result = run_child(case, 900, **kwargs)
+        except ChildError as error:
+            report.error(name, f"≤ {limit:g} s", error)
+            return
+        value = pick(result)
+        report.add(Row(name, f"{value:.3f} s", "—", "—", f"≤ {limit:g} s", verdict(value <= limit)))
+
+    row("inspect(llama-7b): four tables", "inspect_time", 0.5, lambda r: r["median"], config="llama-7b", reps=reps)
+    row("op_graph(llama-7b, depth=2) → SVG", "llama_7b_depth2_svg", 1.0, lambda r: r["median_s"], reps=reps)
+    row("op_graph focused view of a 10,000-op graph → SVG", "synthetic_focus_view", 2.0,
+        lambda r: r["median_s"], reps=reps)
+    row("ExplorerWidget(llama-7b) first paint", "widget_timings", 1.5,
+        lambda r: statistics.median(r["first_paint"]), reps=reps)
+    row("ExplorerWidget(llama-7b) tree click re-render", "widget_timings", 0.5,
+        lambda r: statistics.median(r["select"]), reps=reps)
+
+
+# -- profiles -------------------------------------------------------------------------------------
+def run_profiles(quick: bool, top: int) -> str:
+    parts = ["# deferred-explorer profiles", ""]
+    seven = "quick-7b" if quick else "llama-7b"
+    one = "quick-1b" if quick else "llama-1.1b"
+    seventy = "quick-70b" if quick else "llama-70b-4l"
+    jobs: list[tuple[str, Callable[[], dict], Callable[[dict], str]]] = [
+        (f"deferred_init {seven} (cProfile)",
+         lambda: run_child("profile_deferred_init", 900, config=seven, top=top),
+         lambda r: f"wall {r['time']:.3f} s under cProfile; {r['ops']} ops, {r['tensors']} tensors recorded"),
+        (f"materialize_module {one} rng=eager (cProfile)",
+         lambda: run_child("profile_materialize", 900, config=one, rng="eager", target="", top=top),
+         lambda r: summary(r)),
+        (f"materialize_module {seventy} layers[0] rng=eager (cProfile)",
+         lambda: run_child("profile_materialize", 900, config=seventy, rng="eager", target="model.layers.0",
+                           top=top),
+         lambda r: summary(r)),
+    ]
+    for title, job, describe in jobs:
+        log(f"profiling {title}")
+        try:
+            result = job()
+        except ChildError as error:
+            parts += [f"## {title}", "", "```", str(error), "```", ""]
+            continue
+        parts += [f"## {title}", "", describe(result), "", "```", result["text"].rstrip(), "```", ""]
+    return "\n".join(parts)
+
+
+def summary(r: dict) -> str:
+    return (f"wall {r['time']:.2f} s. Timed breakdown (aten = kernel + dispatch of each op the replay calls; "
+            f"RNG catch-up = random ops re-run on scratch tensors to reach the generator state):\n\n```\n"
+            f"{r['breakdown']}\n```\n\ncProfile of a second, identical materialization (tottime of C calls "
+            "is misattributed by cProfile; read it for the Python functions):")
+
+
+# -- main -----------------------------------------------------------------------------------------
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small configs: a smoke run")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions of the deferred_init timing (5)")
+    parser.add_argument("--mat-reps", type=int, default=None, help="repetitions of the materialize cases (3)")
+    parser.add_argument("--layer-rng", choices=["eager", "fast", "both"], default="both",
+                        help="rng mode(s) for the one-layer-of-70B case")
+    parser.add_argument("--layer-timeout", type=float, default=900.0, help="seconds allowed per layer case")
+    parser.add_argument("--only", choices=["deferred", "materialize", "layer", "inspection"], action="append",
+                        help="run only these benchmarks (repeatable)")
+    parser.add_argument("--profile", action="store_true", help="write cProfile reports to build/profile.md instead")
+    parser.add_argument("--top", type=int, default=25, help="lines per profile table")
+    parser.add_argument("--output", type=Path, default=ROOT / "build" / "bench.md")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child_main(args.child)
+        return 0
+
+    started = time.perf_counter()
+    engine_dir, engine = snapshot_engine()
+    try:
+        return run(args, started, engine)
+    finally:
+        shutil.rmtree(engine_dir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, started: float, engine: str) -> int:
+    if args.profile:
+        text = run_profiles(args.quick, args.top) + f"\n{engine}\n"
+        out = args.output.with_name("profile.md") if args.output.name == "bench.md" else args.output
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(text)
+        log(f"profiles written to {out} in {time.perf_counter() - started:.0f} s")
+        return 0
+
+    reps = args.reps or (3 if args.quick else 5)
+    mat_reps = args.mat_reps or (1 if args.quick else 3)
+    seven, one, seventy = ("quick-7b", "quick-1b", "quick-70b") if args.quick else ("llama-7b", "llama-1.1b", "llama-70b")
+    only = set(args.only or ["deferred", "materialize", "layer", "inspection"])
+    report = Report()
+    if "deferred" in only:
+        log(f"1. deferred_init {seven} ({reps} interleaved reps)")
+        bench_deferred_init(report, seven, reps)
+    if "materialize" in only:
+        log(f"2. materialize {one} ({mat_reps} rounds of {len(MATERIALIZE_MODES)} fresh processes)")
+        bench_materialize(report, one, mat_reps)
+    if "layer" in only:
+        log(f"3. one layer of {seventy}")
+        bench_layer(report, seventy, ["eager", "fast"] if args.layer_rng == "both" else [args.layer_rng],
+                    args.layer_timeout)
+
+    if "inspection" in only:
+        log("4. inspection and notebook UI on llama-7b")
+        bench_inspection(report, reps)
+
+    import platform
+
+    import torch
+    import transformers
+
+    elapsed = time.perf_counter() - started
+    report.notes.append(engine)
+    report.notes.append(
+        f"total runtime {elapsed:.0f} s; {'quick' if args.quick else 'full'} configs; python "
+        f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}")
+    header = "# deferred-explorer benchmarks" + (" (--quick)" if args.quick else "")
+    text = report.markdown(header)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    print(text)
+    log(f"written to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Deferred modules onto many devices: each rank materializes its own shards, nothing more.
+
+We do not write a distribution scheme; PyTorch's does the sharding. `fully_shard_deferred` hands
+FSDP2's `fully_shard` the module with every fake swapped for a meta tensor (FSDP2 supports
+meta-device init: it builds DTensor parameters whose local shards are meta), lets
+`module.to_empty` allocate the local shards on the rank's device, then fills them one parameter
+at a time: materialize the full tensor (the engine's replay, with RNG parity), copy this rank's
+slice into the local shard, drop the full tensor. `distribute_deferred` does the same with
+DTensor placements the user chooses. Either way a rank holds its shards plus at most one full
+tensor, and since every rank replays the same closures from the same recorded RNG state, the
+gathered model equals eager construction bit for bit (`rng="eager"`) or is the same for every
+world size (`rng="fast"`).
+
+No collective runs while tensors are materialized; a rank that fails would otherwise leave its
+peers blocked at their next collective. So every entry point ends with an agreement step: ranks
+exchange their errors over the mesh, and if any failed, all raise `DistributedMaterializationError`
+naming the failed ranks and their messages.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from .errors import DistributedMaterializationError, MaterializationError
+from .materialize import TensorSlot, _materialize, deferred_slots
+
+PlacementsFor = Mapping[str, Sequence[Placement]] | Callable[[str, torch.Tensor], Sequence[Placement]]
+
+
+def fully_shard_deferred(
+    module: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    shard: Callable[[nn.Module], Any] | None = None,
+    device: torch.device | str | None = None,
+    rng: str = "eager",
+    **fully_shard_kwargs: Any,
+) -> nn.Module:
+    """Apply FSDP2 to a deferred module and materialize this rank's shards only, in place.
+
+    `shard(module)` applies `fully_shard` the way the user wants (per layer, then the root); by
+    default the root alone is sharded with `fully_shard(module, mesh=mesh, **fully_shard_kwargs)`.
+    Parameters become FSDP2's sharded DTensor parameters, filled with this rank's slice of the
+    values eager construction gives (`rng="eager"`) or of the `rng="fast"` values; buffers are
+    materialized whole on every rank. `device` defaults to this rank's device of `mesh`'s type.
+    Tied parameters stay one parameter. Peak memory: the local shards and buffers plus one full
+    tensor at a time. Collective: every rank of `mesh` must call it; if any rank fails, all raise
+    `DistributedMaterializationError`. The module is unusable after a failure. Returns `module`.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    if shard is not None and fully_shard_kwargs:
+        raise TypeError(f"pass fully_shard options {sorted(fully_shard_kwargs)} inside shard(), not beside it")
+    target = _rank_device(mesh, device)
+    error: BaseException | None = None
+    try:
+        _refuse_materialized(module)
+        slots = deferred_slots(module)
+        _swap_for_meta(slots)
+        if shard is None:
+            fully_shard(module, mesh=mesh, **fully_shard_kwargs)
+        else:
+            shard(module)
+        module.to_empty(device=target)
+        _fill_parameters(slots, target, rng, _copy_into_local)
+        _fill_buffers(slots, target, rng)
+    except Exception as caught:  # every rank must reach the agreement, whatever went wrong
+        error = caught
+    _agree(mesh, error)
+    return module
+
+
+def distribute_deferred(
+    module: nn.Module,
+    mesh: DeviceMesh,
+    placements: PlacementsFor | None = None,
+    *,
+    device: torch.device | str | None = None,
+    rng: str = "eager",
+) -> nn.Module:
+    """Materialize a deferred module as DTensor parameters with the placements given, in place.
+
+    `placements` maps a parameter's qualified name (the first name of a tied parameter) to its
+    DTensor placements over `mesh`, as a mapping or a function `(name, fake) -> placements`; names
+    it leaves out are replicated. Each rank keeps only its local part of each parameter (plus one
+    full tensor in flight); buffers are materialized whole. Values and failure behaviour as for
+    `fully_shard_deferred`. Returns `module`.
+    """
+    target = _rank_device(mesh, device)
+    error: BaseException | None = None
+    try:
+        slots = deferred_slots(module)
+        chosen = _placements_lookup(placements)
+
+        def install(slot: TensorSlot, fake: torch.Tensor, full: torch.Tensor) -> nn.Parameter:
+            wanted = tuple(chosen(slot[3], fake))
+            local = _local_slice(full, mesh, wanted).clone(memory_format=torch.contiguous_format)
+            dtensor = DTensor.from_local(local, mesh, wanted, run_check=False, shape=full.shape,
+                                         stride=full.stride())
+            return nn.Parameter(dtensor, requires_grad=fake.requires_grad)
+
+        _fill_parameters(slots, target, rng, install)
+        _fill_buffers(slots, target, rng)
+    except Exception as caught:
+        error = caught
+    _agree(mesh, error)
+    return module
+
+
+# -- steps -------------------------------------------------------------------------------------
+def _rank_device(mesh: DeviceMesh, device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if mesh.device_type == "cpu":
+        return torch.device("cpu")
+    module = getattr(torch, mesh.device_type)
+    return torch.device(mesh.device_type, module.current_device())
+
+
+def _refuse_materialized(module: nn.Module) -> None:
+    """`to_empty` would overwrite a real tensor with garbage: only wholly deferred modules qualify."""
+    deferred = {id(t) for _, t in deferred_slots(module)}
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if id(tensor) not in deferred:
+            raise MaterializationError(
+                f"{name!r} is already materialized; fully_shard_deferred shards modules whose parameters "
+                "and buffers are all still deferred (materialize nothing before it, or shard this "
+                "module with torch.distributed.fsdp.fully_shard directly)"
+            )
+
+
+def _swap_for_meta(slots: list[tuple[TensorSlot, torch.Tensor]]) -> None:
+    """Put a meta tensor of the same layout in every slot (one per fake, so ties survive), since
+    fully_shard can shard meta parameters but cannot touch fake ones."""
+    metas: dict[int, torch.Tensor] = {}
+    for (owner, kind, key, _), fake in slots:
+        meta = metas.get(id(fake))
+        if meta is None:
+            empty = torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device="meta")
+            meta = nn.Parameter(empty, requires_grad=fake.requires_grad) if kind == "_parameters" else empty
+            metas[id(fake)] = meta
+        getattr(owner, kind)[key] = meta
+
+
+def _fill_parameters(
+    slots: list[tuple[TensorSlot, torch.Tensor]],
+    device: torch.device,
+    rng: str,
+    install: Callable[[TensorSlot, torch.Tensor, torch.Tensor], nn.Parameter | None],
+) -> None:
+    """For each distinct parameter in module order: materialize it whole, let `install` keep this
+    rank's part (returning a new parameter for the slot, or None when it filled the slot's tensor
+    in place), then drop the whole tensor before the next one."""
+    done: dict[int, nn.Parameter | None] = {}
+    for slot, fake in slots:
+        owner, kind, key, name = slot
+        if kind != "_parameters":
+            continue
+        if id(fake) not in done:
+            full = _materialize([fake], [name], device, rng, None)[0]
+            with torch.no_grad():
+                done[id(fake)] = install(slot, fake, full)
+            del full
+            if device.type == "cpu":
+                _return_freed_host_memory()
+        if done[id(fake)] is not None:
+            owner._parameters[key] = done[id(fake)]
+
+
+def _return_freed_host_memory() -> None:
+    """Give the pages of the full tensor just dropped back to the OS (glibc only).
+
+    glibc keeps a freed block of a few MB in its heap once its dynamic mmap threshold has grown,
+    and small allocations made meanwhile split it, so the next full tensor no longer fits and
+    the heap grows: without this, a CPU rank's RSS climbs by about one full tensor per parameter
+    even though no tensor is alive. `malloc_trim(0)` releases free pages anywhere in the heap.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # the C library this process already uses
+    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows): nothing to release
+        return None
+
+
+def _fill_buffers(slots: list[tuple[TensorSlot, torch.Tensor]], device: torch.device, rng: str) -> None:
+    """Buffers are replicated: materialize them together, so views among them share storage."""
+    buffers = [(slot, fake) for slot, fake in slots if slot[1] == "_buffers"]
+    if not buffers:
+        return
+    reals = _materialize([f for _, f in buffers], [s[3] for s, _ in buffers], device, rng, None)
+    for ((owner, _, key, _), _), real in zip(buffers, reals):
+        owner._buffers[key] = real
+
+
+def _copy_into_local(slot: TensorSlot, fake: torch.Tensor, full: torch.Tensor) -> None:
+    """Fill the sharded parameter fully_shard + to_empty left in the slot with this rank's slice."""
+    owner, _, key, name = slot
+    param = owner._parameters[key]
+    if isinstance(param, DTensor):
+        local = param._local_tensor  # FSDP2's local shard: a view into its padded shard storage
+        part = _local_slice(full, param.device_mesh, param.placements)
+        if local.shape != part.shape:
+            raise MaterializationError(
+                f"{name!r}: the local shard has shape {tuple(local.shape)}, but DTensor placements "
+                f"{param.placements} give this rank a slice of shape {tuple(part.shape)}"
+            )
+        local.copy_(part)
+    else:  # a parameter fully_shard was told to ignore: whole on every rank
+        param.copy_(full)
+
+
+def _local_slice(full: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement]) -> torch.Tensor:
+    """This rank's part of `full` under `placements`, as a view (nothing copied)."""
+    if any(not (p.is_shard() or p.is_replicate()) for p in placements):
+        raise MaterializationError(f"only Shard and Replicate placements can be materialized, got {placements}")
+    shape, offset = compute_local_shape_and_global_offset(full.shape, mesh, placements)
+    part = full
+    for dim, (size, start) in enumerate(zip(shape, offset)):
+        if size != full.shape[dim]:
+            part = part.narrow(dim, start, size)
+    return part
+
+
+def _placements_lookup(placements: PlacementsFor | None) -> Callable[[str, torch.Tensor], Sequence[Placement]]:
+    if placements is None:
+        return lambda name, fake: (Replicate(),)
+    if callable(placements):
+        return placements
+    table = dict(placements)
+    return lambda name, fake: table.get(name, (Replicate(),))
+
+
+def _agree(mesh: DeviceMesh, error: BaseException | None) -> None:
+    """Tell every rank of `mesh` which ranks failed (and why); raise on all of them if any did.
+
+    One all-gather per mesh dimension: after the gather along dimension d, every rank knows the
+    failures of the ranks that differ from it in dimensions <= d, so after the last, of all."""
+    failures: dict[int, str] = {}
+    if error is not None:
+        failures[dist.get_rank()] = f"{type(error).__name__}: {error}"
+    try:
+        for dim in range(mesh.ndim):
+            group = mesh.get_group(dim)
+            gathered: list[dict[int, str] | None] = [None] * dist.get_world_size(group)
+            dist.all_gather_object(gathered, failures, group=group)
+            for seen in gathered:
+                failures.update(seen or {})
+    except Exception as lost:  # a peer died or timed out: no agreement possible, say so here
+        raise DistributedMaterializationError(
+            {**failures, -1: f"{type(lost).__name__}: {lost}"},
+            "could not agree with the other ranks whether materialization succeeded (a rank exited "
+            "or timed out)",
+        ) from (error or lost)
+    if failures:
+        raise DistributedMaterializationError(failures) from error

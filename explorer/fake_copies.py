@@ -1,0 +1,46 @@
+"""Fake tensors of a FakeTensorMode of our own, made from metadata alone (no data is ever read).
+
+The dry run and the FX export both need fakes that are not the recording's (those belong to the
+deferred module and must not change) yet alias one another as the originals do: each storage
+becomes one meta byte buffer, and each tensor a view of it with the original layout.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+
+def layout_extent(shape: Sequence[int], stride: Sequence[int], offset: int, itemsize: int) -> int:
+    """Bytes from the start of the storage to the end of the last element a layout reaches."""
+    if any(size == 0 for size in shape):
+        return offset * itemsize
+    return (offset + sum((size - 1) * step for size, step in zip(shape, stride)) + 1) * itemsize
+
+
+class FakeCopies:
+    """Makes fakes of `mode` over shared fake storages, one per storage key."""
+
+    def __init__(self, mode: FakeTensorMode) -> None:
+        self.mode = mode
+        self._storages: dict[Hashable, torch.Tensor] = {}
+
+    def storage(self, key: Hashable, nbytes: int) -> None:
+        """Declare storage `key` with `nbytes` bytes (before making tensors on it)."""
+        if key not in self._storages:
+            self._storages[key] = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+
+    def tensor(
+        self, key: Hashable, shape: Sequence[int], stride: Sequence[int], offset: int, dtype: torch.dtype,
+        device: torch.device,
+    ) -> FakeTensor:
+        """A fake on `device` with this layout over storage `key`."""
+        base = self._storages[key]
+        meta = torch.empty(0, dtype=dtype, device="meta").set_(base.untyped_storage(), offset, shape, stride)
+        return self.mode.fake_tensor_converter.from_meta_and_device(self.mode, meta, device)
+
+    def like(self, key: Hashable, tensor: torch.Tensor) -> FakeTensor:
+        """A fake with `tensor`'s layout, dtype and device over storage `key`."""
+        return self.tensor(key, tensor.shape, tensor.stride(), tensor.storage_offset(), tensor.dtype, tensor.device)

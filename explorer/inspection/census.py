@@ -1,0 +1,208 @@
+"""One read-only pass over a module: every parameter and buffer by name, with its provenance.
+
+The four tables all read the `Census`, so each fact (which tensors are tied, which share a storage,
+whether a real tensor came from materialization, which ops a tensor needs) is computed in one place.
+
+Identity rules the census keeps:
+- a *name* is one slot (`module._parameters[key]` or `module._buffers[key]`) reached by one module
+  path; a shared submodule or a tied weight gives several names for one tensor object;
+- a *storage* is one piece of memory, present or future: a deferred fake's recorded storage in its
+  graph, or a real tensor's `StorageImpl` (`untyped_storage()._cdata`, not `data_ptr()`, which is 0
+  for every meta or empty tensor and would merge unrelated ones). A materialized tensor joins the
+  two: its memory is what the remaining fakes of that recorded storage will alias when they are
+  materialized, so a half-materialized tied weight or view stays one storage. Storage ids are
+  numbered 0, 1, ... in the order names first reach them;
+- a real tensor is "materialized" when `materialize_*` handed it out (it has an `Origin`), and
+  "real" otherwise. It is joined to its recorded tensor (graph, tensor id, storage) only while its
+  graph is reachable from the module's remaining fakes: a fully materialized module has freed its
+  graph, and what is shown must not depend on when the garbage collector runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..fake import handle_of, is_fake
+from ..graph import InitGraph, OpIndex, TensorId
+from ..provenance import Origin, creation_sources, origin_of
+
+FAKE, MATERIALIZED, REAL = "fake", "materialized", "real"
+PARAMETER, BUFFER, NON_PERSISTENT = "parameter", "buffer", "non-persistent buffer"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float32` → "float32": how every table spells a dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(slots=True)
+class NamedTensor:
+    """One parameter or buffer slot of the module, with the facts every table needs about it."""
+
+    name: str  # qualified name, e.g. "layers.0.attn.weight"
+    module: str  # qualified name of the owning module ("" for the root)
+    kind: str  # PARAMETER, BUFFER or NON_PERSISTENT
+    tensor: torch.Tensor
+    state: str  # FAKE, MATERIALIZED or REAL
+    graph: int | None  # index into Census.graphs (fakes, and materialized tensors traced back)
+    tensor_id: TensorId | None  # recorded id in that graph
+    storage: int  # index into Census.storages
+    numel: int
+    origin: Origin | None = None  # how construction made it (fakes and materialized tensors)
+
+    @property
+    def identity(self) -> tuple:
+        """Which tensor this is, counting a materialized tensor and the fakes it will replace as one."""
+        if self.graph is not None:
+            return (self.graph, self.tensor_id)
+        return (None, id(self.tensor))
+
+
+@dataclass(slots=True)
+class StorageRecord:
+    """One piece of memory under one or more names."""
+
+    id: int
+    nbytes: int
+    device: str
+    dtype: str  # of the first name found on it
+    state: str  # FAKE when every name on it is fake, else the first other name's state
+    graph: int | None
+    recorded_id: int | None  # the storage id in that graph
+    names: list[int] = field(default_factory=list)  # indices into Census.tensors, module order
+
+
+@dataclass
+class Census:
+    """Everything the tables read about one module, gathered without changing anything."""
+
+    root: nn.Module
+    modules: list[tuple[str, nn.Module]]  # every module path, pre-order (shared modules repeat)
+    tensors: list[NamedTensor]
+    storages: list[StorageRecord]
+    graphs: list[InitGraph]
+    closures: dict[tuple[int, TensorId], list[OpIndex]]  # (graph, tensor id) → ops it needs
+
+    def names_by_tensor_id(self) -> dict[tuple[int, TensorId], str]:
+        """The first name (module order) of every recorded tensor the module holds."""
+        names: dict[tuple[int, TensorId], str] = {}
+        for entry in self.tensors:
+            if entry.graph is not None:
+                names.setdefault((entry.graph, entry.tensor_id), entry.name)
+        return names
+
+
+def _slots(root: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[tuple[str, str, str, torch.Tensor]]]:
+    modules = list(root.named_modules(remove_duplicate=False))
+    slots: list[tuple[str, str, str, torch.Tensor]] = []
+    for path, module in modules:
+        prefix = f"{path}." if path else ""
+        for key, tensor in module._parameters.items():
+            if tensor is not None:
+                slots.append((prefix + key, path, PARAMETER, tensor))
+        non_persistent = module._non_persistent_buffers_set
+        for key, tensor in module._buffers.items():
+            if tensor is not None:
+                slots.append((prefix + key, path, NON_PERSISTENT if key in non_persistent else BUFFER, tensor))
+    return modules, slots
+
+
+class _KeyUnion:
+    """Union-find over storage keys: a materialized tensor joins its recorded storage to its memory."""
+
+    def __init__(self) -> None:
+        self.parent: dict[tuple, tuple] = {}
+
+    def find(self, key: tuple) -> tuple:
+        parent = self.parent.setdefault(key, key)
+        while parent != key:
+            grandparent = self.parent[parent]
+            self.parent[key] = grandparent
+            key, parent = parent, grandparent
+        return key
+
+    def join(self, first: tuple, second: tuple) -> None:
+        self.parent[self.find(second)] = self.find(first)
+
+
+def take_census(root: nn.Module) -> Census:
+    """Gather the parameters, buffers, storages and recorded closures of `root`; changes nothing."""
+    modules, slots = _slots(root)
+    graphs: list[InitGraph] = []
+    graph_index: dict[int, int] = {}
+    handles = []
+    for _, _, _, tensor in slots:
+        handle = handle_of(tensor)
+        handles.append(handle)
+        if handle is not None and id(handle.graph) not in graph_index:
+            graph_index[id(handle.graph)] = len(graphs)
+            graphs.append(handle.graph)
+
+    tensors: list[NamedTensor] = []
+    keys: list[tuple] = []  # per name: its recorded storage key, else its memory key
+    union = _KeyUnion()
+    with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+        for (name, path, kind, tensor), handle in zip(slots, handles):
+            graph: int | None = None
+            tid: TensorId | None = None
+            origin: Origin | None = None
+            if handle is not None:
+                graph, tid, state = graph_index[id(handle.graph)], handle.tensor_id, FAKE
+            elif is_fake(tensor):
+                state = FAKE  # another FakeTensorMode's: nothing recorded
+            else:
+                origin = origin_of(tensor)
+                state = REAL if origin is None else MATERIALIZED
+                if origin is not None and id(origin.graph()) in graph_index:
+                    graph, tid = graph_index[id(origin.graph())], origin.tensor_id
+            memory = None if handle is not None else ("memory", tensor.untyped_storage()._cdata)
+            if graph is not None:
+                key: tuple = ("recorded", graph, graphs[graph].tensors[tid].storage)
+                if memory is not None:
+                    # The same memory a fake of this storage will alias once it is materialized too.
+                    union.join(key, memory)
+            else:
+                key = memory  # type: ignore[assignment]
+            union.find(key)
+            keys.append(key)
+            tensors.append(NamedTensor(name, path, kind, tensor, state, graph, tid, -1, tensor.numel(), origin))
+
+        storages: list[StorageRecord] = []
+        storage_of_root: dict[tuple, int] = {}
+        for position, (entry, key) in enumerate(zip(tensors, keys)):
+            component = union.find(key)
+            sid = storage_of_root.get(component)
+            if sid is None:
+                sid = storage_of_root[component] = len(storages)
+                storages.append(StorageRecord(
+                    sid, entry.tensor.untyped_storage().nbytes() if entry.graph is None else -1,
+                    str(entry.tensor.device), dtype_name(entry.tensor.dtype), entry.state, None, None))
+            record = storages[sid]
+            if entry.graph is not None and record.graph is None:
+                record.graph, record.recorded_id = entry.graph, key[2]
+                record.nbytes = graphs[entry.graph].storages[key[2]].nbytes
+            if record.state == FAKE and entry.state != FAKE:
+                record.state = entry.state  # some name on it has real memory
+            record.names.append(position)
+            entry.storage = sid
+
+    closures: dict[tuple[int, TensorId], list[OpIndex]] = {}
+    unexplained: dict[int, list[NamedTensor]] = {}  # graph → its fakes (materialized ones carry an origin)
+    for entry in tensors:
+        if entry.graph is None:
+            continue
+        key = (entry.graph, entry.tensor_id)
+        if key not in closures:
+            closures[key] = graphs[entry.graph].closure_of([entry.tensor_id])
+        if entry.origin is None:
+            unexplained.setdefault(entry.graph, []).append(entry)
+    for position, entries in unexplained.items():
+        graph = graphs[position]
+        sources = creation_sources(graph, dict.fromkeys(entry.tensor_id for entry in entries))
+        for entry in entries:
+            closure_ops = len(closures[(position, entry.tensor_id)])
+            entry.origin = Origin.of(graph, entry.tensor_id, closure_ops, sources[entry.tensor_id])
+    return Census(root, modules, tensors, storages, graphs, closures)

@@ -1,0 +1,208 @@
+"""The op diagram's decisions: which ops and tensors to draw, where, and what to fold or cut.
+
+Steps, each over plain data:
+1. scope: every op, or the ops a focused module's tensors need (their closures), or one tensor's
+   closure, exactly as `InitGraph.closure_of` gives it;
+2. placement: each op and tensor goes in its module's cluster, or, when that module is deeper than
+   the collapse level, into one summary node for its ancestor at that level + 1;
+3. folding: sibling summaries of the same class with the same contents (op sequence, tensors,
+   submodule structure, states) become one "Class ×N" node;
+4. edges: an op reading a tensor gets an edge from the latest drawn op that produced or wrote that
+   tensor's storage before it (so in-place chains read left to right); a named tensor gets one from
+   the latest drawn op that produced or wrote it;
+5. cap: nodes in chronological order (a tensor right after the op that last wrote it); beyond
+   `max_nodes`, the rest become one "N more ops/tensors not shown" node.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from ..graph import InitGraph
+from .diagram import Diagram, DiagramCluster, DiagramEdge, DiagramNode
+from .folding import Summary, collapse_level, collapsed_into, fold_siblings, summary_node
+from .labels import describe_mark, edge_label, op_node_of
+from .names import ERROR_NODE, MORE_NODE, module_node, op_node
+from .paths import depth_of, parent_of
+from .scene import Scene, TensorMark
+from .scope import Scope, select_scope
+from .styles import ERROR, MORE, OP_LEGEND
+
+
+@dataclass(frozen=True)
+class OpViewOptions:
+    """What `op_graph` was asked for; see `explorer.render.op_graph` for the meaning of each."""
+
+    depth: int | None = None
+    focus: str | None = None
+    closure_of: str | None = None
+    max_nodes: int | None = 400
+    edge_labels: bool = True
+    fold_repeats: bool = True
+    legend: bool = True
+
+
+# -- 4. edges (steps 1 to 3 live in scope.py and folding.py) ----------------------------------------
+def _latest_source(graph: InitGraph, drawn: set[int], tid: int, before: int) -> int | None:
+    """The latest drawn op before `before` that produced tensor `tid` or wrote its storage."""
+    info = graph.tensors[tid]
+    best = info.producer if info.producer in drawn and info.producer < before else None
+    writers = graph.writers.get(info.storage, ())
+    for position in range(bisect.bisect_left(writers, before) - 1, -1, -1):
+        writer = writers[position]
+        if best is not None and writer <= best:
+            break
+        if writer in drawn:
+            return writer
+    return best
+
+
+# -- the whole view ---------------------------------------------------------------------------------
+def op_diagram(scene: Scene, options: OpViewOptions) -> Diagram:
+    """Decide everything `op_graph` draws (see the module docstring for the steps)."""
+    if options.max_nodes is not None and options.max_nodes < 1:
+        raise ValueError(f"op_graph: max_nodes must be >= 1 or None, got {options.max_nodes}")
+    scope = select_scope(scene, options.focus, options.closure_of)
+    level = collapse_level(scene, options.depth, options.focus)
+
+    # Chronological order: ops, each named tensor right after the op that last wrote it.
+    anchors: dict[int, int | None] = {}
+    after: dict[tuple[int, int], list[TensorMark]] = {}
+    first: list[TensorMark] = []
+    for mark in scope.marks:
+        anchor = None
+        if mark.graph is not None:
+            drawn = scope.op_sets.get(mark.graph, set())
+            anchor = _latest_source(scene.graphs[mark.graph], drawn, mark.tensor_id, len(scene.graphs[mark.graph].ops))
+        anchors[id(mark)] = anchor
+        if anchor is None:
+            first.append(mark)
+        else:
+            after.setdefault((mark.graph, anchor), []).append(mark)
+    order: list[tuple[int, int] | TensorMark] = list(first)
+    for graph, indices in scope.ops.items():
+        for index in indices:
+            order.append((graph, index))
+            order.extend(after.get((graph, index), ()))
+
+    # Placement: element → collapsed module path (or None when drawn as itself).
+    summaries: dict[str, Summary] = {}
+    hidden_in: list[str | None] = []
+    for element in order:
+        if isinstance(element, TensorMark):
+            anchor = collapsed_into(element.module, level)
+            if anchor is not None:
+                summaries.setdefault(anchor, Summary(anchor)).marks.append(element)
+        else:
+            anchor = collapsed_into(scene.owner(*element), level)
+            if anchor is not None:
+                summaries.setdefault(anchor, Summary(anchor)).ops.append(element)
+        hidden_in.append(anchor)
+    drawn_by = fold_siblings(scene, summaries, level) if options.fold_repeats else {p: p for p in summaries}
+
+    # Node names first; the nodes themselves are built only for what survives the cap.
+    names: list[str] = []
+    builders: dict[str, tuple[str, object]] = {}  # name → ("summary", path) | ("mark", mark) | ("op", key)
+    name_of_op: dict[tuple[int, int], str] = {}
+    name_of_mark: dict[int, str] = {}
+    for element, anchor in zip(order, hidden_in):
+        if anchor is not None:
+            name, builder = module_node(drawn_by[anchor]), ("summary", drawn_by[anchor])
+        elif isinstance(element, TensorMark):
+            name, builder = element.node, ("mark", element)
+        else:
+            name, builder = op_node(*element), ("op", element)
+        if name not in builders:
+            builders[name] = builder
+            names.append(name)
+        if isinstance(element, TensorMark):
+            name_of_mark[id(element)] = name
+        else:
+            name_of_op[element] = name
+
+    # Edges: (tail, head) → (graph, tensor id) of the first tensor seen flowing along it.
+    edges: dict[tuple[str, str], tuple[int, int]] = {}
+    for graph, indices in scope.ops.items():
+        recorded, drawn = scene.graphs[graph], scope.op_sets[graph]
+        for index in indices:
+            head = name_of_op[(graph, index)]
+            for tid in dict.fromkeys(recorded.ops[index].inputs):
+                source = _latest_source(recorded, drawn, tid, index)
+                if source is not None:
+                    tail = name_of_op[(graph, source)]
+                    if tail != head:
+                        edges.setdefault((tail, head), (graph, tid))
+    for mark in scope.marks:
+        anchor = anchors[id(mark)]
+        if anchor is not None:
+            tail, head = name_of_op[(mark.graph, anchor)], name_of_mark[id(mark)]
+            if tail != head:
+                edges.setdefault((tail, head), (mark.graph, mark.tensor_id))
+
+    kept = names if options.max_nodes is None else names[: options.max_nodes]
+    diagram = Diagram(_title(scene, scope, options), legend=OP_LEGEND if options.legend else ())
+    diagram.omitted = len(names) - len(kept)
+    for name in kept:
+        kind, subject = builders[name]
+        if kind == "summary":
+            diagram.nodes.append(summary_node(scene, summaries[subject]))
+        elif kind == "mark":
+            diagram.nodes.append(DiagramNode(name, subject.state, subject.name, describe_mark(subject), subject.module))
+        else:
+            diagram.nodes.append(op_node_of(scene, subject[0], subject[1], scene.owner(*subject)))
+    if diagram.omitted:
+        diagram.nodes.append(DiagramNode(
+            MORE_NODE, MORE, f"{diagram.omitted} more ops/tensors not shown",
+            ["raise max_nodes, collapse (depth=) or focus to see them"]))
+    shown = set(kept)
+    for (tail, head), (graph, tid) in edges.items():
+        if tail in shown and head in shown:
+            label = edge_label(scene.graphs[graph], tid) if options.edge_labels else ""
+            diagram.edges.append(DiagramEdge(tail, head, label))
+    if diagram.omitted:
+        # Where the drawing is cut, dashed edges lead to (or come from) the "N more" node.
+        cut = {(tail if tail in shown else MORE_NODE, head if head in shown else MORE_NODE)
+               for tail, head in edges if tail not in shown or head not in shown}
+        diagram.edges.extend(DiagramEdge(t, h, dashed=True) for t, h in sorted(cut) if t != h)
+    if scene.error is not None:
+        _add_error(diagram, scene)
+    if scene.has_modules:
+        diagram.clusters = _clusters(scene, diagram.nodes)
+    return diagram
+
+
+def _add_error(diagram: Diagram, scene: Scene) -> None:
+    """The failure as a node, after the last recorded op drawn."""
+    message = scene.error.strip().splitlines()
+    last = next((node.name for node in reversed(diagram.nodes) if node.name.startswith("op:")), None)
+    diagram.nodes.append(DiagramNode(ERROR_NODE, ERROR, "construction failed here", message[:6]))
+    if last is not None:
+        diagram.edges.append(DiagramEdge(last, ERROR_NODE, dashed=True))
+
+
+def _clusters(scene: Scene, nodes: list[DiagramNode]) -> dict[str, DiagramCluster]:
+    used: set[str] = set()
+    for node in nodes:
+        path = node.cluster
+        while path is not None and path not in used:
+            used.add(path)
+            path = parent_of(path) if path else None
+    clusters: dict[str, DiagramCluster] = {}
+    for path in sorted(used, key=lambda p: (depth_of(p), p)):
+        cls = scene.module_classes.get(path, "?")
+        title, subtitle = (path, cls) if path else (cls, "")
+        clusters[path] = DiagramCluster(path, title, subtitle, parent_of(path) if path else None)
+    return clusters
+
+
+def _title(scene: Scene, scope: Scope, options: OpViewOptions) -> str:
+    ops = sum(len(indices) for indices in scope.ops.values())
+    parts = [f"{scene.root_class}: {ops} ops, {len(scope.marks)} tensors"]
+    if scope.description:
+        parts.append(scope.description)
+    if options.depth is not None and scene.has_modules:
+        parts.append(f"modules below depth {options.depth} collapsed")
+    if scene.error is not None:
+        parts.append("construction failed: recorded up to the failing op")
+    return "; ".join(parts)

@@ -1,0 +1,36 @@
+"""What "equal to eager construction" means, in one place for every parity test."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def slots(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter and buffer name (duplicates included) with its tensor, parameters first."""
+    return list(module.named_parameters(remove_duplicate=False)) + [
+        (f"[buffer] {name}", b) for name, b in module.named_buffers(remove_duplicate=False)
+    ]
+
+
+def tie_groups(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, ...]]:
+    """Names grouped by the tensor object they hold."""
+    groups: dict[int, list[str]] = {}
+    for name, tensor in named:
+        groups.setdefault(id(tensor), []).append(name)
+    return sorted(tuple(names) for names in groups.values())
+
+
+def storage_groups(named: list[tuple[str, torch.Tensor]]) -> list[tuple[tuple[str, int], ...]]:
+    """Names grouped by the storage they view, with their storage offsets (empty storages apart)."""
+    groups: dict[object, list[tuple[str, int]]] = {}
+    for name, tensor in named:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr() if storage.nbytes() else name
+        groups.setdefault(key, []).append((name, tensor.storage_offset()))
+    return sorted(tuple(names) for names in groups.values())
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality of values (NaN payloads and signed zeros included), whatever the strides."""
+    return torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))

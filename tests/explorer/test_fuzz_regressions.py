@@ -1,0 +1,169 @@
+"""Minimal programs the differential fuzzer (tests/fuzz) found, pinned by name.
+
+Each program is the shrunk failing example, pasted as printed. `check_program` runs it eagerly and
+under deferred_init, materializes it in one call, by the plan, with rng="fast", and one slot alone,
+and raises `Mismatch` listing every difference from eager construction.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from explorer import DeferredInitError, deferred_init, materialize_module
+from tests.fuzz.differential import check_program
+from tests.fuzz.interpreter import FuzzModule, make_externals
+from tests.fuzz.program import Plan, Program
+
+
+def test_in_place_write_into_a_torch_tensor_constant_is_recorded():
+    # `torch.tensor(...)` lifts a fresh constant (aten.lift_fresh): it is the constructor's own
+    # tensor, not a view of the caller's memory, so writing into it must be recorded, not refused.
+    program = Program(seed=0, steps=(
+        ("constant", 1.0, "float32"),
+        ("copy_", 0, 0),
+        ("register_buffer", "", "t17", 0, True),
+    ))
+    snapshot = check_program(program, Plan(()), "t17")
+    assert snapshot.tensors["t17"].value == torch.tensor(1.0).numpy().tobytes()
+
+
+def test_constructor_writing_into_a_view_of_an_external_tensor_is_refused_before_it_runs():
+    # Before the fix the fake write still bumped the caller's version counter, so materialization
+    # failed later blaming the user ("modified in place after deferred_init"); a direct write even
+    # ran for real on the caller's tensor during recording.
+    program = Program(seed=0, steps=(
+        ("external", (4,), "float32"),
+        ("view", 0, (2, 2)),
+        ("mul_", 1, ("value", 3)),
+        ("register_buffer", "", "t3", 1, True),
+    ))
+    externals = make_externals(program)
+    original = externals[0].clone()
+    with pytest.raises(DeferredInitError, match=r"^aten\.mul_\.Tensor writes in place into a view of a real tensor"):
+        deferred_init(FuzzModule, program, externals)
+    assert torch.equal(externals[0], original) and externals[0]._version == 0
+
+
+def test_out_argument_resized_by_its_op_is_recorded_as_the_tensor_the_op_was_given():
+    # `torch.add(x, 1, out=y)` resizes the 0-d `y` to (2,) in place. The recorder used to look at `y`
+    # after the op ran, took the new layout for a `.data = ` swap made before it, and replayed an
+    # alias of the old 4-byte storage with the new shape: "setStorage ... out of bounds".
+    program = Program(seed=0, steps=(
+        ("ones", (), "float32"),
+        ("randint", 0, 1, (), "int64"),
+        ("ones", (2,), "float32"),
+        ("binary_out", "add", 2, ("value", 1), 0),
+        ("register_buffer", "", "t4", 0, True),
+    ))
+    with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+        snapshot = check_program(program, Plan(()), "t4")
+    assert snapshot.tensors["t4"].shape == (2,) and snapshot.tensors["t4"].storage_nbytes == 8
+
+
+def test_resize_growing_a_storage_is_replayed_before_the_new_layout_is_used():
+    # The same mistake with `resize_`: the grown layout was aliased onto the storage before the
+    # resize was replayed. Then rng="fast" skipped the resize as a dead write (the later fill_
+    # overwrites every element), though the storage needs its size. (Generated programs only
+    # shrink: growing exposes uninitialized memory, which `fill_` overwrites here.)
+    program = Program(seed=0, steps=(
+        ("zeros", (2,), "float32"),
+        ("inplace_view", "resize_", 0, (2, 2)),
+        ("fill_", 0, ("value", 3)),
+        ("register_buffer", "", "t3", 0, True),
+    ))
+    snapshot = check_program(program, Plan((("tensor", "t3"),)), "t3")
+    assert snapshot.tensors["t3"].shape == (2, 2) and snapshot.tensors["t3"].storage_nbytes == 16
+
+
+def test_copy_of_a_tensor_into_itself_keeps_the_writes_before_it_with_fast_rng():
+    # `copy_` overwrites its target without reading it, so rng="fast" drops earlier writes to the
+    # target as dead. `x.copy_(x)` does read it: the fill_ was dropped and the buffer held whatever
+    # the fresh `empty` memory contained.
+    program = Program(seed=0, steps=(
+        ("empty_fill", (), "float32", ("value", 1)),
+        ("copy_", 0, 0),
+        ("register_buffer", "", "t2", 0, True),
+    ))
+    snapshot = check_program(program, Plan(()), "t2")
+    assert snapshot.tensors["t2"].value == torch.tensor(1.0).numpy().tobytes()
+    module = deferred_init(FuzzModule, program, [])
+    assert torch.equal(materialize_module(module, rng="fast").t2, torch.tensor(1.0))
+
+
+def test_torch_tensor_constant_made_under_inference_mode_materializes():
+    # `torch.tensor([False])` under inference mode is an inference tensor, so it has no version
+    # counter; it was refused like a caller's inference tensor ("its in-place changes cannot be
+    # detected"), though nobody but the recording holds it.
+    program = Program(seed=0, steps=(
+        ("ones", (1,), "float32"),
+        ("inference", True),
+        ("masked_fill_", 0, ("const", [False]), ("value", 2.25)),
+        ("register_buffer", "", "t3", 0, True),
+    ))
+    snapshot = check_program(program, Plan(()), "t3")
+    assert snapshot.tensors["t3"].value == torch.ones(1).numpy().tobytes()
+
+
+def test_value_reads_under_inference_mode_are_answered():
+    # Under inference mode `.item()` reaches the recorder as the composite `aten.item` (and `bool()`
+    # as `aten.is_nonzero`), not as `_local_scalar_dense`; fake mode then refused it.
+    program = Program(seed=0, steps=(
+        ("randn", (3,), "float32"),
+        ("inference", True),
+        ("item", 0, 2),
+        ("binary", "gt", 0, ("read", 0)),
+        ("tolist", 1),
+        ("register_buffer", "", "t5", 0, True),
+    ))
+    snapshot = check_program(program, Plan(()), "t5")
+    assert len(snapshot.values_read) == 2
+
+
+def test_value_read_after_a_data_swap_reads_the_new_data():
+    # `.data = x` swaps storage in C++, unseen until the tensor's next recorded use; a value read
+    # (`.tolist()`, `.item()`, `.numpy()`) used the id from before the swap and read the old zeros.
+    program = Program(seed=0, steps=(
+        ("ones", (), "float32"),
+        ("zero_", 0),
+        ("ones", (), "float32"),
+        ("set_data", 0, 1),
+        ("tolist", 0),
+        ("register_buffer", "", "t5", 0, True),
+    ))
+    assert check_program(program, Plan(()), "t5").values_read == ("1.0",)
+
+
+def test_numpy_read_after_a_data_swap_reads_the_new_data():
+    class Swapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            table = torch.zeros(2)
+            table.data = torch.ones(2)
+            self.read = table.numpy().tolist()
+            self.register_buffer("table", table)
+
+    assert deferred_init(Swapped).read == Swapped().read == [1.0, 1.0]
+
+
+def test_fast_rng_fill_of_an_inference_tensor_runs_in_inference_mode_on_the_fill_pool():
+    # rng="fast" runs independent seeded fills on a thread pool; inference mode is per thread, so
+    # `uniform_` into a tensor made under `torch.inference_mode()` ran outside it on the pool:
+    # "Inplace update to inference tensor outside InferenceMode is not allowed" (found by CI).
+    program = Program(seed=0, steps=(
+        ("arange", 1, "int64"),
+        ("ones", (), "float32"),
+        ("external", (), "float32"),
+        ("index_put_", 0, ((0,),), ("value", 1), False),
+        ("inference", True),
+        ("ones", (1, 1), "float32"),
+        ("init", "kaiming_uniform", 3, 0.0),
+        ("register_buffer", "", "t7", 3, True),
+    ))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))  # the pool only runs with two or more threads
+    try:
+        snapshot = check_program(program, Plan(()), "t7")
+    finally:
+        torch.set_num_threads(threads)
+    assert snapshot.tensors["t7"].shape == (1, 1)

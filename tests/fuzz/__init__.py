@@ -1,0 +1,1 @@
+"""Differential fuzzing of deferred_init: random constructor programs, eager vs deferred."""

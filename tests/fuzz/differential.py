@@ -1,0 +1,124 @@
+"""Eager vs deferred+materialized, for one program: the three ways of materializing it.
+
+* full: `materialize_module(root)` in one call;
+* plan: a `Plan` of single tensors and (sub)modules in a random order, then the rest;
+* single: one slot alone from a fresh deferred module (nothing else materialized).
+
+Each must agree with eager construction bit for bit on the facts of `compare.snapshot`, and must
+leave the global RNG exactly where it found it (deferred_init included). With rng="fast" the values
+differ from eager by design; everything else must not, and the plan must equal the single call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from explorer import deferred_init, is_deferred, materialize_module, materialize_tensor
+
+from .compare import Snapshot, differences, snapshot
+from .interpreter import FuzzModule, make_externals
+from .program import Plan, Program
+
+# Set between deferred_init and materialization: replay must not depend on the RNG state then.
+_UNRELATED_SEED = 987654321
+
+
+class Mismatch(AssertionError):
+    """Eager and deferred construction disagree; the message lists every difference."""
+
+
+def build_eager(program: Program) -> tuple[nn.Module, list[torch.Tensor]]:
+    externals = make_externals(program)
+    torch.manual_seed(program.seed)
+    return FuzzModule(program, externals), externals
+
+
+def build_deferred(program: Program) -> tuple[nn.Module, list[torch.Tensor]]:
+    externals = make_externals(program)
+    torch.manual_seed(program.seed)
+    before = torch.get_rng_state()
+    module = deferred_init(FuzzModule, program, externals)
+    if not torch.equal(torch.get_rng_state(), before):
+        raise Mismatch(f"deferred_init moved the global RNG\n{program!r}")
+    torch.manual_seed(_UNRELATED_SEED)
+    return module, externals
+
+
+def _owner(root: nn.Module, name: str) -> tuple[dict, str]:
+    path, _, key = name.rpartition(".")
+    owner = root.get_submodule(path)
+    return (owner._parameters if key in owner._parameters else owner._buffers), key
+
+
+def apply_plan(root: nn.Module, plan: Plan, rng: str = "eager") -> None:
+    """Materialize `root` piece by piece as `plan` says, then whatever is left."""
+    for action in plan.actions:
+        if action[0] == "tensor":
+            table, key = _owner(root, action[1])
+            table[key] = materialize_tensor(table[key], rng=rng)
+        elif action[0] == "subtree":
+            materialize_module(root.get_submodule(action[1]), buffers_only=action[2], rng=rng)
+        else:
+            chosen = root.get_submodule(action[1])
+            materialize_module(root, check_fn=lambda module: module is chosen, rng=rng)
+    materialize_module(root, rng=rng)
+
+
+def _materialized(program: Program, how: str, materialize) -> tuple[nn.Module, list[torch.Tensor]]:  # noqa: ANN001
+    module, externals = build_deferred(program)
+    rng = torch.get_rng_state()
+    materialize(module)
+    if not torch.equal(torch.get_rng_state(), rng):
+        raise Mismatch(f"{how} materialization moved the global RNG\n{program!r}")
+    return module, externals
+
+
+def check_full(program: Program, expected: Snapshot) -> None:
+    module, externals = _materialized(program, "full", materialize_module)
+    _raise_if(differences(expected, snapshot(module, externals)), program, "full materialize_module")
+    if is_deferred(module):
+        raise Mismatch(f"module still deferred after materialize_module\n{program!r}")
+
+
+def check_plan(program: Program, plan: Plan, expected: Snapshot) -> None:
+    module, externals = _materialized(program, "planned", lambda m: apply_plan(m, plan))
+    _raise_if(differences(expected, snapshot(module, externals)), program, f"{plan!r}")
+
+
+def check_fast(program: Program, plan: Plan, expected: Snapshot) -> None:
+    """rng="fast": layouts, sharing and ties as eager; values independent of the materialization
+    order (the planned materialization equals the one-call one, bit for bit)."""
+    full, full_externals = _materialized(program, "fast", lambda m: materialize_module(m, rng="fast"))
+    whole = snapshot(full, full_externals)
+    _raise_if(differences(expected, whole, values=False), program, "rng='fast' full materialize_module")
+    planned, externals = _materialized(program, "fast planned", lambda m: apply_plan(m, plan, rng="fast"))
+    _raise_if(differences(whole, snapshot(planned, externals)), program, f"rng='fast' {plan!r} vs one call")
+
+
+def check_single(program: Program, name: str, expected: Snapshot) -> None:
+    def only(module: nn.Module) -> None:
+        table, key = _owner(module, name)
+        table[key] = materialize_tensor(table[key])
+
+    module, externals = _materialized(program, "single-tensor", only)
+    _raise_if(differences(expected, snapshot(module, externals), only=[name]), program, f"single tensor {name!r}")
+
+
+def _raise_if(found: list[str], program: Program, how: str) -> None:
+    if found:
+        raise Mismatch(f"{how}: " + "\n  ".join(["eager and deferred differ", *found]) + f"\n{program!r}")
+
+
+def check_program(program: Program, plan: Plan | None = None, single: str | None = None) -> Snapshot:
+    """Run every comparison for `program`; raises Mismatch (listing the differences) or
+    returns the eager snapshot."""
+    eager, externals = build_eager(program)
+    expected = snapshot(eager, externals)
+    check_full(program, expected)
+    if plan is not None:
+        check_plan(program, plan, expected)
+        check_fast(program, plan, expected)
+    if single is not None:
+        check_single(program, single, expected)
+    return expected

@@ -1,0 +1,61 @@
+"""Random constructor programs: deferred_init + materialization equals eager construction.
+
+CI runs a fixed, derandomized budget (`EXPLORER_FUZZ_EXAMPLES`, default 300 programs); `make fuzz`
+raises it (and `EXPLORER_FUZZ_SEED` explores a different part of the space). Any failure found is
+pinned as a named test in tests/explorer/test_fuzz_regressions.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from .compare import module_paths, snapshot
+from .differential import build_eager, check_fast, check_full, check_plan, check_single
+from .generate import plans, programs
+from .program import FACTORY_OPS, INPLACE_OPS, VIEW_OPS
+
+EXAMPLES = int(os.environ.get("EXPLORER_FUZZ_EXAMPLES", "300"))
+SEED = os.environ.get("EXPLORER_FUZZ_SEED")
+
+
+def _fuzz_settings(test):  # noqa: ANN001, ANN202
+    configured = settings(
+        max_examples=EXAMPLES,
+        derandomize=SEED is None,
+        database=None,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )(test)
+    return hypothesis_seed(int(SEED))(configured) if SEED is not None else configured
+
+
+def _bucket(count: int) -> str:
+    return "0" if count == 0 else "1-2" if count <= 2 else "3-9" if count <= 9 else "10+"
+
+
+@_fuzz_settings
+@given(st.data())
+def test_materialized_programs_equal_eager_construction(data: st.DataObject) -> None:
+    program = data.draw(programs(), label="program")
+    with torch.random.fork_rng(devices=[]):
+        eager, externals = build_eager(program)
+        expected = snapshot(eager, externals)
+        names = list(expected.tensors)
+        plan = data.draw(plans(names, module_paths(eager)), label="plan")
+        single = data.draw(st.sampled_from(names), label="single tensor")
+        for kind, ops in (("factory", FACTORY_OPS), ("view", VIEW_OPS), ("in-place", INPLACE_OPS)):
+            event(f"{kind} steps", _bucket(program.count(ops)))
+        event("value reads", _bucket(len(expected.values_read)))
+        event("slots", _bucket(len(names)))
+        event("shared storages", _bucket(len(expected.sharing)))
+        event("tie groups", _bucket(len(expected.ties)))
+        check_full(program, expected)
+        check_plan(program, plan, expected)
+        check_fast(program, plan, expected)
+        check_single(program, single, expected)

@@ -1,0 +1,86 @@
+"""Shared fixtures for the widget tests: a small model with ties, views and buffers, and a stand-in
+for `explorer.op_graph` / `explorer.render` (being built on another branch; see
+/work/briefs/render_contract.md) that records its calls and draws contract-named nodes."""
+
+from __future__ import annotations
+
+import types
+
+import graphviz
+import pytest
+import torch
+from torch import nn
+
+import explorer
+import widgets
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.Linear(4, 4)
+        self.mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+        self.norm = nn.LayerNorm(4)
+
+
+class Net(nn.Module):
+    """embed (10×4) tied to head; two blocks; an int64 buffer and a buffer viewing part of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("positions", torch.arange(4))
+        self.register_buffer("window", self.positions[1:3])  # WINDOW LINE
+
+
+@pytest.fixture
+def net_pair() -> tuple[nn.Module, nn.Module]:
+    """(eager Net, deferred Net) built from the same seed."""
+    torch.manual_seed(0)
+    eager = Net()
+    torch.manual_seed(0)
+    deferred = explorer.deferred_init(Net)
+    return eager, deferred
+
+
+@pytest.fixture
+def ui() -> widgets.ExplorerWidget:
+    torch.manual_seed(0)
+    return widgets.explore(Net)
+
+
+def node_kind(name: str) -> tuple[str, str]:
+    """The contract's parser: "tensor:a.b" → ("tensor", "a.b"), "op:0:12" → ("op", "0:12")."""
+    kind, _, key = name.partition(":")
+    return kind, key
+
+
+class GraphStandIn:
+    """Records `op_graph` calls; draws one cluster per focus module and one node per call argument."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self.error: Exception | None = None
+
+    def __call__(self, module: nn.Module, **kwargs: object) -> graphviz.Digraph:
+        self.calls.append(kwargs)
+        if self.error is not None:
+            raise self.error
+        if kwargs.get("focus") is not None and kwargs.get("closure_of") is not None:
+            raise ValueError("op_graph: give focus= or closure_of=, not both")  # as the contract's op_graph
+        graph = graphviz.Digraph()
+        with graph.subgraph(name=f"cluster_module:{kwargs.get('focus') or ''}") as cluster:  # names as the contract
+            cluster.node("tensor:blocks.0.attn.weight", "weight")
+            cluster.node("op:0:3", "uniform_")
+        return graph
+
+
+@pytest.fixture
+def graph_stand_in(monkeypatch: pytest.MonkeyPatch) -> GraphStandIn:
+    stand_in = GraphStandIn()
+    monkeypatch.setattr(explorer, "op_graph", stand_in, raising=False)
+    monkeypatch.setattr(explorer, "render", types.SimpleNamespace(node_kind=node_kind), raising=False)
+    return stand_in

@@ -1,0 +1,165 @@
+"""Materialize bar: parity with eager construction, refreshed views, progress, errors, cancel."""
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import explorer
+import widgets
+from widgets.materialize_bar import target_devices
+from widgets.states import STATE_COLOURS
+
+
+def state_of(ui, path):
+    return next((n["state"], n["colour"]) for n in ui.tree.nodes if n["path"] == path)
+
+
+def bits(tensor):
+    return tensor.detach().reshape(-1).view(torch.uint8) if tensor.is_floating_point() else tensor.reshape(-1)
+
+
+def snapshot(module):
+    """Every parameter/buffer object by name: 'unchanged' means the very same objects."""
+    return {name: t for name, t in [*module.named_parameters(remove_duplicate=False),
+                                    *module.named_buffers(remove_duplicate=False)]}
+
+
+def test_materialize_selected_equals_eager_bitwise_and_recolours_the_tree(net_pair):
+    eager, deferred = net_pair
+    ui = widgets.ExplorerWidget(deferred)
+    ui.select("blocks.1")
+    ui.materialize_selected(wait=True)
+    eager_tensors = snapshot(eager)
+    for name, tensor in snapshot(deferred).items():
+        if name.startswith("blocks.1."):
+            assert not explorer.is_fake(tensor), name
+            assert tensor.dtype == eager_tensors[name].dtype and tensor.stride() == eager_tensors[name].stride()
+            assert torch.equal(bits(tensor), bits(eager_tensors[name])), name
+        else:
+            assert explorer.is_fake(tensor), name
+    assert state_of(ui, "blocks.1") == ("materialized", STATE_COLOURS["materialized"])
+    assert state_of(ui, "blocks.1.mlp.1") == ("empty", STATE_COLOURS["empty"])
+    assert state_of(ui, "blocks") == ("partly", STATE_COLOURS["partly"])
+    assert state_of(ui, "") == ("partly", STATE_COLOURS["partly"])
+    assert state_of(ui, "blocks.0") == ("fake", STATE_COLOURS["fake"])
+    table = ui.tensors_tab.table
+    assert [row[6] for row in table.rows] == ["materialized"] * 8
+    assert table.row_colours == [STATE_COLOURS["materialized"]] * 8
+    assert ui.bar.status.value == "materialized 8 tensors (416 B) of the selection on cpu (rng=eager)"
+    assert ui.memory_tab.totals.value == \
+        "selection: 416 B — by device: cpu 416 B — by state: materialized 416 B"
+
+
+def test_materialize_all_keeps_ties_and_views_and_matches_eager(net_pair):
+    eager, deferred = net_pair
+    ui = widgets.ExplorerWidget(deferred)
+    ui.materialize_all(wait=True)
+    assert not explorer.is_deferred(deferred)
+    assert deferred.head.weight is deferred.embed.weight
+    assert deferred.window.untyped_storage().data_ptr() == deferred.positions.untyped_storage().data_ptr()
+    for name, tensor in snapshot(eager).items():
+        assert torch.equal(bits(snapshot(deferred)[name]), bits(tensor)), name
+    assert {n["state"] for n in ui.tree.nodes} == {"materialized", "empty"}
+    assert ui.bar.status.value == "materialized 19 tensors (1.0 KiB) of the whole module on cpu (rng=eager)"
+
+
+def test_progress_reports_each_tensor_with_bytes(ui):
+    reports = []
+    ui.bar.observe(lambda _: reports.append((ui.bar.done, ui.bar.total, ui.bar.done_bytes, ui.bar.total_bytes)),
+                   names="done_bytes")
+    ui.select("blocks.0.mlp")
+    ui.materialize_selected(wait=True)
+    # mlp.0: weight 8×4, bias 8; mlp.2: weight 4×8, bias 4 (float32), completed in recording order
+    assert reports == [(1, 4, 128, 304), (2, 4, 160, 304), (3, 4, 288, 304), (4, 4, 304, 304)]
+    assert (ui.bar.progress.value, ui.bar.progress.max) == (4, 4)
+    assert ui.bar.progress_text.value == "4 / 4 tensors, 304 B / 304 B"
+
+
+def test_rng_fast_and_meta_target_are_passed_to_the_engine(ui):
+    ui.select("blocks.0.attn")
+    ui.bar.device.value = "meta"
+    ui.bar.rng.value = "fast"
+    ui.materialize_selected(wait=True)
+    weight = ui.module.blocks[0].attn.weight
+    assert weight.device == torch.device("meta") and not explorer.is_fake(weight)
+    assert ui.bar.status.value == "materialized 2 tensors (80 B) of the selection on meta (rng=fast)"
+
+
+def test_device_choices_are_cpu_present_cuda_devices_and_meta(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert target_devices() == ["cpu", "cuda:0", "cuda:1", "meta"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert target_devices() == ["cpu", "meta"]
+
+
+def test_engine_error_is_shown_and_the_module_is_unchanged():
+    ui = widgets.explore(lambda: nn.Sequential(nn.Linear(2, 2), nn.LazyLinear(3)))
+    before = snapshot(ui.module)
+    ui.materialize_all(wait=True)
+    assert ui.bar.status.value == (
+        "materialization failed (MaterializationError): '1.weight' is an uninitialized lazy parameter: call the "
+        "module once on an example input inside module_fn so its shape is known")
+    assert "de-status-error" in ui.bar.status._dom_classes
+    assert isinstance(ui.bar.error, explorer.MaterializationError)
+    after = snapshot(ui.module)
+    assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
+    assert all(n["state"] in ("fake", "empty") for n in ui.tree.nodes)
+    assert (ui.bar.selected_button.disabled, ui.bar.cancel_button.disabled) == (False, True)
+    ui.select("0")  # the next success clears the error look
+    ui.materialize_selected(wait=True)
+    assert "de-status-error" not in ui.bar.status._dom_classes
+
+
+def test_cancel_between_tensors_leaves_the_module_unchanged(ui):
+    before = snapshot(ui.module)
+
+    def press_cancel(_):  # once the first tensor is done
+        ui.cancel()
+
+    ui.bar.observe(press_cancel, names="done")
+    ui.select("blocks")
+    ui.materialize_selected(wait=True)
+    assert ui.bar.done == 1 and ui.bar.total == 16
+    assert ui.bar.status.value == "cancelled: selection left as it was"
+    after = snapshot(ui.module)
+    assert all(after[k] is before[k] for k in before) and explorer.is_deferred(ui.module.blocks[0].attn)
+    assert {n["state"] for n in ui.tree.nodes} == {"fake", "empty"}
+    ui.bar.unobserve(press_cancel, names="done")
+    ui.materialize_selected(wait=True)  # cancelling does not stick to the next run
+    assert not explorer.is_deferred(ui.module.blocks)
+
+
+def test_cancel_button_stops_a_background_materialization(ui):
+    first_done, go_on = threading.Event(), threading.Event()
+
+    def hold_after_first_tensor(change):
+        if change["new"] == 1:
+            first_done.set()
+            go_on.wait(10)
+
+    ui.bar.observe(hold_after_first_tensor, names="done")
+    ui.select("blocks.1")
+    thread = ui.materialize_selected()  # background thread: the kernel stays free for the click
+    assert first_done.wait(10)
+    assert ui.bar.running and not ui.bar.cancel_button.disabled and ui.bar.selected_button.disabled
+    ui.bar.cancel_button.click()
+    go_on.set()
+    thread.join(10)
+    assert ui.bar.status.value == "cancelled: selection left as it was"
+    assert explorer.is_deferred(ui.module.blocks[1].attn) and not ui.bar.running
+
+
+def test_background_materialization_refreshes_views_when_done(ui):
+    ui.select("embed")
+    ui.materialize_selected().join(10)
+    assert ui.tensors_tab.table.rows[0][6] == "materialized"
+    assert ui.bar.status.value == "materialized 1 tensor (160 B) of the selection on cpu (rng=eager)"
+
+
+def test_materialize_selected_with_nothing_selected_says_so(ui):
+    assert ui.materialize_selected(wait=True) is None
+    assert ui.bar.status.value == "nothing selected: tick modules in the tree first"
+    assert explorer.is_deferred(ui.module)

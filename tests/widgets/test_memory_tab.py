@@ -1,0 +1,93 @@
+"""Memory tab: bytes of the selection (each storage once), module rows, dry run and device plan."""
+
+import pytest
+import torch
+
+from torch import nn
+
+import explorer
+import widgets
+from widgets.memory_tab import parse_shapes
+
+
+def test_totals_count_a_tied_storage_once(ui):
+    assert ui.memory_tab.totals.value == \
+        "whole module: 1.0 KiB — by device: cpu 1.0 KiB — by state: fake 1.0 KiB"
+    ui.select("embed")
+    ui.tree.set_checked("head", True)  # head.weight is embed.weight: 160 B, not 320 B
+    assert ui.memory_tab.totals.value == "selection: 160 B — by device: cpu 160 B — by state: fake 160 B"
+
+
+def test_totals_split_by_state_after_materializing_part(ui):
+    ui.select("blocks.0.mlp")
+    ui.materialize_selected(wait=True)
+    ui.select("blocks.0")
+    assert ui.memory_tab.totals.value == \
+        "selection: 416 B — by device: cpu 416 B — by state: fake 112 B, materialized 304 B"
+
+
+def test_rows_are_each_selected_subtree_top_and_its_children(ui):
+    ui.select("blocks.1")
+    ui.tree.set_checked("head", True)
+    table = ui.memory_tab.table
+    assert table.columns == ["name", "class", "total_params", "bytes", "bytes_by_device", "materialized", "state"]
+    assert table.rows == [
+        ["blocks.1", "Block", "104", "416 B", "cpu 416 B", "0.0%", "fake"],
+        ["blocks.1.attn", "Linear", "20", "80 B", "cpu 80 B", "0.0%", "fake"],
+        ["blocks.1.mlp", "Sequential", "76", "304 B", "cpu 304 B", "0.0%", "fake"],
+        ["blocks.1.norm", "LayerNorm", "8", "32 B", "cpu 32 B", "0.0%", "fake"],
+        ["head", "Linear", "40", "160 B", "cpu 160 B", "0.0%", "fake"],
+    ]
+
+
+def test_nothing_selected_lists_the_root_and_its_children(ui):
+    assert ui.memory_tab.table.row_keys == ["", "embed", "blocks", "head"]
+
+
+def test_dry_run_shows_the_fake_forward_of_the_typed_shapes():
+    torch.manual_seed(0)
+    ui = widgets.explore(lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    ui.memory_tab.input_dtype.value = "float32"
+    ui.memory_tab.shapes.value = "3x4"
+    ui.memory_tab.dry_run_button.click()
+    # 2·3·4·8 + 2·3·8·2 multiply-adds
+    assert ui.memory_tab.dry_run_status.value.startswith("dry run: 288 FLOPs, peak activations ")
+    assert explorer.is_deferred(ui.module)  # nothing was materialized
+
+
+def test_device_plan_uses_the_typed_budgets():
+    torch.manual_seed(0)
+    ui = widgets.explore(lambda: nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)))  # 160 B, 72 B
+    ui.memory_tab.budgets.value = "meta=200B, cpu=1GB"
+    ui.memory_tab.plan_button.click()
+    plan = ui.memory_tab.last_plan
+    assert plan.device_for("0.weight") == "meta" and plan.device_for("1.weight") == "cpu"
+    assert ui.memory_tab.plan_status.value == f"device plan: {len(plan.device_map)} entries"
+
+
+def test_unreadable_budget_is_reported(ui):
+    ui.memory_tab.budgets.value = "cuda:0"
+    ui.memory_tab.plan_button.click()
+    assert ui.memory_tab.plan_status.value == \
+        "device plan failed: ValueError: cannot read 'cuda:0' as a budget (write cuda:0=20GB)"
+
+
+def test_bad_input_shape_is_reported(ui, monkeypatch):
+    ui.memory_tab.shapes.value = "2xq"
+    ui.memory_tab.dry_run_button.click()
+    assert ui.memory_tab.dry_run_status.value == \
+        "dry run failed: ValueError: cannot read '2xq' as a shape (write 1x16 or (1, 16))"
+
+
+@pytest.mark.parametrize("text, shapes", [("1x16", [(1, 16)]), ("1x16, 2x3x4", [(1, 16), (2, 3, 4)]),
+                                          ("(1, 16), (2, 3, 4)", [(1, 16), (2, 3, 4)]), ("", [])])
+def test_parse_shapes(text, shapes):
+    assert parse_shapes(text) == shapes
+
+
+def test_clicking_a_module_row_drills_down_into_it(ui):
+    ui.select("blocks")
+    ui.memory_tab.table.selected = "blocks.1"  # what clicking the row sends
+    assert ui.tree.active == "blocks.1"
+    assert ui.memory_tab.table.row_keys == ["blocks.1", "blocks.1.attn", "blocks.1.mlp", "blocks.1.norm"]
+    assert ui.memory_tab.table.selected == ""

@@ -1,0 +1,107 @@
+"""Tensors tab: rows follow the tree selection, filters and sorting, the details pane."""
+
+from pathlib import Path
+
+from widgets.states import STATE_COLOURS
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+
+
+def keys(ui):
+    return ui.tensors_tab.table.row_keys
+
+
+def test_nothing_selected_shows_every_tensor(ui):
+    assert len(keys(ui)) == 20
+    assert ui.tensors_tab.table.caption == "20 rows"
+
+
+def test_rows_follow_the_tree_selection(ui):
+    ui.select("blocks.1.mlp")
+    assert keys(ui) == ["blocks.1.mlp.0.weight", "blocks.1.mlp.0.bias", "blocks.1.mlp.2.weight", "blocks.1.mlp.2.bias"]
+    ui.tree.set_checked("head", True)
+    assert keys(ui)[-1] == "head.weight" and len(keys(ui)) == 5
+    ui.tree.clear()
+    assert len(keys(ui)) == 20
+
+
+def test_unchecking_a_child_drops_its_ancestors_own_tensors(ui):
+    ui.tree.set_checked("", True)
+    assert len(keys(ui)) == 20
+    # the root is no longer wholly selected, so its own buffers leave with it
+    ui.tree.set_checked("blocks", False)
+    assert keys(ui) == ["embed.weight", "head.weight"]
+
+
+def test_cells_are_formatted_and_coloured_by_state(ui):
+    ui.select("embed")
+    table = ui.tensors_tab.table
+    assert table.columns == ["name", "kind", "shape", "dtype", "device", "bytes", "state", "tied_with", "closure_ops"]
+    assert table.rows == [
+        ["embed.weight", "parameter", "(10, 4)", "float32", "cpu", "160 B", "fake", "head.weight", "3"]]
+    assert table.row_colours == [STATE_COLOURS["fake"]]
+
+
+def test_name_filter_is_a_case_insensitive_substring(ui):
+    ui.select("blocks.0")
+    ui.tensors_tab.name_filter.value = "ATTN"
+    assert keys(ui) == ["blocks.0.attn.weight", "blocks.0.attn.bias"]
+
+
+def test_dtype_filter_offers_the_dtypes_present(ui):
+    assert ui.tensors_tab.dtype_filter.options == ("all", "float32", "int64")
+    ui.tensors_tab.dtype_filter.value = "int64"
+    assert keys(ui) == ["positions", "window"]
+
+
+def test_device_and_state_filters(ui):
+    ui.tensors_tab.device_filter.value = "cpu"
+    assert len(keys(ui)) == 20
+    ui.select("blocks.0.norm")
+    ui.materialize_selected(wait=True)
+    ui.tree.clear()
+    ui.tensors_tab.state_filter.value = "materialized"
+    assert keys(ui) == ["blocks.0.norm.weight", "blocks.0.norm.bias"]
+    assert ui.tensors_tab.state_filter.options == ("all", "fake", "materialized")
+
+
+def test_header_sort_orders_by_the_raw_values(ui):
+    ui.select("blocks.0")
+    ui.tensors_tab.table.sort_by = "bytes"  # what clicking the header sends
+    ui.tensors_tab.table.ascending = False
+    assert [row[5] for row in ui.tensors_tab.table.rows] == ["128 B", "128 B", "64 B", "32 B", "16 B", "16 B",
+                                                              "16 B", "16 B"]
+    assert keys(ui)[:2] == ["blocks.0.mlp.0.weight", "blocks.0.mlp.2.weight"]  # stable among equals
+
+
+def test_sorting_by_shape_tuples(ui):
+    ui.select("blocks.0.mlp")
+    ui.tensors_tab.table.sort_by = "shape"
+    assert [row[2] for row in ui.tensors_tab.table.rows] == ["(4,)", "(4, 8)", "(8,)", "(8, 4)"]
+
+
+def test_row_click_opens_details_with_the_fake_tensors_metadata(ui, net_pair):
+    eager, _ = net_pair
+    ui.tensors_tab.table.selected = "window"  # what clicking the row sends
+    window_line = next(i for i, line in enumerate(CONFTEST.read_text().splitlines(), 1) if "WINDOW LINE" in line)
+    assert ui.details.layout.display is None
+    assert ui.details.title.value == "window"
+    assert ui.details.values == {
+        "name": "window", "module": "", "kind": "buffer", "state": "fake", "shape": "(2,)", "stride": "(1,)",
+        "storage offset": "1", "dtype": "int64", "device": "cpu", "numel": "2", "bytes": "16 B",
+        "storage size": "32 B", "storage id": "0", "contiguous": "yes", "view": "yes", "requires grad": "no",
+        "alias group": "positions", "tied names": "none", "producer": "aten.slice.Tensor",
+        "last write": "aten.arange.default", "closure ops": "2", "source": f"{CONFTEST}:{window_line} in __init__",
+    }
+    # the same layout eager construction gives
+    window = eager.window
+    assert (window.storage_offset(), window.stride(), window.untyped_storage().nbytes()) == (1, (1,), 32)
+    assert ui.details.table.rows[6] == ["storage offset", "1"]
+
+
+def test_details_of_a_tied_weight_name_the_other_name(ui):
+    ui.show_tensor("head.weight")
+    assert (ui.details.values["tied names"], ui.details.values["alias group"]) == ("embed.weight", "embed.weight")
+    assert ui.details.values["storage size"] == "160 B"
+    assert ui.details.values["last write"] == "aten.normal_.default"
+    assert ui.tensors_tab.table.selected == "head.weight"

@@ -1,0 +1,112 @@
+// GraphView: shows the Graphviz SVG Python sends, fitted to the view's width, with wheel zoom, drag
+// pan and double-click to fit again.
+// A click on a node or cluster sets `clicked` to its <title> (the graphviz node name), which is
+// the whole contract with Python.
+function render({ model, el }) {
+  const root = document.createElement("div");
+  root.className = "de-graph-root";
+  const viewport = document.createElement("div");
+  viewport.className = "de-graph-viewport";
+  const canvas = document.createElement("div");
+  canvas.className = "de-graph-canvas";
+  viewport.appendChild(canvas);
+  const legend = document.createElement("div");
+  legend.className = "de-graph-legend";
+  root.append(viewport, legend);
+  el.appendChild(root);
+
+  let scale = 1, x = 0, y = 0;
+  let moved = false; // the user zoomed or panned: stop refitting on resize
+  const apply = () => { canvas.style.transform = `translate(${x}px, ${y}px) scale(${scale})`; };
+
+  viewport.addEventListener("wheel", (event) => {
+    event.preventDefault();
+    const box = viewport.getBoundingClientRect();
+    const px = event.clientX - box.left, py = event.clientY - box.top;
+    const factor = Math.exp(-event.deltaY * 0.0015);
+    const next = Math.min(20, Math.max(0.05, scale * factor));
+    x = px - (px - x) * (next / scale);
+    y = py - (py - y) * (next / scale);
+    scale = next;
+    moved = true;
+    apply();
+  }, { passive: false });
+
+  let drag = null; // where a mouse press started, and whether it became a pan
+  viewport.addEventListener("mousedown", (event) => {
+    drag = { x: event.clientX, y: event.clientY, ox: x, oy: y, moved: false };
+  });
+  const onMove = (event) => {
+    if (!drag) return;
+    const dx = event.clientX - drag.x, dy = event.clientY - drag.y;
+    if (Math.abs(dx) + Math.abs(dy) > 3) drag.moved = true;
+    if (!drag.moved) return;
+    x = drag.ox + dx; y = drag.oy + dy;
+    moved = true;
+    apply();
+  };
+  const onUp = () => { setTimeout(() => { drag = null; }, 0); };
+  window.addEventListener("mousemove", onMove);
+  window.addEventListener("mouseup", onUp);
+  viewport.addEventListener("dblclick", () => { moved = false; fit(); });
+  // The view may be drawn while its tab is still hidden (no size yet): fit once it gets a size.
+  const resize = new ResizeObserver(() => { if (!moved) fit(); });
+  resize.observe(viewport);
+
+  // Drawing as wide as the view (never enlarged); a tall one is read by dragging down, since
+  // shrinking 32 layers to the view's height leaves nothing legible. A hidden viewport has no
+  // size yet: keep scale 1 then.
+  function fit() {
+    const svg = canvas.querySelector("svg");
+    scale = 1; x = 0; y = 0;
+    if (svg && viewport.clientWidth) {
+      const width = svg.width.baseVal.value;
+      if (width) scale = Math.min(1, viewport.clientWidth / width);
+    }
+    apply();
+  }
+
+  viewport.addEventListener("click", (event) => {
+    if (drag && drag.moved) return; // the end of a pan, not a click
+    const target = event.target.closest("g.node, g.cluster");
+    if (!target) return;
+    const title = target.querySelector(":scope > title");
+    if (!title) return;
+    model.set("clicked", title.textContent.trim());
+    model.save_changes();
+  });
+
+  // The diagram carries its own colour legend (drawn by explorer.render); this line says what the
+  // mouse does.
+  const hint = document.createElement("span");
+  hint.className = "de-graph-legend-hint";
+  hint.textContent =
+    "click a module: select it · click a tensor: open it · wheel: zoom · drag: pan · double-click: fit";
+  legend.appendChild(hint);
+
+  function markSelected() {
+    const wanted = model.get("selected");
+    for (const node of canvas.querySelectorAll("g.node")) {
+      const title = node.querySelector(":scope > title");
+      node.classList.toggle("de-graph-selected", !!wanted && !!title && title.textContent.trim() === wanted);
+    }
+  }
+
+  function draw() {
+    canvas.innerHTML = model.get("svg"); // Graphviz output: escaped labels, no scripts
+    moved = false;
+    fit();
+    markSelected();
+  }
+
+  draw();
+  model.on("change:svg", draw);
+  model.on("change:selected", markSelected);
+  return () => {  // the view is removed: drop what outlives its element
+    window.removeEventListener("mousemove", onMove);
+    window.removeEventListener("mouseup", onUp);
+    resize.disconnect();
+  };
+}
+
+export default { render };

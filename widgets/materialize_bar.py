@@ -1,0 +1,183 @@
+"""Materialize bar: target device, RNG mode, buttons, per-tensor progress, cancel, status line.
+
+Calls `explorer.materialize_module(..., progress=...)`; the progress callback updates the bar and
+raises `MaterializationCancelled` once Cancel was pressed, which the engine lets through before it
+changes anything (all or nothing). The work runs on a background thread so the kernel stays idle
+and can deliver the Cancel click; `wait=True` runs it on the caller's thread instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import ipywidgets as w
+import torch
+import traitlets
+from torch import nn
+
+import explorer
+
+from .formatting import bytes_text
+
+
+class MaterializationCancelled(Exception):
+    """Raised from the progress callback to stop a materialization the user cancelled."""
+
+
+def target_devices() -> list[str]:
+    """Devices a user can materialize onto here: cpu, every present CUDA device, and meta."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["cpu", *(f"cuda:{index}" for index in range(count)), "meta"]
+
+
+class MaterializeBar(w.VBox):
+    """Controls and progress for materializing the selection or the whole module.
+
+    `selected_modules()` gives the modules whose own tensors "Materialize selected" fills;
+    `on_done()` runs after a successful materialization (the explorer refreshes its views there).
+    Traitlets `done`, `total`, `done_bytes`, `total_bytes` mirror the last progress report;
+    `running` is true while a materialization is under way.
+    """
+
+    done = traitlets.Int(0)
+    total = traitlets.Int(0)
+    done_bytes = traitlets.Int(0)
+    total_bytes = traitlets.Int(0)
+    running = traitlets.Bool(False)
+
+    def __init__(self, module: nn.Module, selected_modules: Callable[[], list[nn.Module]],
+                 on_done: Callable[[], None]) -> None:
+        self.module = module
+        self.selected_modules = selected_modules
+        self.on_done = on_done
+        self.device = w.Dropdown(options=target_devices(), value="cpu", description="device",
+                                 layout=w.Layout(width="180px"))
+        self.device.add_class("de-device")
+        self.rng = w.Dropdown(options=[("eager (bit-identical to eager construction)", "eager"),
+                                       ("fast (per-op seeds)", "fast")], value="eager", description="rng",
+                              layout=w.Layout(width="320px"))
+        self.rng.add_class("de-rng")
+        self.selected_button = w.Button(description="Materialize selected", button_style="primary",
+                                        layout=w.Layout(width="auto"))
+        self.selected_button.add_class("de-materialize-button")
+        self.selected_button.add_class("de-materialize-selected")
+        self.all_button = w.Button(description="Materialize all", layout=w.Layout(width="auto"))
+        self.all_button.add_class("de-materialize-button")
+        self.all_button.add_class("de-materialize-all")
+        self.cancel_button = w.Button(description="Cancel", disabled=True, button_style="warning",
+                                      layout=w.Layout(width="auto"))
+        self.cancel_button.add_class("de-cancel-button")
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="tensors")
+        self.progress.add_class("de-progress")
+        self.progress_text = w.Label("")
+        self.progress_text.add_class("de-progress-text")
+        self.status = w.Label("")
+        self.status.add_class("de-status")
+        self.selected_button.on_click(lambda _: self.materialize_selected())
+        self.all_button.on_click(lambda _: self.materialize_all())
+        self.cancel_button.on_click(lambda _: self.cancel())
+        self.error: BaseException | None = None
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+        super().__init__([
+            w.HBox([self.device, self.rng, self.selected_button, self.all_button, self.cancel_button],
+                   layout=w.Layout(flex_flow="row wrap")),
+            w.HBox([self.progress, self.progress_text]),
+            self.status,
+        ])
+        self.add_class("de-materialize-bar")
+
+    def materialize_selected(self, wait: bool = False) -> threading.Thread | None:
+        """Materialize the tensors held directly by the selected modules (see `selected_modules`)."""
+        chosen = {id(module) for module in self.selected_modules()}
+        if not chosen:
+            self._set_status("nothing selected: tick modules in the tree first", error=False)
+            return None
+        return self._start(lambda module: id(module) in chosen, "selection", wait)
+
+    def materialize_all(self, wait: bool = False) -> threading.Thread | None:
+        """Materialize every deferred tensor of the module."""
+        return self._start(None, "whole module", wait)
+
+    def cancel(self) -> None:
+        """Stop the running materialization after the tensor in progress; the module stays as it was."""
+        if self.running:
+            self._cancel.set()
+            self._set_status("cancelling after the current tensor…", error=False)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for a background materialization to finish."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _start(self, check_fn: Callable[[nn.Module], bool] | None, what: str, wait: bool) -> threading.Thread | None:
+        if self.running:
+            self._set_status("a materialization is already running", error=False)
+            return None
+        self._cancel.clear()
+        self.error = None
+        self.running = True
+        device, rng = self.device.value, self.rng.value
+        with self.hold_trait_notifications():
+            self.done = self.total = self.done_bytes = self.total_bytes = 0
+        self.progress.value, self.progress.max, self.progress_text.value = 0, 1, ""
+        self._set_buttons(running=True)
+        self._set_status(f"materializing {what} on {device} (rng={rng})…", error=False)
+        if wait:
+            self._run(check_fn, what, device, rng)
+            return None
+        self._thread = threading.Thread(target=self._run, args=(check_fn, what, device, rng),
+                                        name="explorer-materialize", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def _progress(self, done: int, total: int, done_bytes: int, total_bytes: int) -> None:
+        if self._cancel.is_set():
+            raise MaterializationCancelled()
+        self.progress.max = max(total, 1)
+        self.progress.value = done
+        self.progress_text.value = f"{done} / {total} tensors, {bytes_text(done_bytes)} / {bytes_text(total_bytes)}"
+        with self.hold_trait_notifications():
+            self.total, self.total_bytes = total, total_bytes
+            self.done, self.done_bytes = done, done_bytes
+
+    def _run(self, check_fn: Callable[[nn.Module], bool] | None, what: str, device: str, rng: str) -> None:
+        try:
+            explorer.materialize_module(self.module, check_fn=check_fn, device=device, rng=rng,
+                                        progress=self._progress)
+        except MaterializationCancelled:
+            self._finish(f"cancelled: {what} left as it was", error=False)
+            return
+        except Exception as error:  # shown in the widget; the engine left the module unchanged
+            self.error = error
+            self._finish(f"materialization failed ({type(error).__name__}): {error}", error=True)
+            return
+        if self.total == 0:
+            message = f"nothing to materialize in the {what}: no fake tensors left"
+        else:
+            tensors = f"{self.total} tensor{'s' * (self.total != 1)}"
+            message = f"materialized {tensors} ({bytes_text(self.total_bytes)}) of the {what} on {device} (rng={rng})"
+        try:
+            self.on_done()
+        except Exception as error:  # refreshing the views failed: say so rather than hide it
+            self.error = error
+            self._finish(f"{message}; refreshing the views failed: {type(error).__name__}: {error}", error=True)
+            return
+        self._finish(message, error=False)
+
+    def _finish(self, message: str, error: bool) -> None:
+        self._set_status(message, error=error)
+        self._set_buttons(running=False)
+        self.running = False
+
+    def _set_buttons(self, running: bool) -> None:
+        self.selected_button.disabled = self.all_button.disabled = running
+        self.cancel_button.disabled = not running
+
+    def _set_status(self, message: str, error: bool) -> None:
+        self.status.value = message
+        if error:
+            self.status.add_class("de-status-error")
+        else:
+            self.status.remove_class("de-status-error")

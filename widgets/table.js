@@ -1,0 +1,75 @@
+// DataTable view: draws the rows Python sends; header clicks set sort_by/ascending, row clicks set
+// `selected`. No data logic here: sorting, filtering and formatting happen in Python.
+function render({ model, el }) {
+  const root = document.createElement("div");
+  root.className = "de-table-wrap";
+  el.appendChild(root);
+
+  function draw() {
+    root.replaceChildren();
+    const table = document.createElement("table");
+    table.className = "de-table";
+    const head = table.createTHead().insertRow();
+    const sortBy = model.get("sort_by");
+    const ascending = model.get("ascending");
+    const sortable = model.get("sortable");
+    for (const column of model.get("columns")) {
+      const th = document.createElement("th");
+      th.className = "de-table-header";
+      th.dataset.column = column;
+      th.textContent = column + (column === sortBy ? (ascending ? " ▲" : " ▼") : "");
+      if (sortable) {
+        th.addEventListener("click", () => {
+          if (model.get("sort_by") === column) {
+            model.set("ascending", !model.get("ascending"));
+          } else {
+            model.set("sort_by", column);
+            model.set("ascending", true);
+          }
+          model.save_changes();
+        });
+      }
+      head.appendChild(th);
+    }
+    const body = table.createTBody();
+    const keys = model.get("row_keys");
+    const colours = model.get("row_colours");
+    const selected = model.get("selected");
+    model.get("rows").forEach((cells, i) => {
+      const tr = body.insertRow();
+      tr.className = "de-table-row" + (keys[i] === selected ? " de-table-row-selected" : "");
+      tr.dataset.key = keys[i];
+      if (colours[i]) tr.style.borderLeft = `4px solid ${colours[i]}`;
+      for (const cell of cells) {
+        const td = tr.insertCell();
+        td.className = "de-table-cell";
+        td.textContent = cell;
+      }
+      tr.addEventListener("click", () => {
+        model.set("selected", keys[i]);
+        model.save_changes();
+      });
+    });
+    root.appendChild(table);
+    if (model.get("caption")) {
+      const caption = document.createElement("div");
+      caption.className = "de-table-caption";
+      caption.textContent = model.get("caption");
+      root.appendChild(caption);
+    }
+  }
+
+  // One redraw per batch of changes (Python sends several traits in one message).
+  let pending = false;
+  const schedule = () => {
+    if (pending) return;
+    pending = true;
+    queueMicrotask(() => { pending = false; draw(); });
+  };
+  draw();
+  for (const name of ["columns", "rows", "row_keys", "row_colours", "selected", "sort_by", "ascending", "caption"]) {
+    model.on(`change:${name}`, schedule);
+  }
+}
+
+export default { render };

@@ -1,0 +1,95 @@
+"""`DataTable`: a sortable, clickable table of text cells (anywidget, `table.js`).
+
+Python owns the data: it sorts the pandas frame, cuts it to `limit` rows and formats the cells;
+the browser only draws `rows` and reports clicks by setting `selected` (a row key) or
+`sort_by` / `ascending` (a header). Every table in the explorer is one of these.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Mapping, Sequence
+
+import anywidget
+import pandas as pd
+import traitlets
+
+from .formatting import Formatter, cell_text, frame_rows
+
+HERE = pathlib.Path(__file__).parent
+DEFAULT_LIMIT = 500
+
+
+def sort_frame(frame: pd.DataFrame, column: str, ascending: bool) -> pd.DataFrame:
+    """Stable sort by `column`; values that do not compare with each other (tuples vs None, lists)
+    sort by their text, missing values last."""
+    try:
+        return frame.sort_values(column, ascending=ascending, kind="stable", na_position="last")
+    except TypeError:
+        return frame.sort_values(column, ascending=ascending, kind="stable", na_position="last",
+                                 key=lambda values: values.map(cell_text))
+
+
+class DataTable(anywidget.AnyWidget):
+    """Rows of text with a key per row; `selected` is the clicked row's key ("" for none)."""
+
+    _esm = HERE / "table.js"
+    _css = HERE / "style.css"
+
+    columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    rows = traitlets.List(traitlets.List()).tag(sync=True)
+    row_keys = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    row_colours = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    selected = traitlets.Unicode("").tag(sync=True)
+    sort_by = traitlets.Unicode("").tag(sync=True)
+    ascending = traitlets.Bool(True).tag(sync=True)
+    caption = traitlets.Unicode("").tag(sync=True)
+    sortable = traitlets.Bool(True).tag(sync=True)
+
+    def __init__(self, *, limit: int = DEFAULT_LIMIT, sortable: bool = True, captioned: bool = True,
+                 **kwargs: object) -> None:
+        super().__init__(sortable=sortable, **kwargs)
+        self.limit = limit
+        self.captioned = captioned
+        self._frame: pd.DataFrame | None = None
+        self._spec: tuple = ((), "", {}, None)
+        self.observe(lambda _: self._draw(), names=["sort_by", "ascending"])
+
+    def show(
+        self,
+        frame: pd.DataFrame,
+        columns: Sequence[str],
+        *,
+        key: str,
+        formats: Mapping[str, Formatter] | None = None,
+        colour: Mapping[str, str] | None = None,
+        colour_by: str | None = None,
+    ) -> None:
+        """Display `columns` of `frame`, one row per frame row, keyed by the text of column `key`.
+
+        `colour_by` names a column whose value picks the row's colour from `colour`.
+        """
+        self._frame = frame
+        self._spec = (tuple(columns), key, dict(formats or {}), (colour_by, dict(colour or {})))
+        self._draw()
+
+    def visible_frame(self) -> pd.DataFrame:
+        """The rows on screen, sorted and cut to `limit`, as a frame (what the user sees, unformatted)."""
+        frame = self._frame if self._frame is not None else pd.DataFrame()
+        if self.sort_by and self.sort_by in frame.columns:
+            frame = sort_frame(frame, self.sort_by, self.ascending)
+        return frame.iloc[: self.limit]
+
+    def _draw(self) -> None:
+        columns, key, formats, (colour_by, colour) = self._spec
+        full = self._frame if self._frame is not None else pd.DataFrame(columns=list(columns))
+        shown = self.visible_frame()
+        caption = f"{len(full):,} rows" if len(shown) == len(full) else \
+            f"showing {len(shown):,} of {len(full):,} rows (filter to narrow)"
+        with self.hold_sync():
+            self.columns = list(columns)
+            self.rows = frame_rows(shown, columns, formats)
+            self.row_keys = [str(value) for value in shown[key].tolist()] if len(shown) else []
+            self.row_colours = ([colour.get(value, "") for value in shown[colour_by].tolist()]
+                                if colour_by and len(shown) else [""] * len(shown))
+            self.caption = caption if self.captioned else ""

@@ -1,0 +1,118 @@
+"""`ModuleTree`: the module hierarchy with checkboxes, expand/collapse and a state colour per node.
+
+An anywidget (`tree.js` draws it). The selection rule lives in `ModuleSelection`; the browser only
+reports intents (`{"type": "check", "path", "checked"}`, `{"type": "select", "path"}`) through
+custom messages and writes `expanded` itself. Python answers by setting `checked`.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Iterable
+
+import anywidget
+import pandas as pd
+import traitlets
+
+from .formatting import bytes_text, count_text
+from .selection import ModuleSelection
+from .states import STATE_COLOURS, module_state
+
+HERE = pathlib.Path(__file__).parent
+
+
+def tree_nodes(modules: pd.DataFrame, root_class: str) -> list[dict[str, Any]]:
+    """One dict per row of the modules table (pre-order): what a tree row shows."""
+    names = modules["name"].tolist()
+    has_children = set()
+    for name in names:
+        if name:
+            has_children.add(name.rpartition(".")[0])
+    nodes = []
+    for name, cls, depth, params, total, done, devices in zip(
+        names, modules["class"].tolist(), modules["depth"].tolist(), modules["total_params"].tolist(),
+        modules["bytes"].tolist(), modules["materialized_bytes"].tolist(), modules["bytes_by_device"].tolist(),
+    ):
+        state = module_state(total, done)
+        nodes.append({
+            "path": name,
+            "label": name.rpartition(".")[2] if name else root_class,
+            "class": cls,
+            "depth": depth,
+            "params": count_text(params),
+            "bytes": bytes_text(total),
+            "device": ", ".join(devices),
+            "state": state,
+            "colour": STATE_COLOURS[state],
+            "has_children": name in has_children,
+        })
+    return nodes
+
+
+class ModuleTree(anywidget.AnyWidget):
+    """The module tree. `checked` is closed under "a parent selects its subtree"; `partial` lists
+    the unchecked modules with something checked below; `active` is the last module selected."""
+
+    _esm = HERE / "tree.js"
+    _css = HERE / "style.css"
+
+    nodes = traitlets.List(traitlets.Dict()).tag(sync=True)
+    checked = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    partial = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    expanded = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    active = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(self, modules: pd.DataFrame, root_class: str, *, expand_depth: int = 1, **kwargs: Any) -> None:
+        self.selection = ModuleSelection(modules["name"].tolist())
+        super().__init__(
+            nodes=tree_nodes(modules, root_class),
+            expanded=[n for n, d in zip(modules["name"].tolist(), modules["depth"].tolist()) if d <= expand_depth
+                      and n in self.selection.children and self.selection.children[n]],
+            **kwargs,
+        )
+        self.root_class = root_class
+        self.observe(self._on_checked, names="checked")
+        self.on_msg(self._on_front_end_msg)
+
+    def update(self, modules: pd.DataFrame) -> None:
+        """Redraw states, sizes and devices from a fresh modules table (same module paths)."""
+        self.nodes = tree_nodes(modules, self.root_class)
+
+    def set_checked(self, path: str, value: bool) -> None:
+        """(Un)check one module as its checkbox does: its subtree follows, ancestors uncheck."""
+        self.checked = self.selection.ordered(self.selection.toggled(self.checked, path, value))
+
+    def select(self, path: str) -> None:
+        """Make `path`'s subtree the whole selection, and unfold the tree down to it."""
+        self.selection.check(path)
+        with self.hold_sync():
+            self.reveal(path)
+            self.active = path
+            self.checked = self.selection.subtree(path)
+
+    def select_many(self, paths: Iterable[str]) -> None:
+        """Select the subtrees of several modules at once."""
+        chosen: set[str] = set()
+        for path in paths:
+            chosen.update(self.selection.subtree(path))
+        self.checked = self.selection.ordered(chosen)
+
+    def clear(self) -> None:
+        """Select nothing."""
+        self.checked = []
+
+    def reveal(self, path: str) -> None:
+        """Expand every ancestor of `path` so its row is on screen."""
+        missing = [p for p in reversed(self.selection.ancestors(path)) if p not in self.expanded]
+        if missing:
+            self.expanded = [*self.expanded, *missing]
+
+    def _on_checked(self, change: dict) -> None:
+        self.partial = self.selection.partial(change["new"])
+
+    def _on_front_end_msg(self, _widget: object, content: dict, _buffers: object) -> None:
+        kind = content.get("type")
+        if kind == "check":
+            self.set_checked(content["path"], bool(content["checked"]))
+        elif kind == "select":
+            self.select(content["path"])
