@@ -10,6 +10,7 @@ device for factories, the input's device for views. Every other op goes through 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ _aten = torch.ops.aten
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
-FACTORIES = frozenset(
+FACTORIES = set(
     {
         _aten.empty.memory_format, _aten.empty_strided.default, _aten.zeros.default,
         _aten.ones.default, _aten.full.default,
@@ -34,7 +35,50 @@ VIEWS = frozenset(
         _aten.expand.default, _aten.as_strided.default, _aten.select.int, _aten.slice.Tensor,
     }
 )
-FILLS = frozenset({_aten.fill_.Scalar, _aten.zero_.default})
+FILLS = frozenset({_aten.fill_.Scalar, _aten.zero_.default, _aten.copy_.default})
+FACTORIES |= {_aten.arange.default, _aten.arange.start, _aten.arange.start_step, _aten.linspace.default}
+_LIFT_FRESH = _aten.lift_fresh.default
+
+
+@functools.lru_cache(maxsize=None)
+def _is_plain_compute(func: Any) -> bool:
+    """Pointwise ops (and clone) that write nothing, draw no random numbers and return one tensor:
+    their fake result is the meta kernel's result on the inputs' device."""
+    schema = func._schema
+    if func is _aten.clone.default:
+        return True
+    return (
+        torch.Tag.pointwise in func.tags
+        and torch.Tag.nondeterministic_seeded not in func.tags
+        and not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        and len(schema.returns) == 1
+        and str(schema.returns[0].type) == "Tensor"
+    )
+
+
+def _common_device(fake_mode: FakeTensorMode, values: Any) -> torch.device | None:
+    """The one device of the tensors among `values` when all are ours (None otherwise or if none)."""
+    device = None
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if type(value) is not DeferredTensor or value.fake_mode is not fake_mode:
+                return None
+            if device is None:
+                device = value.fake_device
+            elif value.fake_device != device:
+                return None
+    return device
+
+
+def _lift_fresh(make: "FakeFactory", constant: Any) -> Any:
+    """`torch.tensor([...])` hands its new CPU constant to `lift_fresh`: a fake of the same layout."""
+    if type(constant) is not torch.Tensor or constant.requires_grad or constant.storage_offset() != 0 \
+            or not constant.is_contiguous() \
+            or constant.untyped_storage().nbytes() != constant.numel() * constant.element_size():
+        return NotImplemented
+    with torch._C._DisableTorchDispatch():
+        out = torch.empty_strided(constant.shape, constant.stride(), dtype=constant.dtype, device=_META)
+    return make(out, constant.device)
 
 
 class FakeFactory:
@@ -90,10 +134,20 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
     if func in VIEWS or func in FILLS:
         if not args or type(args[0]) is not DeferredTensor or args[0].fake_mode is not fake_mode:
             return NotImplemented
-        if any(isinstance(a, torch.Tensor) for a in args[1:]):
+        if func is _aten.copy_.default:
+            if _common_device(fake_mode, args) is None:
+                return NotImplemented
+        elif any(isinstance(a, torch.Tensor) for a in args[1:]):
             return NotImplemented
         out = _run_meta(fake_mode, func, args, kwargs)
         if func in FILLS:
             return args[0]
         return make(out, args[0].fake_device)
+    if func is _LIFT_FRESH:
+        return _lift_fresh(make, args[0])
+    if _is_plain_compute(func):
+        device = _common_device(fake_mode, (*args, *kwargs.values()))
+        if device is None:
+            return NotImplemented
+        return make(_run_meta(fake_mode, func, args, kwargs), device)
     return NotImplemented

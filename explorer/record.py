@@ -43,16 +43,21 @@ _stream_keys: dict[torch.device, str] = {}
 
 
 @functools.lru_cache(maxsize=None)
-def op_facts(func: Any) -> tuple[tuple[tuple[int, str], ...], bool, bool]:
-    """(written arguments, draws random numbers, overwrites self without reading it) of an op."""
-    return written_arguments(func), _SEEDED in func.tags, func in OVERWRITING_OPS
+def op_facts(func: Any) -> tuple[tuple[tuple[int | None, str], ...], bool, bool, bool]:
+    """(written arguments, draws random numbers, overwrites self without reading it, may grow a
+    storage it writes) of an op. Only `out=` arguments and the resize/set family change sizes."""
+    written = written_arguments(func)
+    name = func._schema.name.split("::")[-1]
+    may_resize = any(argument != "self" for _, argument in written) or "resize" in name or name.startswith("set_")
+    return written, _SEEDED in func.tags, func in OVERWRITING_OPS, may_resize
 
 
 @functools.lru_cache(maxsize=None)
-def written_arguments(func: Any) -> tuple[tuple[int, str], ...]:
-    """(position, name) of every argument the op's schema marks as written (`Tensor(a!)`)."""
+def written_arguments(func: Any) -> tuple[tuple[int | None, str], ...]:
+    """(position, name) of every argument the op's schema marks as written (`Tensor(a!)`); the
+    position is None for keyword-only arguments (`out=`)."""
     return tuple(
-        (position, argument.name)
+        (None if argument.kwarg_only else position, argument.name)
         for position, argument in enumerate(func._schema.arguments)
         if argument.alias_info is not None and argument.alias_info.is_write
     )
@@ -71,8 +76,9 @@ def views_external(func: Any) -> bool:
     return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
 
 
-def _argument(func: Any, args: tuple, kwargs: dict, position: int, name: str) -> Any:
-    if position < len(args) and not func._schema.arguments[position].kwarg_only:
+def _argument(args: tuple, kwargs: dict, position: int | None, name: str) -> Any:
+    """An argument given by position or by name (`written_arguments` says which it may be)."""
+    if position is not None and position < len(args):
         return args[position]
     return kwargs.get(name)
 
@@ -242,10 +248,13 @@ class GraphBuilder:
                written: dict[int, TensorId] | None = None) -> None:
         """Append one op that has just run under fake mode, with its (fake) result `out`; `written`
         is what `before_write` returned for it."""
-        written_arguments_, random, overwriting = op_facts(func)
+        written_arguments_, random, overwriting, may_resize = op_facts(func)
         inputs: list[TensorId] = []
         externals: list[int] = []
-        ref_args = tuple([self._ref(a, inputs, externals, func, source, written) for a in args])
+        plain = _PLAIN_ARGUMENTS
+        ref_args = tuple([
+            a if type(a) in plain else self._ref(a, inputs, externals, func, source, written) for a in args
+        ])
         ref_kwargs = (
             {k: self._ref(v, inputs, externals, func, source, written) for k, v in kwargs.items()} if kwargs else {}
         )
@@ -254,11 +263,13 @@ class GraphBuilder:
         written_tids: list[TensorId] = []
         resizes = False
         for position, name in written_arguments_:
-            argument = _argument(func, args, kwargs, position, name)
+            argument = _argument(args, kwargs, position, name)
             for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
                 if isinstance(tensor, FakeTensor):
                     tid = tensor.__dict__[HANDLE_ATTR].tensor_id
                     written_tids.append(tid)
+                    if not may_resize:
+                        continue
                     storage = self.graph.storages[self.graph.tensors[tid].storage]
                     nbytes = tensor.untyped_storage().nbytes()
                     if nbytes > storage.nbytes:  # resize_, or an out= tensor the op resized
@@ -325,7 +336,7 @@ class GraphBuilder:
         """
         ids: dict[int, TensorId] = {}
         for position, name in written_arguments(func):
-            argument = _argument(func, args, kwargs, position, name)
+            argument = _argument(args, kwargs, position, name)
             for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
                 if not isinstance(tensor, torch.Tensor):
                     continue

@@ -49,8 +49,14 @@ def _is_library_code(code: CodeType) -> bool:
 
 def user_location(skip: int = 1) -> SourceLocation | None:
     """The innermost calling frame that belongs to neither torch nor the explorer."""
+    library = _library_code
     frame: FrameType | None = sys._getframe(skip)
-    while frame is not None and _is_library_code(frame.f_code):
+    while frame is not None:
+        known = library.get(frame.f_code)  # inlined: this runs for every recorded op
+        if known is None:
+            known = _is_library_code(frame.f_code)
+        if not known:
+            break
         frame = frame.f_back
     if frame is None:
         return None
