@@ -51,9 +51,12 @@ class RecordingDispatchMode(TorchDispatchMode):
         kind = _kind(func)
         if kind is _PASS_THROUGH:
             return func(*args, **kwargs)
+        if kind is _RESOLVE and not _RESOLVE_BIT[func](args[0]):
+            return args[0]  # eager returns its argument itself when there is nothing to resolve
         source = user_location(2)
-        if kind is _VALUE_READ and isinstance(args[0], FakeTensor):
-            real = self.read_value(args[0])
+        if kind is _VALUE_READ:
+            # A fake's true value comes from replay; a real tensor from outside has its own.
+            real = self.read_value(args[0]) if isinstance(args[0], FakeTensor) else args[0]
             with outside_recording():
                 value = func(real)
             with _metadata_access():
@@ -88,8 +91,15 @@ class RecordingDispatchMode(TorchDispatchMode):
         return out
 
 
-_PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _OTHER = (
-    "pass-through", "value-read", "inplace-view", "inplace-random", "writing", "other")
+_PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLVE, _OTHER = (
+    "pass-through", "value-read", "inplace-view", "inplace-random", "writing", "resolve", "other")
+
+# `tolist()` of a real tensor under inference mode starts with these; made fake, they would hand
+# the caller's tensor back as a fake whose (absent) storage tolist then reads.
+_RESOLVE_BIT = {
+    _aten.resolve_conj.default: torch.Tensor.is_conj,
+    _aten.resolve_neg.default: torch.Tensor.is_neg,
+}
 
 
 # `.item()`, `float()`, `bool()`... reach the mode as `_local_scalar_dense`; under inference mode
@@ -104,6 +114,8 @@ def _kind(func: Any) -> str:
         return _PASS_THROUGH
     if func in _VALUE_READS:
         return _VALUE_READ
+    if func in _RESOLVE_BIT:
+        return _RESOLVE
     if _INPLACE_VIEW in func.tags and func is not _aten.resize_.default:
         return _INPLACE_VIEW_OP
     if is_inplace_random(func):

@@ -112,6 +112,18 @@ class ExplorerWidget(w.VBox):
             if self.tensor is not None:
                 self.details.show(self.inspection.tensors, self.inspection.storages, self.tensor)
 
+    def close(self) -> None:
+        """Close the explorer: stop a running materialization and close every widget model it made
+        (children, layouts, styles), so the front-end views go and the module can be freed."""
+        bar = getattr(self, "bar", None)  # absent when __init__ refused its argument (__del__ closes)
+        if bar is not None:
+            bar.cancel()
+            bar.join()
+        for widget in _widget_tree(self):
+            if widget is not self:
+                widget.close()
+        super().close()
+
     # -- wiring ------------------------------------------------------------------------------------
     def _update_views(self, stale: bool = False) -> None:
         with self._views_lock:
@@ -157,3 +169,20 @@ class ExplorerWidget(w.VBox):
             self.graph_tab.status.value = f"{key} is an intermediate tensor (not a parameter or buffer)"
             return
         self.show_tensor(key)
+
+
+def _widget_tree(root: w.Widget) -> list[w.Widget]:
+    """`root` and every widget reachable through its synced traits (children, layout, style...)."""
+    seen: dict[int, w.Widget] = {}
+    pending = [root]
+    while pending:
+        widget = pending.pop()
+        if id(widget) in seen:
+            continue
+        seen[id(widget)] = widget
+        for name in widget.keys:
+            value = getattr(widget, name, None)
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(item, w.Widget):
+                    pending.append(item)
+    return list(seen.values())

@@ -37,8 +37,9 @@ def parse_click(name: str) -> tuple[str, str]:
 class GraphView(anywidget.AnyWidget):
     """SVG with pan/zoom; `clicked` is the name of the last node or cluster clicked ("" after it is handled)."""
 
-    _esm = HERE / "graph.js"
-    _css = HERE / "style.css"
+    _esm = (HERE / "graph.js").read_text(encoding="utf-8")  # text, not a Path: anywidget ties every
+    # instance to a Path's file watcher with a strong reference, so no widget would ever be freed
+    _css = (HERE / "style.css").read_text(encoding="utf-8")
 
     svg = traitlets.Unicode("").tag(sync=True)
     clicked = traitlets.Unicode("").tag(sync=True)

@@ -33,8 +33,9 @@ def sort_frame(frame: pd.DataFrame, column: str, ascending: bool) -> pd.DataFram
 class DataTable(anywidget.AnyWidget):
     """Rows of text with a key per row; `selected` is the clicked row's key ("" for none)."""
 
-    _esm = HERE / "table.js"
-    _css = HERE / "style.css"
+    _esm = (HERE / "table.js").read_text(encoding="utf-8")  # text, not a Path: anywidget ties every
+    # instance to a Path's file watcher with a strong reference, so no widget would ever be freed
+    _css = (HERE / "style.css").read_text(encoding="utf-8")
 
     columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
     rows = traitlets.List(traitlets.List()).tag(sync=True)

@@ -53,8 +53,9 @@ class ModuleTree(anywidget.AnyWidget):
     """The module tree. `checked` is closed under "a parent selects its subtree"; `partial` lists
     the unchecked modules with something checked below; `active` is the last module selected."""
 
-    _esm = HERE / "tree.js"
-    _css = HERE / "style.css"
+    _esm = (HERE / "tree.js").read_text(encoding="utf-8")  # text, not a Path: anywidget ties every
+    # instance to a Path's file watcher with a strong reference, so no widget would ever be freed
+    _css = (HERE / "style.css").read_text(encoding="utf-8")
 
     nodes = traitlets.List(traitlets.Dict()).tag(sync=True)
     checked = traitlets.List(traitlets.Unicode()).tag(sync=True)

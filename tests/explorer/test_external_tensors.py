@@ -44,3 +44,31 @@ def test_inference_tensor_input_fails_with_a_clear_message():
     module = deferred_init(FromOutside, table)
     with pytest.raises(MaterializationError, match=r"read by aten\.mul\.Tensor .* is an inference tensor"):
         materialize_module(module)
+
+
+class ReadsItsArguments(nn.Module):
+    """Sizes a layer from values in tensors it is given (a common config-from-checkpoint pattern)."""
+
+    def __init__(self, width: torch.Tensor, scales: torch.Tensor, inference: bool) -> None:
+        super().__init__()
+        with torch.inference_mode(inference):
+            self.proj = nn.Linear(4, int(width.item()))
+            self.scales_seen = scales.tolist()
+            self.first_scale = width.tolist()
+        self.register_buffer("scales", scales * 2)
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["grad-mode", "inference-mode"])
+def test_value_reads_of_real_tensors_from_outside_give_their_values(inference):
+    # `.item()` of a real argument reached fake mode as `_local_scalar_dense` and was refused as
+    # data-dependent; under inference mode `.tolist()` first resolved the conjugate bit through
+    # fake mode, which handed back a storage-less fake for tolist to read (found by `make fuzz`).
+    width, scales = torch.tensor(3), torch.tensor([0.5, 1.5])
+    torch.manual_seed(0)
+    eager = ReadsItsArguments(width, scales, inference)
+    torch.manual_seed(0)
+    module = deferred_init(ReadsItsArguments, width, scales, inference)
+    assert (module.proj.out_features, module.scales_seen, module.first_scale) == (3, [0.5, 1.5], 3)
+    materialize_module(module)
+    assert torch.equal(module.proj.weight, eager.proj.weight)
+    assert torch.equal(module.scales, torch.tensor([1.0, 3.0]))

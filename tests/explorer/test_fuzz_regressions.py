@@ -167,3 +167,17 @@ def test_fast_rng_fill_of_an_inference_tensor_runs_in_inference_mode_on_the_fill
     finally:
         torch.set_num_threads(threads)
     assert snapshot.tensors["t7"].shape == (1, 1)
+
+
+def test_tolist_of_a_real_tensor_from_outside_under_inference_mode_reads_its_values():
+    # `.tolist()` of a real tensor resolves its conjugate bit first; that went through fake mode,
+    # which made the caller's tensor a storage-less fake for tolist to read (found by `make fuzz`).
+    program = Program(seed=0, steps=(
+        ("ones", (), "float32"),
+        ("external", (), "float32"),
+        ("inference", True),
+        ("tolist", 1),
+        ("register_buffer", "", "t3", 0, True),
+    ))
+    snapshot = check_program(program, Plan(()), "t3")
+    assert snapshot.values_read == (repr(make_externals(program)[0].item()),)
