@@ -181,3 +181,22 @@ def test_tolist_of_a_real_tensor_from_outside_under_inference_mode_reads_its_val
     ))
     snapshot = check_program(program, Plan(()), "t3")
     assert snapshot.values_read == (repr(make_externals(program)[0].item()),)
+
+
+def test_zero_element_out_tensor_resized_by_add_matches_eager_except_its_meaningless_strides():
+    # `torch.add(x, s, out=y)` with zero-element x, y: CPU gives y stride (1, 0), PyTorch's meta
+    # kernel (1, 1). No element has an address, so the fuzzer's comparison skips strides of
+    # zero-element tensors, as PyTorch's own fake-vs-eager checks do; everything else must agree.
+    program = Program(seed=0, steps=(
+        ("ones", (2, 2), "float32"),
+        ("index_put_", 0, ((0,),), ("value", 1), False),
+        ("view", 0, (4, 1)),
+        ("ones", (), "float32"),
+        ("narrow", 0, 0, 0, 0),
+        ("narrow", 1, 0, 0, 0),
+        ("item", 0, 0),
+        ("binary_out", "add", 4, ("read", 0), 3),
+        ("register_buffer", "", "t8", 3, True),
+    ))
+    snapshot = check_program(program, Plan(()), "t8")
+    assert snapshot.tensors["t8"].shape == (0, 1)
