@@ -322,7 +322,7 @@ def summary(r: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small configs: a smoke run")
-    parser.add_argument("--reps", type=int, default=None, help="repetitions of the deferred_init timing (5)")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions of the deferred_init and inspection timings (15)")
     parser.add_argument("--mat-reps", type=int, default=None, help="repetitions of the materialize cases (3)")
     parser.add_argument("--layer-rng", choices=["eager", "fast", "both"], default="both",
                         help="rng mode(s) for the one-layer-of-70B case")
@@ -356,7 +356,7 @@ def run(args: argparse.Namespace, started: float, engine: str) -> int:
         log(f"profiles written to {out} in {time.perf_counter() - started:.0f} s")
         return 0
 
-    reps = args.reps or (3 if args.quick else 5)
+    reps = args.reps or (3 if args.quick else 15)
     mat_reps = args.mat_reps or (1 if args.quick else 3)
     seven, one, seventy = ("quick-7b", "quick-1b", "quick-70b") if args.quick else ("llama-7b", "llama-1.1b", "llama-70b")
     only = set(args.only or ["deferred", "materialize", "layer", "inspection"])

@@ -24,7 +24,8 @@ JOIN_TIMEOUT_S = 120  # generous: a deadlock never finishes, a slow shared machi
 
 
 def assert_clean_global_state() -> None:
-    """No mode active, no recording in progress, lazy-module patches undone."""
+    """No mode active, no recording in progress, lazy-module patches undone, collector running."""
+    assert gc.isenabled()
     assert _get_current_dispatch_mode_stack() == []
     assert _get_current_function_mode_stack() == []
     assert recording_graph() is None

@@ -81,3 +81,23 @@ def test_constructor_allocates_no_storage_for_a_70b_architecture():
     parameters = sum(p.numel() for p in model.parameters())
     assert parameters > 68e9
     assert grown < 1.5e9, f"RSS grew by {grown / 1e9:.2f} GB for {parameters / 1e9:.0f}B fake parameters"
+
+
+def test_garbage_collector_is_paused_only_while_the_constructor_runs():
+    seen = []
+
+    class Probe(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            seen.append(gc.isenabled())
+            self.proj = nn.Linear(2, 2)
+
+    assert gc.isenabled()
+    deferred_init(Probe)
+    assert seen == [False] and gc.isenabled()
+    gc.disable()  # a caller that turned it off keeps it off
+    try:
+        deferred_init(Probe)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
