@@ -122,6 +122,41 @@ def _run_meta(fake_mode: FakeTensorMode, func: Any, args: tuple, kwargs: dict) -
             fake_mode.in_kernel_invocation = previous
 
 
+# Ops whose meta kernels are Python references (arange, pow, reciprocal...) cost far more than the
+# CPU kernels themselves; for small CPU tensors the layout is taken from the CPU kernel run on
+# uninitialized stand-ins of the inputs (pointwise ops cannot fail or branch on float values). For a
+# tensor recorded on the CPU that is also the layout eager construction gets.
+_SMALL = 1 << 16
+_ARANGES = frozenset({_aten.arange.default, _aten.arange.start, _aten.arange.start_step})
+
+
+def _small_arange(args: tuple) -> bool:
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) > 2 else 1)
+    try:
+        return step != 0 and 0 <= (end - start) / step <= _SMALL
+    except TypeError:
+        return False
+
+
+def _layout_from_cpu(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """A meta tensor with the layout `func` gives on the CPU, or None when that is not cheap."""
+    total = 0
+    stand_ins = []
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            if not value.is_floating_point():
+                return None
+            total += value.numel()
+            value = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype)
+        stand_ins.append(value)
+    if total > _SMALL or any(isinstance(value, torch.Tensor) for value in kwargs.values()):
+        return None
+    out = func(*stand_ins, **kwargs)
+    if not out.is_floating_point():
+        return None
+    return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=_META)
+
+
 def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args: tuple, kwargs: dict) -> Any:
     """The op's fake result by the short path, or NotImplemented when the op is not one of ours."""
     if func in FACTORIES:
@@ -129,7 +164,11 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
         if device.type == "meta" or any(isinstance(a, torch.Tensor) for a in args):
             return NotImplemented
         with torch._C._DisableTorchDispatch():
-            out = func(*args, **{**kwargs, "device": _META})
+            if device.type == "cpu" and func in _ARANGES and _small_arange(args):
+                out = func(*args, **kwargs)
+                out = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=_META)
+            else:
+                out = func(*args, **{**kwargs, "device": _META})
         return make(out, device)
     if func in VIEWS or func in FILLS:
         if not args or type(args[0]) is not DeferredTensor or args[0].fake_mode is not fake_mode:
@@ -149,5 +188,10 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
         device = _common_device(fake_mode, (*args, *kwargs.values()))
         if device is None:
             return NotImplemented
+        if device.type == "cpu":
+            with torch._C._DisableTorchDispatch():
+                out = _layout_from_cpu(func, args, kwargs)
+            if out is not None:
+                return make(out, device)
         return make(_run_meta(fake_mode, func, args, kwargs), device)
     return NotImplemented

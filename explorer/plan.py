@@ -25,10 +25,11 @@ from typing import Callable, Iterable, Mapping, Union
 import pandas as pd
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .devices import parse_device
 from .errors import MaterializationError
-from .inspection.census import Census, take_census
+from .inspection.census import PARAMETER, Census, take_census
 from .replay import Progress
 
 Size = Union[int, str]
@@ -81,6 +82,7 @@ class MemoryPlan:
     device_map: dict[str, str]
     table: pd.DataFrame
     _root: Callable[[], nn.Module | None] = field(repr=False)
+    world_size: int = 1  # >1: bytes are one rank's FSDP2 shards (see plan_devices)
 
     def device_for(self, name: str) -> str:
         """The device of a tensor or module path (relative to the planned module)."""
@@ -95,6 +97,11 @@ class MemoryPlan:
     def resolver(self, module: nn.Module) -> Callable[[str], str]:
         """For `materialize_module`: names relative to `module` (the planned module or a submodule of
         it) → device. Raises MaterializationError for a module outside the planned one."""
+        if self.world_size != 1:
+            raise MaterializationError(
+                f"this plan counts one rank's FSDP2 shards over {self.world_size} ranks; materialize "
+                "with explorer.distributed.fully_shard_deferred on each rank, not materialize_module"
+            )
         root = self._root()
         if root is None:
             raise MaterializationError("the module this plan was made for no longer exists")
@@ -114,7 +121,8 @@ class MemoryPlan:
         return materialize_module(module, device=self, rng=rng, progress=progress)
 
     def __repr__(self) -> str:
-        lines = [f"MemoryPlan ({len(self.device_map)} entries)"]
+        per_rank = f", per rank of {self.world_size}" if self.world_size != 1 else ""
+        lines = [f"MemoryPlan ({len(self.device_map)} entries{per_rank})"]
         for row in self.table.itertuples():
             lines.append(f"  {row.device}: {row.planned_bytes:,} of {row.budget_bytes:,} bytes")
         return "\n".join(lines)
@@ -123,8 +131,10 @@ class MemoryPlan:
 class _Planner:
     """The greedy placement over one census (see the module docstring)."""
 
-    def __init__(self, census: Census, devices: list[str], budgets: list[int], no_split: Iterable) -> None:
+    def __init__(self, census: Census, devices: list[str], budgets: list[int], no_split: Iterable,
+                 storage_bytes: list[int]) -> None:
         self.census = census
+        self.storage_bytes = storage_bytes
         self.devices = devices
         self.remaining = dict(zip(devices, budgets))
         self.no_split = {c if isinstance(c, str) else c.__name__ for c in no_split}
@@ -187,9 +197,9 @@ class _Planner:
         return group
 
     def _bytes(self, units: list[_Unit]) -> int:
-        tensors, storages = self.census.tensors, self.census.storages
+        tensors = self.census.tensors
         sids = {tensors[i].storage for unit in units for i in unit.entries}
-        return sum(storages[sid].nbytes for sid in sids)
+        return sum(self.storage_bytes[sid] for sid in sids)
 
     def _place(self, group: list[_Unit], device: str, size: int) -> None:
         self.remaining[device] -= size
@@ -238,8 +248,32 @@ class _Planner:
         return dict(collect(""))
 
 
+def per_rank_storage_bytes(census: Census, world_size: int) -> list[int]:
+    """Bytes one rank holds of each storage when FSDP2 shards every parameter along dim 0 over
+    `world_size` ranks: ceil(rows / world_size) rows of it (FSDP2 pads every rank's shard to that
+    size), a tied parameter once; buffers and 0-d parameters whole (replicated)."""
+    sizes = [record.nbytes for record in census.storages]
+    if world_size == 1:
+        return sizes
+    shards: dict[int, dict[tuple, int]] = {}
+    for entry in census.tensors:
+        tensor = entry.tensor
+        if entry.kind != PARAMETER or is_lazy(tensor) or tensor.dim() == 0:
+            continue
+        rows = tensor.shape[0]
+        row_bytes = (tensor.numel() // rows) * tensor.element_size() if rows else 0
+        shards.setdefault(entry.storage, {})[entry.identity] = -(-rows // world_size) * row_bytes
+    for sid, parameters in shards.items():
+        sizes[sid] = sum(parameters.values())
+    return sizes
+
+
 def plan_devices(
-    module: nn.Module, budgets: Mapping[Union[str, int, torch.device], Size], *, no_split: Iterable = ()
+    module: nn.Module,
+    budgets: Mapping[Union[str, int, torch.device], Size],
+    *,
+    no_split: Iterable = (),
+    world_size: int = 1,
 ) -> MemoryPlan:
     """Assign whole submodules of `module` to devices in order, within `budgets`.
 
@@ -247,6 +281,11 @@ def plan_devices(
     an int key is a CUDA index. `no_split` lists module classes (or class names) never split across
     devices, e.g. decoder layers. Works on deferred, partly materialized and eager modules alike and
     changes nothing. Returns a MemoryPlan that `materialize_module(module, device=plan)` accepts.
+
+    With `world_size` > 1 the budgets are one rank's and sizes count what FSDP2 gives each rank
+    (`explorer.distributed.fully_shard_deferred`): parameters as padded dim-0 shards, buffers whole.
+    The plan then answers "does it fit on that many ranks, and where", and its `table` gives each
+    rank's bytes exactly; it is not a device map for `materialize_module`.
 
     Raises DevicePlanError for an unreadable budget or device, and when a unit that cannot be split
     (a module without children or of a `no_split` class, a tensor, or a group of tied ones) fits
@@ -273,8 +312,10 @@ def plan_devices(
         except DevicePlanError as error:
             raise DevicePlanError(f"budget for {device}: {error}") from None
 
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise DevicePlanError(f"world_size must be a positive int, got {world_size!r}")
     census = take_census(module)
-    planner = _Planner(census, devices, sizes, no_split)
+    planner = _Planner(census, devices, sizes, no_split, per_rank_storage_bytes(census, world_size))
     planner.run(module)
     device_map = planner.device_map()
     planned = {device: budget - planner.remaining[device] for device, budget in zip(devices, sizes)}
@@ -289,4 +330,4 @@ def plan_devices(
         },
         columns=TABLE_COLUMNS,
     )
-    return MemoryPlan(device_map, table, weakref.ref(module))
+    return MemoryPlan(device_map, table, weakref.ref(module), world_size)

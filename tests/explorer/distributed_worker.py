@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from explorer import deferred_init
+from explorer import deferred_init, plan_devices
 from explorer.distributed import distribute_deferred, fully_shard_deferred
 from explorer.errors import DistributedMaterializationError
 
@@ -151,13 +151,16 @@ def llama_fsdp(mesh: DeviceMesh, rng: str) -> dict[str, Any]:
 def tied_fsdp(mesh: DeviceMesh) -> dict[str, Any]:
     torch.manual_seed(SEED)
     model = deferred_init(tied_sequential)
+    plan = plan_devices(model, {"cpu": "1GB"}, world_size=mesh.size())  # what each rank will hold
     fully_shard_deferred(model, mesh)
     shapes = local_shapes(model)  # before forward: FSDP leaves the root unsharded after it
+    own_bytes = local_bytes(model)
     with torch.no_grad():
         output = model.eval()(tied_input())
     return {"state": gathered_state(model), "output": output, "local_shapes": shapes,
             "tied": model[0].weight is model[5].weight,
-            "window_shares_table": model[2].window.data_ptr() == model[2].table.data_ptr() + 4}
+            "window_shares_table": model[2].window.data_ptr() == model[2].table.data_ptr() + 4,
+            "own_bytes": own_bytes, "planned_bytes": int(plan.table["planned_bytes"].iloc[0])}
 
 
 def tied_dtensor(mesh: DeviceMesh) -> dict[str, Any]:
@@ -175,12 +178,13 @@ def memory(mesh: DeviceMesh) -> dict[str, Any]:
     model = deferred_init(big_sequential)
     largest = max(p.numel() * p.element_size() for p in model.parameters())
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    planned = int(plan_devices(model, {"cpu": "1GB"}, world_size=mesh.size()).table["planned_bytes"].iloc[0])
     gc.collect()
     reset_worked = reset_peak_rss()
     before = _status_kib("VmRSS") * 1024
     fully_shard_deferred(model, mesh)
     peak = peak_rss_bytes(reset_worked)
-    return {"growth": peak - before, "own_bytes": local_bytes(model), "largest": largest,
+    return {"growth": peak - before, "own_bytes": local_bytes(model), "planned_bytes": planned, "largest": largest,
             "full_bytes": full_bytes, "peak_reset": reset_worked, "state": None}
 
 

@@ -175,6 +175,19 @@ def test_fsdp_keeps_tied_weights_one_parameter_and_views_of_buffers(run: Launch)
         assert info["window_shares_table"] is True
 
 
+def test_plan_devices_with_world_size_predicts_each_ranks_bytes_exactly(run: Launch) -> None:
+    # planned on the deferred module before sharding; measured as the local storages (FSDP2's padded
+    # shards, buffers) each rank holds afterwards: tied head, uneven rows, a view of a buffer
+    for scenario in ["tied-fsdp", "memory"] if run.world_size == 2 else ["tied-fsdp"]:
+        for rank in range(run.world_size):
+            info = run.info(scenario, rank)
+            assert info["planned_bytes"] == info["own_bytes"], (scenario, rank)
+    if run.world_size == 2:
+        sharded = 6 * 8 + 2 * (4 * 8 + 4) + 2 + 2  # 6 of 11 embedding rows (padded), linears, BN affine
+        whole = 8 + 3 + 3  # Noise.table (its window is a view), BN running mean and var
+        assert run.info("tied-fsdp", 1)["planned_bytes"] == (sharded + whole) * 4 + 8  # + int64 counter
+
+
 def test_fsdp_shards_uneven_rows_as_torch_chunk(two_ranks: Launch) -> None:
     # 11 embedding rows over 2 ranks: 6 and 5 (the tied head has no name of its own)
     assert two_ranks.info("tied-fsdp", 0)["local_shapes"]["0.weight"] == [6, 8]

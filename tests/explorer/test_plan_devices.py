@@ -193,3 +193,31 @@ def test_70b_llama_plan_totals_by_hand():
     assert planned[0] == on_first  # the embedding, then as many whole layers as fit
     assert plan.device_for("model.layers.0.mlp.up_proj.weight") == "cuda:0"
     assert plan.device_for("lm_head.weight") == "cpu"
+
+
+def test_world_size_counts_padded_dim0_shards_of_parameters_and_whole_buffers():
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(11, 8)  # 11 rows: 4 per rank over 3 ranks (padded)
+            self.head = nn.Linear(8, 11, bias=False)
+            self.head.weight = self.embed.weight
+            self.norm = nn.BatchNorm1d(3)
+
+    module = deferred_init(Tied)
+    plan = plan_devices(module, {"cpu": "1MB"}, world_size=3)
+    embed, norm_affine, norm_stats = 4 * 8 * 4, 2 * (1 * 4), (3 + 3) * 4 + 8
+    assert plan.table["planned_bytes"].tolist() == [embed + norm_affine + norm_stats]
+    assert plan.world_size == 3
+    assert plan_devices(module, {"cpu": "1MB"}).table["planned_bytes"].tolist() == [11 * 8 * 4 + 6 * 4 + 6 * 4 + 8]
+    assert repr(plan).startswith("MemoryPlan (1 entries, per rank of 3)")
+
+
+def test_a_per_rank_plan_is_refused_as_a_device_map_and_bad_world_sizes_are_named():
+    module = deferred_init(nn.Linear, 4, 4)
+    plan = plan_devices(module, {"cpu": "1MB"}, world_size=2)
+    with pytest.raises(MaterializationError, match="counts one rank's FSDP2 shards over 2 ranks"):
+        materialize_module(module, device=plan)
+    assert is_deferred(module)
+    with pytest.raises(DevicePlanError, match=r"world_size must be a positive int, got 0"):
+        plan_devices(module, {"cpu": "1MB"}, world_size=0)
