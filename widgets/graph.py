@@ -39,6 +39,7 @@ class GraphView(anywidget.AnyWidget):
 
     _esm = (HERE / "graph.js").read_text(encoding="utf-8")  # text, not a Path: anywidget ties every
     # instance to a Path's file watcher with a strong reference, so no widget would ever be freed
+    # (manzt/anywidget#929, open)
     _css = (HERE / "style.css").read_text(encoding="utf-8")
 
     svg = traitlets.Unicode("").tag(sync=True)

@@ -35,6 +35,7 @@ class DataTable(anywidget.AnyWidget):
 
     _esm = (HERE / "table.js").read_text(encoding="utf-8")  # text, not a Path: anywidget ties every
     # instance to a Path's file watcher with a strong reference, so no widget would ever be freed
+    # (manzt/anywidget#929, open)
     _css = (HERE / "style.css").read_text(encoding="utf-8")
 
     columns = traitlets.List(traitlets.Unicode()).tag(sync=True)

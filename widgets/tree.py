@@ -55,6 +55,7 @@ class ModuleTree(anywidget.AnyWidget):
 
     _esm = (HERE / "tree.js").read_text(encoding="utf-8")  # text, not a Path: anywidget ties every
     # instance to a Path's file watcher with a strong reference, so no widget would ever be freed
+    # (manzt/anywidget#929, open)
     _css = (HERE / "style.css").read_text(encoding="utf-8")
 
     nodes = traitlets.List(traitlets.Dict()).tag(sync=True)

@@ -1,6 +1,7 @@
 """Shared fixtures for the widget tests: a small model with ties, views and buffers, and a stand-in
-for `explorer.op_graph` / `explorer.render` (being built on another branch; see
-/work/briefs/render_contract.md) that records its calls and draws contract-named nodes."""
+for `explorer.op_graph` / `explorer.render.node_kind` that records the calls the Graph tab makes and
+draws nodes named as the real renderer names them (cluster_module:<path>, tensor:<name>, op:<g>:<i>),
+so the tab's wiring is tested apart from graphviz layout."""
 
 from __future__ import annotations
 
