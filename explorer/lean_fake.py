@@ -22,10 +22,11 @@ _aten = torch.ops.aten
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
-FACTORIES = set(
+FACTORIES = frozenset(
     {
         _aten.empty.memory_format, _aten.empty_strided.default, _aten.zeros.default,
         _aten.ones.default, _aten.full.default,
+        _aten.arange.default, _aten.arange.start, _aten.arange.start_step, _aten.linspace.default,
     }
 )
 VIEWS = frozenset(
@@ -36,7 +37,6 @@ VIEWS = frozenset(
     }
 )
 FILLS = frozenset({_aten.fill_.Scalar, _aten.zero_.default, _aten.copy_.default})
-FACTORIES |= {_aten.arange.default, _aten.arange.start, _aten.arange.start_step, _aten.linspace.default}
 _LIFT_FRESH = _aten.lift_fresh.default
 
 
@@ -152,8 +152,6 @@ def _layout_from_cpu(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | Non
     if total > _SMALL or any(isinstance(value, torch.Tensor) for value in kwargs.values()):
         return None
     out = func(*stand_ins, **kwargs)
-    if not out.is_floating_point():
-        return None
     return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=_META)
 
 

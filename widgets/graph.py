@@ -8,8 +8,6 @@ while the tab is visible, because Graphviz layout is the slowest thing the explo
 
 from __future__ import annotations
 
-import pathlib
-
 import anywidget
 import ipywidgets as w
 import traitlets
@@ -17,7 +15,8 @@ from torch import nn
 
 import explorer
 
-HERE = pathlib.Path(__file__).parent
+from .front_end import source
+
 DEFAULT_DEPTH = 2  # module levels drawn below the focus before collapsing into summary nodes
 
 
@@ -37,10 +36,8 @@ def parse_click(name: str) -> tuple[str, str]:
 class GraphView(anywidget.AnyWidget):
     """SVG with pan/zoom; `clicked` is the name of the last node or cluster clicked ("" after it is handled)."""
 
-    _esm = (HERE / "graph.js").read_text(encoding="utf-8")  # text, not a Path: anywidget ties every
-    # instance to a Path's file watcher with a strong reference, so no widget would ever be freed
-    # (manzt/anywidget#929, open)
-    _css = (HERE / "style.css").read_text(encoding="utf-8")
+    _esm = source("graph.js")
+    _css = source("style.css")
 
     svg = traitlets.Unicode("").tag(sync=True)
     clicked = traitlets.Unicode("").tag(sync=True)

@@ -7,7 +7,6 @@ the browser only draws `rows` and reports clicks by setting `selected` (a row ke
 
 from __future__ import annotations
 
-import pathlib
 from typing import Mapping, Sequence
 
 import anywidget
@@ -15,8 +14,8 @@ import pandas as pd
 import traitlets
 
 from .formatting import Formatter, cell_text, frame_rows
+from .front_end import source
 
-HERE = pathlib.Path(__file__).parent
 DEFAULT_LIMIT = 500
 
 
@@ -33,10 +32,8 @@ def sort_frame(frame: pd.DataFrame, column: str, ascending: bool) -> pd.DataFram
 class DataTable(anywidget.AnyWidget):
     """Rows of text with a key per row; `selected` is the clicked row's key ("" for none)."""
 
-    _esm = (HERE / "table.js").read_text(encoding="utf-8")  # text, not a Path: anywidget ties every
-    # instance to a Path's file watcher with a strong reference, so no widget would ever be freed
-    # (manzt/anywidget#929, open)
-    _css = (HERE / "style.css").read_text(encoding="utf-8")
+    _esm = source("table.js")
+    _css = source("style.css")
 
     columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
     rows = traitlets.List(traitlets.List()).tag(sync=True)

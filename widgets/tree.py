@@ -7,7 +7,6 @@ custom messages and writes `expanded` itself. Python answers by setting `checked
 
 from __future__ import annotations
 
-import pathlib
 from typing import Any, Iterable
 
 import anywidget
@@ -15,10 +14,9 @@ import pandas as pd
 import traitlets
 
 from .formatting import bytes_text, count_text
+from .front_end import source
 from .selection import ModuleSelection
 from .states import STATE_COLOURS, module_state
-
-HERE = pathlib.Path(__file__).parent
 
 
 def tree_nodes(modules: pd.DataFrame, root_class: str) -> list[dict[str, Any]]:
@@ -53,10 +51,8 @@ class ModuleTree(anywidget.AnyWidget):
     """The module tree. `checked` is closed under "a parent selects its subtree"; `partial` lists
     the unchecked modules with something checked below; `active` is the last module selected."""
 
-    _esm = (HERE / "tree.js").read_text(encoding="utf-8")  # text, not a Path: anywidget ties every
-    # instance to a Path's file watcher with a strong reference, so no widget would ever be freed
-    # (manzt/anywidget#929, open)
-    _css = (HERE / "style.css").read_text(encoding="utf-8")
+    _esm = source("tree.js")
+    _css = source("style.css")
 
     nodes = traitlets.List(traitlets.Dict()).tag(sync=True)
     checked = traitlets.List(traitlets.Unicode()).tag(sync=True)

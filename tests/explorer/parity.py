@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from explorer import is_fake
+
 
 def slots(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """Every parameter and buffer name (duplicates included) with its tensor, parameters first."""
@@ -34,3 +36,13 @@ def storage_groups(named: list[tuple[str, torch.Tensor]]) -> list[tuple[tuple[st
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality of values (NaN payloads and signed zeros included), whatever the strides."""
     return torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
+
+
+def assert_same_kind_and_layout(where: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    """A materialized tensor (`got`) is real and has eager's (`want`) type, dtype, device, shape and stride."""
+    assert not is_fake(got), f"{where} is still fake"
+    assert type(got) is type(want), f"{where}: type {type(got).__name__} != {type(want).__name__}"
+    assert got.dtype == want.dtype, f"{where}: dtype {got.dtype} != {want.dtype}"
+    assert got.device == want.device, f"{where}: device {got.device} != {want.device}"
+    assert got.shape == want.shape, f"{where}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert got.stride() == want.stride(), f"{where}: stride {got.stride()} != {want.stride()}"

@@ -35,7 +35,7 @@ from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 
 from explorer import MaterializationError, deferred_init, is_deferred, is_fake, materialize_module
-from .parity import same_bits, slots, storage_groups, tie_groups
+from .parity import assert_same_kind_and_layout, same_bits, slots, storage_groups, tie_groups
 
 pytest.importorskip("expecttest")  # common_modules imports it
 
@@ -199,12 +199,7 @@ def assert_equal_to_eager(module: nn.Module, eager: nn.Module, case: Case) -> No
     for (name, want), (_, got) in zip(expected, actual):
         where = f"{case.id}: {name}"
         assert given.get(id(got)) == given.get(id(want)), f"{where}: not the caller's tensor object as in eager"
-        assert not is_fake(got), f"{where} is still fake"
-        assert type(got) is type(want), f"{where}: type {type(got).__name__} != {type(want).__name__}"
-        assert got.dtype == want.dtype, f"{where}: dtype {got.dtype} != {want.dtype}"
-        assert got.device == want.device, f"{where}: device {got.device} != {want.device}"
-        assert got.shape == want.shape, f"{where}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-        assert got.stride() == want.stride(), f"{where}: stride {got.stride()} != {want.stride()}"
+        assert_same_kind_and_layout(where, got, want)
         assert got.storage_offset() == want.storage_offset(), f"{where}: storage offset"
         assert got.requires_grad == want.requires_grad, f"{where}: requires_grad {got.requires_grad}"
         assert same_bits(got, want), f"{where}: values differ"

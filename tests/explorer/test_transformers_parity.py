@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from explorer import deferred_init, is_deferred, is_fake, materialize_module
-from .parity import slots, tie_groups
+from .parity import assert_same_kind_and_layout, slots, tie_groups
 
 pytest.importorskip("transformers")
 
@@ -102,12 +102,7 @@ def assert_equal_to_eager(module: nn.Module, arch: HFArchitecture) -> None:
     assert [n for n, _ in actual] == [n for n, _ in expected], f"{arch.name}: parameter/buffer names differ"
     for (name, want), (_, got) in zip(expected, actual):
         where = f"{arch.name}: {name}"
-        assert not is_fake(got), f"{where} is still fake"
-        assert type(got) is type(want), f"{where}: type {type(got).__name__} != {type(want).__name__}"
-        assert got.dtype == want.dtype, f"{where}: dtype {got.dtype} != {want.dtype}"
-        assert got.device == want.device, f"{where}: device {got.device} != {want.device}"
-        assert got.shape == want.shape, f"{where}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-        assert got.stride() == want.stride(), f"{where}: stride {got.stride()} != {want.stride()}"
+        assert_same_kind_and_layout(where, got, want)
         assert got.requires_grad == want.requires_grad, f"{where}: requires_grad {got.requires_grad}"
         if not torch.equal(got, want):
             diff = (got.double() - want.double()).abs()
