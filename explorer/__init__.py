@@ -1,20 +1,22 @@
 """deferred-explorer engine: build modules without storage, inspect them, materialize with parity.
 
-Data flow (one module per step): deferred (record) → graph → replay/materialize; inspection
-(tables), render (diagrams), dryrun (fake forward), plan (devices) and fx_export only read the graph.
+The folders read as the data flow: `record/` (deferred_init, the recording mode, fake tensors) →
+`graph.py` (the recorded program every stage shares) → `replay/` (closures, RNG parity, devices,
+materialize); `inspection/` (tables), `render/` (diagrams) and `analysis/` (dry run, memory plan,
+FX export) only read the graph; `distributed.py` hands materialization to FSDP2/DTensor.
 """
 
-from .deferred import deferred_init
+from .record.deferred import deferred_init
 from .errors import DeferredInitError, MaterializationError
-from .fake import is_fake
-from .materialize import is_deferred, materialize_module, materialize_tensor
+from .record.fake import is_fake
+from .replay.materialize import is_deferred, materialize_module, materialize_tensor
 
 # Read-only views of the recording; imported after the engine, which they read.
 from .inspection import Inspection, inspect  # noqa: E402
 from .render import module_graph, node_kind, op_graph  # noqa: E402
-from .dryrun import DryRun, DryRunError, dry_run  # noqa: E402
-from .plan import DevicePlanError, MemoryPlan, plan_devices  # noqa: E402
-from .fx_export import InitProgram, to_fx  # noqa: E402
+from .analysis.dry_run import DryRun, DryRunError, dry_run  # noqa: E402
+from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices  # noqa: E402
+from .analysis.fx_export import InitProgram, to_fx  # noqa: E402
 
 __all__ = [
     "DeferredInitError",

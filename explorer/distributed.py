@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from .errors import DistributedMaterializationError, MaterializationError
-from .materialize import TensorSlot, _materialize, deferred_slots
+from .replay.materialize import TensorSlot, _materialize, deferred_slots
 
 PlacementsFor = Mapping[str, Sequence[Placement]] | Callable[[str, torch.Tensor], Sequence[Placement]]
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .source import SourceLocation
+from .record.source import SourceLocation
 
 TensorId = int
 StorageId = int

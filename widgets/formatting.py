@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from explorer.inspection.summary import format_bytes
+from explorer.naming import format_bytes
 
 Formatter = Callable[[Any], str]
 

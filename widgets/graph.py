@@ -14,15 +14,11 @@ import traitlets
 from torch import nn
 
 import explorer
+from explorer.naming import depth_of
 
 from .front_end import source
 
 DEFAULT_DEPTH = 2  # module levels drawn below the focus before collapsing into summary nodes
-
-
-def module_depth(path: str | None) -> int:
-    """Depth of a module path as `op_graph` counts it (root = 0)."""
-    return path.count(".") + 1 if path else 0
 
 
 def parse_click(name: str) -> tuple[str, str]:
@@ -89,7 +85,7 @@ class GraphTab(w.VBox):
         With the closure toggle on and a tensor open, the drawing is that tensor's closure alone
         (`op_graph` takes `focus=` or `closure_of=`, not both); the depth still counts from the focus.
         """
-        depth = module_depth(self.focus) + self.depth.value
+        depth = depth_of(self.focus or "") + self.depth.value
         if self.closure.value and self.tensor:
             return {"closure_of": self.tensor, "depth": depth}
         return {"focus": self.focus or None, "depth": depth}

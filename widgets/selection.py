@@ -8,12 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-
-def parent_path(path: str) -> str | None:
-    """"a.b.c" → "a.b", "a" → "" (the root), "" → None."""
-    if path == "":
-        return None
-    return path.rpartition(".")[0]
+from explorer.naming import parent_path
 
 
 class ModuleSelection:

@@ -13,6 +13,8 @@ import anywidget
 import pandas as pd
 import traitlets
 
+from explorer.naming import parent_of
+
 from .formatting import bytes_text, count_text
 from .front_end import source
 from .selection import ModuleSelection
@@ -25,7 +27,7 @@ def tree_nodes(modules: pd.DataFrame, root_class: str) -> list[dict[str, Any]]:
     has_children = set()
     for name in names:
         if name:
-            has_children.add(name.rpartition(".")[0])
+            has_children.add(parent_of(name))
     nodes = []
     for name, cls, depth, params, total, done, devices in zip(
         names, modules["class"].tolist(), modules["depth"].tolist(), modules["total_params"].tolist(),

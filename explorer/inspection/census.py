@@ -25,17 +25,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..fake import handle_of, is_fake
+from ..record.fake import handle_of, is_fake
 from ..graph import InitGraph, OpIndex, TensorId
-from ..provenance import Origin, creation_sources, origin_of
+from ..naming import dtype_name
+from ..replay.provenance import Origin, creation_sources, origin_of
 
 FAKE, MATERIALIZED, REAL = "fake", "materialized", "real"
 PARAMETER, BUFFER, NON_PERSISTENT = "parameter", "buffer", "non-persistent buffer"
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """`torch.float32` → "float32": how every table spells a dtype."""
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(slots=True)

@@ -6,16 +6,13 @@ import math
 
 import pandas as pd
 
+from ..naming import depth_of, parent_of
 from .census import FAKE, PARAMETER, Census
 
 MODULE_COLUMNS = [
     "name", "class", "depth", "own_params", "total_params", "bytes", "bytes_by_dtype", "bytes_by_device",
     "share", "materialized_bytes", "materialized",
 ]
-
-
-def _parent(path: str) -> str:
-    return path.rpartition(".")[0]
 
 
 def modules_table(census: Census) -> pd.DataFrame:
@@ -48,7 +45,7 @@ def modules_table(census: Census) -> pd.DataFrame:
     total_params = {path: dict(params) for path, params in own_params.items()}
     for path, _ in reversed(census.modules):
         if path:
-            parent = _parent(path)
+            parent = parent_of(path)
             storages[parent] |= storages[path]
             present[parent] |= present[path]
             total_params[parent].update(total_params[path])
@@ -69,7 +66,7 @@ def modules_table(census: Census) -> pd.DataFrame:
                 materialized += record.nbytes
         columns["name"].append(path)
         columns["class"].append(type(module).__name__)
-        columns["depth"].append(path.count(".") + 1 if path else 0)
+        columns["depth"].append(depth_of(path))
         columns["own_params"].append(sum(own_params[path].values()))
         columns["total_params"].append(sum(total_params[path].values()))
         columns["bytes"].append(total)

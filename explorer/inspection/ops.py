@@ -6,7 +6,8 @@ import pandas as pd
 import torch
 
 from ..graph import OpIndex, OpNode
-from .census import Census, dtype_name
+from ..naming import dtype_name
+from .census import Census
 
 RANDOM, VIEW, INPLACE, FACTORY, DATA, EXTERNAL_INPUT, COMPUTE = (
     "random", "view", "in-place", "factory", "data", "external-input", "compute")

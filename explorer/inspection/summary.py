@@ -6,20 +6,8 @@ import pandas as pd
 
 from .census import FAKE, MATERIALIZED, PARAMETER, REAL
 from .ops import OP_KINDS
+from ..naming import format_bytes
 
-_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def format_bytes(count: int) -> str:
-    """1023 → "1023 B", 1536 → "1.5 KiB", 7 * 2**30 → "7.0 GiB" (binary units, one decimal)."""
-    if count < 1024:
-        return f"{count} B"
-    value = float(count)
-    for unit in _UNITS:
-        value /= 1024
-        if value < 1024 or unit == _UNITS[-1]:
-            break
-    return f"{value:.1f} {unit}"
 
 
 def _amounts(amounts: dict[str, int]) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from .census import Census, dtype_name
+from ..naming import dtype_name
+from .census import Census
 
 TENSOR_COLUMNS = [
     "name", "module", "kind", "shape", "stride", "storage_offset", "dtype", "device", "numel", "bytes",

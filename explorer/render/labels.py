@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from ..graph import ExternalRef, InitGraph, OpNode, TensorRef
-from ..inspection.census import dtype_name
 from ..inspection.ops import op_kind
-from ..inspection.summary import format_bytes
+from ..naming import dtype_name, format_bytes
 from .diagram import DiagramNode
 from .names import op_node
 from .scene import Scene, TensorMark

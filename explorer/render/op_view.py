@@ -24,7 +24,7 @@ from .diagram import Diagram, DiagramCluster, DiagramEdge, DiagramNode
 from .folding import Summary, collapse_level, collapsed_into, fold_siblings, summary_node
 from .labels import describe_mark, edge_label, op_node_of
 from .names import ERROR_NODE, MORE_NODE, module_node, op_node
-from .paths import depth_of, parent_of
+from ..naming import depth_of, parent_of
 from .scene import Scene, TensorMark
 from .scope import Scope, select_scope
 from .styles import ERROR, MORE, OP_LEGEND

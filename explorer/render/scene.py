@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from ..graph import InitGraph, TensorId
-from ..inspection.census import FAKE, PARAMETER, Census, NamedTensor, dtype_name, take_census
+from ..inspection.census import FAKE, PARAMETER, Census, NamedTensor, take_census
 from ..inspection.modules import modules_table
 from ..inspection.ops import op_modules
 from .names import tensor_node, unnamed_tensor_node
-from .paths import common_module
+from ..naming import common_module, dtype_name
 
 
 @dataclass(slots=True)

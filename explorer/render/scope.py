@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..inspection.census import FAKE, dtype_name
+from ..inspection.census import FAKE
 from .names import unnamed_tensor_node
-from .paths import depth_of, is_inside
+from ..naming import depth_of, dtype_name, is_inside
 from .scene import Scene, TensorMark
 
 

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from explorer import (
     DeferredInitError, MaterializationError, deferred_init, is_deferred, materialize_module, materialize_tensor,
 )
-from explorer.deferred import recording_graph
+from explorer.record.scope import recording_graph
 
 JOIN_TIMEOUT_S = 120  # generous: a deadlock never finishes, a slow shared machine eventually does
 

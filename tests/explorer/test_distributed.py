@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.explorer import distributed_worker as worker
-from tests.explorer.hf_configs import HF_BY_NAME, build_eager
+from tests.support import distributed_worker as worker
+from tests.support.hf_configs import HF_BY_NAME, build_eager
 
 LAUNCH_TIMEOUT_S = 120  # a guard against hangs on a loaded machine, not a timing check
 # What a rank may allocate beyond its own shards and one full tensor: FSDP/DTensor bookkeeping,

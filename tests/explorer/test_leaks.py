@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from explorer import deferred_init, materialize_module
-from explorer.fake import handle_of
+from explorer.record.fake import handle_of
 
 MODELS = 100
 WARMUP = 10

@@ -16,9 +16,9 @@ from torch import nn
 
 from explorer import deferred_init, is_deferred, materialize_module, materialize_tensor
 
-from .compare import Snapshot, differences, snapshot
-from .interpreter import FuzzModule, make_externals
-from .program import Plan, Program
+from tests.fuzz.compare import Snapshot, differences, snapshot
+from tests.fuzz.interpreter import FuzzModule, make_externals
+from tests.fuzz.program import Plan, Program
 
 # Set between deferred_init and materialization: replay must not depend on the RNG state then.
 _UNRELATED_SEED = 987654321

@@ -19,8 +19,8 @@ import torch
 from hypothesis import strategies as st
 from torch import nn
 
-from .interpreter import Interpreter, external_tensor
-from .program import (
+from tests.fuzz.interpreter import Interpreter, external_tensor
+from tests.fuzz.program import (
     COMPUTE_OPS, FACTORY_OPS, INPLACE_OPS, MODULE_OPS, OTHER_OPS, VIEW_OPS, Plan, Program, Step,
 )
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from .program import Program, Step
+from tests.fuzz.program import Program, Step
 
 DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,

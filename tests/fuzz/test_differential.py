@@ -2,7 +2,7 @@
 
 CI runs a fixed, derandomized budget (`EXPLORER_FUZZ_EXAMPLES`, default 300 programs); `make fuzz`
 raises it (and `EXPLORER_FUZZ_SEED` explores a different part of the space). Any failure found is
-pinned as a named test in tests/explorer/test_fuzz_regressions.py.
+pinned as a named test in tests/fuzz/test_fuzz_regressions.py.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from .compare import module_paths, snapshot
-from .differential import build_eager, check_fast, check_full, check_plan, check_single
-from .generate import plans, programs
-from .program import FACTORY_OPS, INPLACE_OPS, VIEW_OPS
+from tests.fuzz.compare import module_paths, snapshot
+from tests.fuzz.differential import build_eager, check_fast, check_full, check_plan, check_single
+from tests.fuzz.generate import plans, programs
+from tests.fuzz.program import FACTORY_OPS, INPLACE_OPS, VIEW_OPS
 
 EXAMPLES = int(os.environ.get("EXPLORER_FUZZ_EXAMPLES", "300"))
 SEED = os.environ.get("EXPLORER_FUZZ_SEED")

@@ -14,10 +14,10 @@ import psutil
 import torch
 
 import widgets
-from explorer.fake import handle_of
+from explorer.record.fake import handle_of
 from widgets.explorer_widget import GRAPH_TAB
 
-from .conftest import Net
+from tests.widgets.conftest import Net
 
 ROUNDS = 12
 

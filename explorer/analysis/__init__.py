@@ -1,0 +1,2 @@
+"""Read-only analyses of a deferred module: a fake forward pass (`dry_run`), a memory plan over
+devices (`plan_devices`) and the recorded initialization as an FX program (`to_fx`)."""

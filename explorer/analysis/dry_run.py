@@ -1,0 +1,350 @@
+"""`dry_run`: a module's forward pass on fake tensors, for shapes, FLOPs and activation memory.
+
+The forward runs under a FakeTensorMode of its own, on fake copies of the module's parameters and
+buffers swapped in with `torch.func.functional_call`, so nothing about the module changes: a
+deferred module stays deferred (its fakes belong to the recording, and an in-place op in forward
+would otherwise bump their versions), a real tensor is never read or written, and no op is
+recorded. The copies keep the module's aliasing (one fake storage per census storage, so tied
+weights and views stay one piece of memory).
+
+What is measured, per module call (global forward hooks, so the module gets no hooks of its own):
+output shapes and dtypes, FLOPs (`torch.utils.flop_counter.FlopCounterMode`, the difference of its
+running total across the call, so submodules are included), and activation memory. Activation
+memory counts the storages ops create while the forward runs (not parameters, buffers or inputs),
+from creation until the last tensor on them is garbage collected: an estimate of what an eager
+forward without autograd would hold (allocator rounding and kernel workspaces are not counted).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
+)
+from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..record.scope import recording_graph
+from .fake_copies import FakeCopies, layout_extent
+from ..inspection.census import Census, take_census
+from ..naming import dtype_name
+
+MODULE_COLUMNS = [
+    "name", "class", "calls", "output_shapes", "output_dtypes", "activation_bytes", "peak_activation_bytes", "flops",
+]
+
+
+class DryRunError(RuntimeError):
+    """The forward pass could not run on fake tensors (names the innermost module that was running)."""
+
+
+@dataclass(frozen=True, repr=False)
+class DryRun:
+    """What one fake forward pass did.
+
+    `modules`: one row per module (`named_modules()` order, a shared module once, at its first path):
+    - `calls`: how many times its forward ran (0: never called; shapes are then empty lists);
+    - `output_shapes` / `output_dtypes`: of the tensors its first call returned, in pytree order;
+    - `activation_bytes`: bytes of the tensors it returned, summed over its calls;
+    - `peak_activation_bytes`: the most activation memory alive (whole program) while it ran;
+    - `flops`: FLOPs of its calls, submodules included (`FlopCounterMode` counting).
+    `flops`: total FLOPs; `peak_activation_bytes`: the most activation memory alive at once;
+    `output`: what forward returned, with fake tensors; `flops_by_op`: total FLOPs per aten op.
+    """
+
+    root_class: str
+    modules: pd.DataFrame
+    flops: int
+    peak_activation_bytes: int
+    output: Any
+    flops_by_op: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """Three lines for the terminal: total FLOPs, peak activation memory, output shapes."""
+        root = self.modules.iloc[0]
+        shapes = ", ".join(str(list(shape)) for shape in root["output_shapes"]) or "no tensors"
+        return (
+            f"{self.root_class} dry run: {self.flops:,} FLOPs\n"
+            f"peak activation memory: {self.peak_activation_bytes:,} bytes\n"
+            f"outputs: {shapes}"
+        )
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+
+# -- fake copies -----------------------------------------------------------------------------------
+
+def _extent_bytes(tensor: torch.Tensor) -> int:
+    return layout_extent(tensor.shape, tensor.stride(), tensor.storage_offset(), tensor.element_size())
+
+
+def fake_state(census: Census, mode: FakeTensorMode) -> dict[str, FakeTensor]:
+    """A fake of `mode` for every parameter and buffer name, one fake storage per census storage.
+
+    Works the same for recorded fakes, materialized and eager tensors: only metadata is read.
+    """
+    by_storage: dict[int, list] = {}
+    with torch._C.DisableTorchFunctionSubclass():
+        for entry in census.tensors:
+            if isinstance(entry.tensor, nn.parameter.UninitializedTensorMixin):
+                raise DryRunError(
+                    f"{entry.name!r} is an uninitialized lazy parameter: its shape is only known after a "
+                    "first forward with real inputs"
+                )
+            by_storage.setdefault(entry.storage, []).append(entry)
+        state: dict[str, FakeTensor] = {}
+        factory = FakeCopies(mode)
+        for sid, entries in by_storage.items():
+            factory.storage(sid, max([census.storages[sid].nbytes] + [_extent_bytes(e.tensor) for e in entries]))
+            copies: dict[int, FakeTensor] = {}  # one fake per tensor object: tied names stay one object
+            for entry in entries:
+                fake = copies.get(id(entry.tensor))
+                if fake is None:
+                    fake = copies[id(entry.tensor)] = factory.like(sid, entry.tensor)
+                state[entry.name] = fake
+    return state
+
+
+def _fake_input(mode: FakeTensorMode, value: Any) -> Any:
+    """Tensors (nested in lists, tuples, dicts) become fakes of `mode`; real ones are read for metadata only."""
+    if isinstance(value, FakeTensor):
+        factory = FakeCopies(mode)
+        factory.storage(0, _extent_bytes(value))
+        return factory.like(0, value)
+    if isinstance(value, torch.Tensor):
+        return mode.from_tensor(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_fake_input(mode, v) for v in value)
+    if isinstance(value, Mapping):
+        return type(value)({k: _fake_input(mode, v) for k, v in value.items()})
+    return value
+
+
+def _is_shape(value: Any) -> bool:
+    return isinstance(value, (tuple, list, torch.Size)) and all(type(v) is int for v in value)
+
+
+def _fake_inputs(mode: FakeTensorMode, args: tuple, kwargs: dict, device: torch.device) -> tuple[tuple, dict]:
+    """Forward's arguments as fakes of `mode`: a positional tuple of ints is a float32 input of that shape."""
+    fake_args = []
+    for value in args:
+        if _is_shape(value):
+            with mode:
+                fake_args.append(torch.empty(tuple(value), dtype=torch.float32, device=device))
+        else:
+            fake_args.append(_fake_input(mode, value))
+    return tuple(fake_args), {key: _fake_input(mode, value) for key, value in kwargs.items()}
+
+
+# -- tracking --------------------------------------------------------------------------------------
+
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors in a forward's output (pytree order; caches and other objects are skipped)."""
+    leaves, _ = tree_flatten(value)
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+@dataclass(slots=True)
+class _ModuleStats:
+    calls: int = 0
+    shapes: list = field(default_factory=list)
+    dtypes: list = field(default_factory=list)
+    activation_bytes: int = 0
+    peak: int = 0
+    flops: int = 0
+
+
+class _ActivationTracker(TorchDispatchMode):
+    """Counts the bytes of storages ops create, alive until their last tensor is collected.
+
+    A storage is known by its StorageImpl (`_cdata`); every tensor an op returns on it holds a
+    reference, released by a weakref finalizer, so views and in-place results are counted once.
+    """
+
+    def __init__(self, excluded: set[int]) -> None:
+        super().__init__()
+        self.excluded = excluded  # storages of parameters, buffers and inputs
+        self.refs: dict[int, int] = {}  # live storage → number of tracked tensors on it
+        self.sizes: dict[int, int] = {}
+        self.tracked: set[int] = set()  # id() of tensors holding a reference
+        self.live = 0
+        self.peak = 0
+        self.frames: list[list[int]] = []  # per running module call: [peak while it ran]
+
+    def _release(self, key: int, tensor_id: int) -> None:
+        self.tracked.discard(tensor_id)
+        self.refs[key] -= 1
+        if self.refs[key] == 0:
+            del self.refs[key]
+            self.live -= self.sizes.pop(key)
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self.excluded or id(tensor) in self.tracked:
+            return
+        if key not in self.refs:
+            self.refs[key] = 0
+            self.sizes[key] = storage.nbytes()
+            self.live += self.sizes[key]
+            if self.live > self.peak:
+                self.peak = self.live
+            for frame in self.frames:
+                if self.live > frame[0]:
+                    frame[0] = self.live
+        self.refs[key] += 1
+        self.tracked.add(id(tensor))
+        weakref.finalize(tensor, self._release, key, id(tensor))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for leaf in tensor_leaves(out):
+            self._track(leaf)
+        return out
+
+
+class _ModuleHooks:
+    """Global forward hooks that attribute outputs, FLOPs and memory to module paths."""
+
+    def __init__(self, root: nn.Module, counter: FlopCounterMode, tracker: _ActivationTracker) -> None:
+        self.index: dict[int, int] = {}
+        self.modules: list[tuple[str, nn.Module]] = list(root.named_modules())
+        for position, (_, module) in enumerate(self.modules):
+            self.index[id(module)] = position
+        self.stats = [_ModuleStats() for _ in self.modules]
+        self.counter = counter
+        self.tracker = tracker
+        self.stack: list[tuple[int, int, list[int]]] = []  # (module position, flops at entry, peak frame)
+        self._handles: list = []
+
+    def _flops_now(self) -> int:
+        return sum(self.counter.flop_counts["Global"].values())
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        position = self.index.get(id(module))
+        if position is None:
+            return
+        frame = [self.tracker.live]
+        self.tracker.frames.append(frame)
+        self.stack.append((position, self._flops_now(), frame))
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        position = self.index.get(id(module))
+        if position is None or not self.stack or self.stack[-1][0] != position:
+            return
+        _, flops_at_entry, frame = self.stack.pop()
+        frames = self.tracker.frames
+        del frames[max(i for i, f in enumerate(frames) if f is frame)]  # by identity: equal peaks are common
+        stats = self.stats[position]
+        leaves = tensor_leaves(output)
+        if stats.calls == 0:
+            stats.shapes = [tuple(leaf.shape) for leaf in leaves]
+            stats.dtypes = [dtype_name(leaf.dtype) for leaf in leaves]
+        stats.calls += 1
+        distinct = {id(leaf): leaf for leaf in leaves}.values()  # a tensor returned twice counts once
+        stats.activation_bytes += sum(leaf.numel() * leaf.element_size() for leaf in distinct)
+        stats.peak = max(stats.peak, frame[0])
+        stats.flops += self._flops_now() - flops_at_entry
+
+    def running(self) -> str | None:
+        """Path of the innermost module whose forward is running (for error messages)."""
+        if not self.stack:
+            return None
+        path, module = self.modules[self.stack[-1][0]]
+        return f"{path or '<root>'} ({type(module).__name__})"
+
+    def __enter__(self) -> "_ModuleHooks":
+        self._handles = [
+            nn.modules.module.register_module_forward_pre_hook(self._pre),
+            nn.modules.module.register_module_forward_hook(self._post),
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def table(self) -> pd.DataFrame:
+        columns: dict[str, list] = {column: [] for column in MODULE_COLUMNS}
+        for (path, module), stats in zip(self.modules, self.stats):
+            columns["name"].append(path)
+            columns["class"].append(type(module).__name__)
+            columns["calls"].append(stats.calls)
+            columns["output_shapes"].append(stats.shapes)
+            columns["output_dtypes"].append(stats.dtypes)
+            columns["activation_bytes"].append(stats.activation_bytes)
+            columns["peak_activation_bytes"].append(stats.peak)
+            columns["flops"].append(stats.flops)
+        return pd.DataFrame(columns, columns=MODULE_COLUMNS)
+
+
+# -- the public function ---------------------------------------------------------------------------
+
+def _split_inputs(inputs: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    if len(inputs) == 1 and isinstance(inputs[0], Mapping) and all(isinstance(k, str) for k in inputs[0]):
+        return (), {**inputs[0], **kwargs}
+    return inputs, kwargs
+
+
+def dry_run(module: nn.Module, *inputs: Any, **kwargs: Any) -> DryRun:
+    """Run `module`'s forward on fake tensors: output shapes, FLOPs and activation memory, no storage.
+
+    `module` may be deferred, partly materialized or eager; it is not changed (its tensors are
+    swapped for fake copies only during the call), nothing is recorded and the global CPU RNG state
+    is left as it was. `inputs` are forward's positional arguments: tensors (real ones are only read
+    for metadata), tuples of ints (a float32 input of that shape on the module's device), or a
+    single dict of keyword arguments; `kwargs` are passed on too. Runs without autograd.
+
+    Raises DryRunError naming the innermost running module when the forward cannot run on fake
+    tensors (e.g. it reads a tensor's values), TypeError when `module` is not an nn.Module.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"explorer.dry_run expects an nn.Module, got {type(module).__name__}")
+    if recording_graph() is not None:
+        raise DryRunError("dry_run cannot run inside deferred_init: call it on the module deferred_init returned")
+    census = take_census(module)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    state = fake_state(census, mode)
+    device = next(iter(state.values())).device if state else torch.device("cpu")
+    args, kwargs = _split_inputs(inputs, kwargs)
+    args, kwargs = _fake_inputs(mode, args, kwargs, device)
+    excluded = {t.untyped_storage()._cdata for t in state.values()}
+    excluded |= {t.untyped_storage()._cdata for t in tensor_leaves((args, kwargs))}
+
+    counter = FlopCounterMode(display=False)
+    tracker = _ActivationTracker(excluded)
+    hooks = _ModuleHooks(module, counter, tracker)
+    rng_state = torch.get_rng_state()
+    try:
+        with torch.no_grad(), mode, counter, tracker, hooks:
+            try:
+                output = torch.func.functional_call(module, state, tuple(args), kwargs, strict=False)
+            except Exception as error:
+                where = hooks.running() or f"<root> ({type(module).__name__})"
+                why = ""
+                if isinstance(error, (DataDependentOutputException, DynamicOutputShapeException)):
+                    why = " (it depends on tensor values, which fake tensors do not have)"
+                raise DryRunError(
+                    f"the forward of {where} cannot run on fake tensors{why}: {type(error).__name__}: {error}"
+                ) from error
+    finally:
+        torch.set_rng_state(rng_state)
+    flops_by_op = {str(op): count for op, count in counter.flop_counts["Global"].items()}
+    return DryRun(
+        root_class=type(module).__name__,
+        modules=hooks.table(),
+        flops=sum(flops_by_op.values()),
+        peak_activation_bytes=tracker.peak,
+        output=output,
+        flops_by_op=flops_by_op,
+    )
+

@@ -1,0 +1,233 @@
+"""`to_fx`: the recorded initialization program as a `torch.fx.GraphModule`.
+
+One node per recorded op in the closure of the module's deferred tensors (the ops
+`materialize_module` would replay), in chronological order, with the aten op the replay runs as its
+target (the recorded op, except `lift_fresh` of a constant, which becomes `lift_fresh_copy`); real
+tensors the constructor read are constants (`get_attr` of `_external_<i>`); the output is a dict
+from every deferred parameter/buffer name to its node (tied names share one). Every node carries
+the FX conventions `meta["val"]` (a fake tensor with the recorded shape, stride, dtype and device,
+aliasing as the recorded tensors do) and `meta["stack_trace"]` (the constructor line that issued
+the op).
+
+Random numbers: each random op node is preceded by an `rng_seek(_rng, key, position)` node and
+followed by an `rng_tell(_rng, key, position, result)` node, both marked side-effectful. They drive
+the replay's own `RngSession` and `RngStreams` (the program keeps streams of its own): the
+generator is put in the state eager construction had just before that op (skipped random ops are
+re-run on scratch tensors, states are cached), and the caller's generator state is put back after
+each op. So calling the program gives bitwise what `materialize_module(module)` gives with
+rng="eager", and leaves the global RNG as it was.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..replay.routing import device_plan
+from ..errors import MaterializationError
+from ..record.fake import handle_of, is_fake
+from .fake_copies import FakeCopies
+from ..graph import ExternalRef, InitGraph, OpNode, TensorId, TensorRef
+from ..replay.materialize import _check_materializable, deferred_slots
+from ..record.scope import outside_recording
+from ..replay.replay import Replay, replayed_func
+from ..replay.rng import RngSession, RngStreams
+
+
+class InitRng:
+    """The RNG state of an exported program: the replay's scratch runner and streams of its own.
+
+    `seek` opens a `RngSession` and moves the op's generator to the state before random op
+    `position` of stream `key`; `tell` records the state after it and closes the session, putting
+    the caller's generator state back. The cached states are the program's own (not the module's
+    materialization cache): when the program runs on fake or meta tensors (FX tooling such as
+    FakeTensorProp), the op draws nothing, and that state is not recorded.
+    """
+
+    def __init__(self, graph: InitGraph) -> None:
+        self.replay = Replay(graph, device_plan(None, "eager"), remember=False)
+        self.streams = RngStreams(graph)
+        self._open: list[RngSession] = []
+
+    def seek(self, key: str, position: int) -> None:
+        session = RngSession(self.streams, "eager", self.replay._run_scratch)
+        session.__enter__()
+        self._open.append(session)
+        try:
+            with outside_recording():  # scratch draws for skipped ops are real, whatever mode is on
+                session.before_random_op(key, position, key)
+        except BaseException:
+            self.close()
+            raise
+
+    def tell(self, key: str, position: int, drawn: Any) -> None:
+        tensors = [t for t in tree_flatten(drawn)[0] if isinstance(t, torch.Tensor)]
+        if self._open and not any(is_fake(t) or t.device.type == "meta" for t in tensors):
+            self._open[-1].after_random_op(key, position)
+        self.close()
+
+    def close(self) -> None:
+        """Close any open session (after an op failed between `seek` and `tell`)."""
+        while self._open:
+            self._open.pop().__exit__(None, None, None)
+
+
+def rng_seek(rng: InitRng, key: str, position: int) -> None:
+    """Put stream `key`'s generator where eager construction had it before random op `position`."""
+    rng.seek(key, position)
+
+
+def rng_tell(rng: InitRng, key: str, position: int, drawn: Any) -> None:
+    """Remember the generator state after random op `position` (whose result is `drawn`) and
+    restore the caller's state."""
+    rng.tell(key, position, drawn)
+
+
+fx.node.has_side_effect(rng_seek)
+fx.node.has_side_effect(rng_tell)
+
+
+class InitProgram(fx.GraphModule):
+    """A GraphModule of a recorded initialization; calling it returns {name: tensor}.
+
+    Runs without autograd and closes the RNG session even when an op fails.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            with torch.no_grad():
+                return super().__call__(*args, **kwargs)
+        finally:
+            rng = getattr(self, "_rng", None)  # absent when the program draws no random numbers
+            if rng is not None:
+                rng.close()
+
+
+def _stack_trace(op: OpNode) -> str | None:
+    source = op.source
+    if source is None:
+        return None
+    return f'  File "{source.filename}", line {source.lineno}, in {source.function}\n    {source.line}\n'
+
+
+class _Builder:
+    """Emits the FX graph for one recorded graph and a set of target tensors."""
+
+    def __init__(self, graph: InitGraph) -> None:
+        self.graph = graph
+        self.fx_graph = fx.Graph()
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.copies = FakeCopies(self.mode)
+        self.env: dict[TensorId, fx.Node] = {}
+        self.constants: dict[str, torch.Tensor] = {}
+        self._externals: dict[int, fx.Node] = {}
+        self.rng_node: fx.Node | None = None
+
+    def _fake(self, tid: TensorId) -> torch.Tensor:
+        info = self.graph.tensors[tid]
+        self.copies.storage(info.storage, self.graph.storages[info.storage].nbytes)
+        return self.copies.tensor(info.storage, info.shape, info.stride, info.storage_offset, info.dtype, info.device)
+
+    def _external(self, index: int) -> fx.Node:
+        node = self._externals.get(index)
+        if node is None:
+            name = f"_external_{index}"
+            tensor = self.graph.externals[index].tensor
+            self.constants[name] = tensor
+            node = self._externals[index] = self.fx_graph.get_attr(name)
+            node.meta["val"] = self.mode.from_tensor(tensor)
+        return node
+
+    def _argument(self, value: Any) -> Any:
+        if isinstance(value, TensorRef):
+            return self.env[value.id]
+        if isinstance(value, ExternalRef):
+            return self._external(value.index)
+        return value
+
+    def _bind(self, node: fx.Node, outputs: Any) -> Any:
+        """Map the op's output refs to nodes (getitem nodes for tuple outputs); returns the fake value."""
+        if isinstance(outputs, TensorRef):
+            self.env[outputs.id] = node
+            return self._fake(outputs.id)
+        if isinstance(outputs, (list, tuple)):
+            values = []
+            for position, item in enumerate(outputs):
+                if isinstance(item, (TensorRef, list, tuple)):
+                    child = self.fx_graph.call_function(operator.getitem, (node, position))
+                    child.meta["val"] = self._bind(child, item)
+                    values.append(child.meta["val"])
+                else:
+                    values.append(item)
+            return type(outputs)(values)
+        return outputs
+
+    def emit(self, op: OpNode) -> None:
+        args, kwargs = tree_map(self._argument, (op.args, op.kwargs))
+        if op.stream is not None:
+            if self.rng_node is None:
+                with self.fx_graph.inserting_before(next(iter(self.fx_graph.nodes), None)):
+                    self.rng_node = self.fx_graph.get_attr("_rng")
+            self.fx_graph.call_function(rng_seek, (self.rng_node, *op.stream))
+        node = self.fx_graph.call_function(replayed_func(op.func), tuple(args), kwargs)
+        node.meta["val"] = self._bind(node, op.outputs)
+        node.meta["recorded_op"] = op.index
+        trace = _stack_trace(op)
+        if trace is not None:
+            node.meta["stack_trace"] = trace
+        if op.stream is not None:
+            self.fx_graph.call_function(rng_tell, (self.rng_node, *op.stream, node))
+
+
+def to_fx(module: nn.Module) -> InitProgram:
+    """The recorded initialization of `module`'s deferred tensors as an FX GraphModule.
+
+    Calling the result with no arguments returns {name: tensor} for every deferred parameter and
+    buffer (in `materialize_module` order, non-persistent buffers included; tied names map to one
+    tensor), equal bit for bit to what `materialize_module(module)` would produce (rng="eager",
+    recorded devices), computed from scratch. `module` is not changed. Nodes carry `meta["val"]`
+    (fake tensors) and `meta["stack_trace"]`; see the module docstring for the RNG nodes.
+
+    Raises MaterializationError for what would make materialization fail (a lazy parameter, a tensor
+    changed in place after deferred_init, a changed external tensor, a missing generator), and when
+    the module's tensors come from more than one deferred_init.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"explorer.to_fx expects an nn.Module, got {type(module).__name__}")
+    slots = deferred_slots(module)
+    graphs = {id(handle_of(fake).graph): handle_of(fake).graph for _, fake in slots}
+    if len(graphs) > 1:
+        raise MaterializationError(
+            f"to_fx exports one recorded initialization, but the tensors of this {type(module).__name__} "
+            f"come from {len(graphs)} deferred_init calls; export its submodules one at a time"
+        )
+    names = [slot[3] for slot, _ in slots]
+    for (slot, fake) in slots:
+        _check_materializable(fake, slot[3])
+    if not slots:
+        empty = fx.Graph()
+        empty.output({})
+        return InitProgram(nn.Module(), empty, class_name=f"{type(module).__name__}Init")
+    graph = next(iter(graphs.values()))
+    tids = [handle_of(fake).tensor_id for _, fake in slots]
+    ops = graph.closure_of(tids)
+    rng = InitRng(graph)
+    rng.replay.names = {tid: name for tid, name in zip(tids, names)}
+    rng.replay.check(ops, tids)
+
+    builder = _Builder(graph)
+    for index in ops:
+        builder.emit(graph.ops[index])
+    builder.fx_graph.output({name: builder.env[tid] for name, tid in zip(names, tids)})
+
+    root = nn.Module()
+    for name, tensor in builder.constants.items():
+        root.register_buffer(name, tensor, persistent=False)
+    root._rng = rng
+    return InitProgram(root, builder.fx_graph, class_name=f"{type(module).__name__}Init")
+

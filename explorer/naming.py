@@ -1,0 +1,73 @@
+"""How the explorer spells things, in one place: module paths, dtypes and byte sizes.
+
+Module paths: "" is the root, "layers.3.attn" is three levels down. Every table, diagram and widget
+reads paths, dtype names and byte counts through these helpers, so they agree with each other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float32` → "float32": how every table spells a dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
+def format_bytes(count: int) -> str:
+    """1023 → "1023 B", 1536 → "1.5 KiB", 7 * 2**30 → "7.0 GiB" (binary units, one decimal)."""
+    if count < 1024:
+        return f"{count} B"
+    value = float(count)
+    for unit in _UNITS:
+        value /= 1024
+        if value < 1024 or unit == _UNITS[-1]:
+            break
+    return f"{value:.1f} {unit}"
+
+
+def depth_of(path: str) -> int:
+    """0 for the root, 1 for its children, ..."""
+    return path.count(".") + 1 if path else 0
+
+
+def parent_of(path: str) -> str:
+    """"a.b.c" → "a.b", "a" → "" (the root); the root is its own parent."""
+    return path.rpartition(".")[0]
+
+
+def parent_path(path: str) -> str | None:
+    """"a.b.c" → "a.b", "a" → "" (the root), "" → None (the root has no parent)."""
+    if path == "":
+        return None
+    return path.rpartition(".")[0]
+
+
+def is_inside(path: str, module: str) -> bool:
+    """`path` is `module` or below it (everything is inside the root "")."""
+    return not module or path == module or path.startswith(module + ".")
+
+
+def is_repeat_slot(path: str) -> bool:
+    """A module registered under a number (`layers.3`): an item of a ModuleList or Sequential.
+
+    Only these fold into "Class ×N": `q_proj` and `k_proj` of the same shape are different things
+    and keep their names.
+    """
+    return path.rpartition(".")[2].isdigit()
+
+
+def common_module(paths: list[str]) -> str:
+    """The innermost module path containing all of `paths` ("" for the root)."""
+    parts = paths[0].split(".") if paths[0] else []
+    for path in paths[1:]:
+        other = path.split(".") if path else []
+        common = 0
+        while common < len(parts) and common < len(other) and parts[common] == other[common]:
+            common += 1
+        del parts[common:]
+        if not parts:
+            break
+    return ".".join(parts)

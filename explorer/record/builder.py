@@ -1,0 +1,404 @@
+"""Turning aten calls on fake tensors into `OpNode`s of an `InitGraph`.
+
+`GraphBuilder` is called by the recording modes after each op has run under FakeTensorMode. It
+gives every new fake tensor an id, every new storage an id, and notes which storages each op
+writes (from the op's schema) so that `InitGraph.closure_of` can later find what to replay.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..errors import DeferredInitError
+from ..naming import dtype_name
+from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, handle_of
+from ..graph import (
+    OVERWRITING_OPS,
+    ExternalRef,
+    ExternalTensor,
+    InitGraph,
+    OpNode,
+    StorageInfo,
+    TensorId,
+    TensorInfo,
+    TensorRef,
+)
+from .generators import capture_start_state, stream_key
+from .source import SourceLocation, building_modules, user_location
+
+_aten = torch.ops.aten
+_SEEDED = torch.Tag.nondeterministic_seeded
+# Argument types stored as they are (checked first: most arguments are one of these).
+_PLAIN_ARGUMENTS = frozenset(
+    {int, float, bool, str, type(None), torch.device, torch.dtype, torch.layout, torch.memory_format}
+)
+
+
+_NO_READS: frozenset = frozenset()
+_stream_keys: dict[torch.device, str] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def op_facts(func: Any) -> tuple[tuple[tuple[int | None, str], ...], bool, bool, bool]:
+    """(written arguments, draws random numbers, overwrites self without reading it, may grow a
+    storage it writes) of an op. Only `out=` arguments and the resize/set family change sizes."""
+    written = written_arguments(func)
+    name = func._schema.name.split("::")[-1]
+    may_resize = any(argument != "self" for _, argument in written) or "resize" in name or name.startswith("set_")
+    return written, _SEEDED in func.tags, func in OVERWRITING_OPS, may_resize
+
+
+@functools.lru_cache(maxsize=None)
+def written_arguments(func: Any) -> tuple[tuple[int | None, str], ...]:
+    """(position, name) of every argument the op's schema marks as written (`Tensor(a!)`); the
+    position is None for keyword-only arguments (`out=`)."""
+    return tuple(
+        (None if argument.kwarg_only else position, argument.name)
+        for position, argument in enumerate(func._schema.arguments)
+        if argument.alias_info is not None and argument.alias_info.is_write
+    )
+
+
+# `torch.tensor([...])` lifts a constant it has just made: only the recording holds it.
+_LIFTS = frozenset({_aten.lift_fresh.default, _aten.lift_fresh_copy.default})
+
+
+@functools.lru_cache(maxsize=None)
+def views_external(func: Any) -> bool:
+    """True when a real tensor argument's memory is aliased by the op's output (view ops: schema
+    `-> Tensor(a)`), except for the fresh constants of `torch.tensor([...])`."""
+    if func in _LIFTS:
+        return False
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+
+
+def _argument(args: tuple, kwargs: dict, position: int | None, name: str) -> Any:
+    """An argument given by position or by name (`written_arguments` says which it may be)."""
+    if position is not None and position < len(args):
+        return args[position]
+    return kwargs.get(name)
+
+
+def _covers_storage(tensor: torch.Tensor) -> bool:
+    """True when writing every element of `tensor` writes every byte of its storage."""
+    if tensor.storage_offset() != 0 or not tensor.is_contiguous():
+        return False
+    return tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes()
+
+
+def version_of(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter, or None for an inference tensor (it has none)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+class GraphBuilder:
+    """Appends ops to one graph; keeps the only references from storages to ids."""
+
+    def __init__(self, graph: InitGraph) -> None:
+        self.graph = graph
+        self._storage_ids: dict[int, int] = {}
+        self._storage_keys: list[int] = []  # storage id → address key
+        self._storage_objects: list[torch.UntypedStorage] = []  # keeps storage addresses unique
+        self._storage_anchor: dict[int, TensorId] = {}
+        # Weak: holding fakes would change what PyTorch does (`.data` detaches twice when the first
+        # result is still referenced elsewhere).
+        self._fakes: list[weakref.ref] = []
+        # Fake storages that are views of real tensors from outside: replay aliases the real memory.
+        self._external_views: set[int] = set()
+
+    # -- ids ---------------------------------------------------------------------------------
+    def _storage_id(self, tensor: torch.Tensor, device: torch.device, creator: int) -> tuple[int, bool]:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        sid = self._storage_ids.get(key)
+        if sid is not None:
+            return sid, False
+        sid = len(self._storage_keys)
+        self._storage_ids[key] = sid
+        self._storage_keys.append(key)
+        self._storage_objects.append(storage)
+        self.graph.storages[sid] = StorageInfo(sid, storage.nbytes(), device, creator)
+        self.graph.writers[sid] = [creator]
+        return sid, True
+
+    def _new_tensor(self, tensor: FakeTensor, producer: int) -> tuple[TensorId, int | None]:
+        """Register a fake that an op produced; returns its id and its storage id if new."""
+        attributes = tensor.__dict__
+        device = attributes["_fake_device"]
+        sid, created = self._storage_id(tensor, device, producer)
+        tensors = self.graph.tensors
+        tid = len(tensors)
+        tensors[tid] = TensorInfo(
+            tid, sid, producer, tensor.shape, tensor.stride(), tensor.storage_offset(), tensor.dtype,
+            device, tensor.requires_grad,
+        )
+        if sid not in self._storage_anchor:
+            self._storage_anchor[sid] = tid
+        if type(tensor) is FakeTensor:
+            tensor.__class__ = DeferredTensor
+        attributes[HANDLE_ATTR] = DeferredHandle(self.graph, tid, version_of(tensor))
+        self._fakes.append(weakref.ref(tensor))
+        return tid, (sid if created else None)
+
+    def id_of(self, tensor: FakeTensor, source: SourceLocation | None) -> TensorId:
+        """The id of a fake input. Fakes made behind the dispatcher's back (`_make_subclass`), or
+        whose storage `.data = x` swapped in C++, get a synthetic alias op recorded now."""
+        handle = tensor.__dict__.get(HANDLE_ATTR)
+        storage_key = tensor.untyped_storage()._cdata
+        if handle is not None:
+            if handle.graph is not self.graph:
+                raise DeferredInitError(
+                    f"a fake tensor from another deferred_init graph was used at {source}; "
+                    "tensors of two deferred modules cannot be mixed"
+                )
+            info = self.graph.tensors[handle.tensor_id]
+            if (
+                self._storage_keys[info.storage] == storage_key
+                and tensor.shape == info.shape
+                and tensor.stride() == info.stride
+                and tensor.storage_offset() == info.storage_offset
+            ):
+                return handle.tensor_id
+            name = "set_data"
+        else:
+            name = "alias"
+        sid = self._storage_ids.get(storage_key)
+        if sid is None:
+            raise DeferredInitError(
+                f"a fake tensor that deferred_init did not create was used at {source}; "
+                "it may come from another FakeTensorMode"
+            )
+        return self.alias(tensor, self._storage_anchor[sid], name=name, source=source)
+
+    def alias(self, tensor: FakeTensor, base: TensorId, *, name: str, source: SourceLocation | None) -> TensorId:
+        """Record `tensor` as an alias of `base` by its metadata (for `.data = x`, `_make_subclass`)."""
+        index = len(self.graph.ops)
+        if tensor.dtype == self.graph.tensors[base].dtype:
+            func, args = _aten.as_strided.default, (
+                TensorRef(base), tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
+        else:
+            raise DeferredInitError(f"cannot record a {tensor.dtype} alias of a storage at {source}")
+        op = OpNode(
+            index=index, func=func, args=args, kwargs={}, outputs=None, output_ids=(), inputs=(base,),
+            reads=frozenset(), externals=(), writes=(), creates=(), aliases_only=True, random=False,
+            source=source, name=name, inference=torch.is_inference_mode_enabled(),
+        )
+        self.graph.ops.append(op)
+        tid, _ = self._new_tensor(tensor, index)
+        op.outputs = TensorRef(tid)
+        op.output_ids = (tid,)
+        return tid
+
+    def _external(self, tensor: torch.Tensor, func: Any) -> int:
+        self.graph.externals.append(ExternalTensor(tensor, version_of(tensor), func in _LIFTS))
+        return len(self.graph.externals) - 1
+
+    # -- ops ---------------------------------------------------------------------------------
+    def _ref(self, value: Any, inputs: list[TensorId], externals: list[int], func: Any,
+             source: SourceLocation | None, known: dict[int, TensorId] | None = None) -> Any:
+        """An argument as the graph stores it: tensors become refs, everything else stays. `known`
+        holds ids taken before the op ran (`before_write`)."""
+        if type(value) in _PLAIN_ARGUMENTS:
+            return value
+        if isinstance(value, FakeTensor):
+            tid = known.get(id(value)) if known else None
+            if tid is None:
+                tid = self.id_of(value, source)
+            inputs.append(tid)
+            return TensorRef(tid)
+        if isinstance(value, torch.Tensor):
+            position = self._external(value, func)
+            externals.append(position)
+            return ExternalRef(position)
+        if isinstance(value, (list, tuple)):
+            if any(isinstance(item, (torch.Tensor, list, tuple)) for item in value):
+                return type(value)(self._ref(item, inputs, externals, func, source, known) for item in value)
+            return value
+        if isinstance(value, torch.Generator):
+            raise DeferredInitError(
+                f"{func} was given an explicit torch.Generator at {source}; deferred_init replays "
+                "random ops from the default generator only, so pass no generator= (seed with "
+                "torch.manual_seed instead)"
+            )
+        return value
+
+    def _out_ref(self, value: Any, index: int, output_ids: list[TensorId], created: list[int]) -> Any:
+        if isinstance(value, FakeTensor):
+            handle = value.__dict__.get(HANDLE_ATTR)
+            if handle is not None and handle.graph is self.graph:
+                tid = handle.tensor_id  # in-place and out= ops return their argument
+            else:
+                tid, new_storage = self._new_tensor(value, index)
+                if new_storage is not None:
+                    created.append(new_storage)
+            output_ids.append(tid)
+            return TensorRef(tid)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._out_ref(item, index, output_ids, created) for item in value)
+        return value
+
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, source: SourceLocation | None,
+               written: dict[int, TensorId] | None = None) -> None:
+        """Append one op that has just run under fake mode, with its (fake) result `out`; `written`
+        is what `before_write` returned for it."""
+        written_arguments_, random, overwriting, may_resize = op_facts(func)
+        inputs: list[TensorId] = []
+        externals: list[int] = []
+        plain = _PLAIN_ARGUMENTS
+        ref_args = tuple([
+            a if type(a) in plain else self._ref(a, inputs, externals, func, source, written) for a in args
+        ])
+        ref_kwargs = (
+            {k: self._ref(v, inputs, externals, func, source, written) for k, v in kwargs.items()} if kwargs else {}
+        )
+        index = len(self.graph.ops)  # after any synthetic alias ops that _ref appended
+
+        written_tids: list[TensorId] = []
+        resizes = False
+        for position, name in written_arguments_:
+            argument = _argument(args, kwargs, position, name)
+            for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
+                if isinstance(tensor, FakeTensor):
+                    tid = tensor.__dict__[HANDLE_ATTR].tensor_id
+                    written_tids.append(tid)
+                    if not may_resize:
+                        continue
+                    storage = self.graph.storages[self.graph.tensors[tid].storage]
+                    nbytes = tensor.untyped_storage().nbytes()
+                    if nbytes > storage.nbytes:  # resize_, or an out= tensor the op resized
+                        storage.nbytes = nbytes
+                        resizes = True
+
+        output_ids: list[TensorId] = []
+        created: list[int] = []
+        outputs = self._out_ref(out, index, output_ids, created)
+        if externals and created and views_external(func):
+            self._external_views.update(created)
+
+        writers = self.graph.writers
+        tensors = self.graph.tensors
+        if written_tids:
+            writes = tuple(dict.fromkeys([tensors[tid].storage for tid in written_tids]))
+            for sid in writes:
+                writers[sid].append(index)
+        else:
+            writes = ()
+        overwrites = overwriting and len(writes) == 1 and _covers_storage(args[0])
+        aliases_only = not writes and not created and bool(output_ids)
+        if aliases_only:
+            reads: frozenset[TensorId] = _NO_READS
+        elif overwriting and written_tids:
+            # It does not read the old contents of what it overwrites, unless that is also its
+            # source (`x.copy_(x)`).
+            target = written_tids[0]
+            reads = frozenset(inputs) if inputs.count(target) > 1 else frozenset(inputs) - {target}
+        else:
+            reads = frozenset(inputs)
+
+        stream = None
+        if random:
+            device = self._random_device(func, args, kwargs, out)
+            if device is not None and device.type != "meta":
+                key = _stream_keys.get(device)
+                if key is None:
+                    key = _stream_keys[device] = stream_key(device)
+                if key not in self.graph.rng_start:
+                    self.graph.rng_start[key] = capture_start_state(key)
+                positions = self.graph.random_streams.setdefault(key, [])
+                stream = (key, len(positions))
+                positions.append(index)
+
+        self.graph.ops.append(
+            OpNode(
+                index, func, ref_args, ref_kwargs, outputs, tuple(output_ids), tuple(inputs), reads,
+                tuple(externals), writes, tuple(created), aliases_only, random, source, "", overwrites, stream,
+                resizes, torch.is_inference_mode_enabled(),
+            )
+        )
+
+    def before_write(self, func: Any, args: tuple, kwargs: dict, source: SourceLocation | None) -> dict[int, TensorId]:
+        """Called before an op that writes some of its arguments runs; returns the ids of the fakes
+        it writes, keyed by `id()`, as they are now.
+
+        The op may change their layout (an `out=` tensor resized, `resize_`): `record` must name the
+        tensors the op was given, and the new layout is picked up by `id_of` at their next use.
+
+        Refuses an op that writes a real tensor from outside the constructor or a view of one: eager
+        construction changes the caller's tensor there and then, and deferred_init can neither defer
+        that side effect nor replay it later without changing the tensor a second time.
+        """
+        ids: dict[int, TensorId] = {}
+        for position, name in written_arguments(func):
+            argument = _argument(args, kwargs, position, name)
+            for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
+                if not isinstance(tensor, torch.Tensor):
+                    continue
+                if isinstance(tensor, FakeTensor):
+                    if not (
+                        self._external_views
+                        and self._storage_ids.get(tensor.untyped_storage()._cdata) in self._external_views
+                    ):
+                        ids[id(tensor)] = self.id_of(tensor, source)
+                        continue
+                    what = "a view of a real tensor"
+                else:
+                    what = "a real tensor"
+                dtype = dtype_name(tensor.dtype)
+                raise DeferredInitError(
+                    f"{func} writes in place into {what} from outside the constructor ({dtype}"
+                    f"{list(tensor.shape)} on {tensor.device}) while building {building_modules(2)} at "
+                    f"{source or '<unknown source>'}; eager construction would change that tensor, which "
+                    "deferred_init cannot defer: clone it first (x = x.clone()) or change it before "
+                    "calling deferred_init",
+                    self.graph,
+                )
+        return ids
+
+    @staticmethod
+    def _random_device(func: Any, args: tuple, kwargs: dict, out: Any) -> torch.device | None:
+        for value in (*(out if isinstance(out, (list, tuple)) else (out,)), *args):
+            if isinstance(value, FakeTensor):
+                return value.__dict__["_fake_device"]
+            if isinstance(value, torch.Tensor):
+                return value.device
+        device = kwargs.get("device")
+        return torch.device(device) if device is not None else torch.device("cpu")
+
+    def record_inplace_view(self, tensor: FakeTensor, func: Any, source: SourceLocation | None) -> None:
+        """`t_()`, `squeeze_()`...: the same tensor object now has a new layout over the same storage.
+
+        Recorded as an alias with the new layout (by metadata), not as the op itself: replaying the
+        op on the alias would apply it twice.
+        """
+        sid = self.graph.tensors[tensor.__dict__[HANDLE_ATTR].tensor_id].storage
+        self.alias(tensor, self._storage_anchor[sid], name=str(func), source=source)
+
+    def finish(self) -> None:
+        """Stamp each live fake with its version now, to catch in-place changes made after recording."""
+        with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+            for reference in self._fakes:
+                tensor = reference()
+                if tensor is not None:
+                    self.id_of(tensor, None)  # records a trailing `.data = x`
+                    handle_of(tensor).version = version_of(tensor)
+        self._fakes = []
+        self._storage_objects.clear()
+
+    def failure(self, func: Any, error: BaseException, source: SourceLocation | None) -> DeferredInitError:
+        """The error to raise when an op cannot run under deferred_init."""
+        message = (
+            f"{func} failed under deferred_init while building {building_modules(3)} "
+            f"at {source or '<unknown source>'}"
+        )
+        if source is not None and source.line:
+            message += f"\n    {source.line}"
+        message += f"\n{type(error).__name__}: {error}"
+        return DeferredInitError(message, self.graph)

@@ -1,0 +1,118 @@
+"""The fake tensors users hold: FakeTensors that know which recorded graph and tensor id they are.
+
+`deferred_init` turns every FakeTensor it sees come out of an op into a `DeferredTensor` (a
+FakeTensor subclass that only changes how it prints) and tags it with a `DeferredHandle`. The
+handle holds the graph strongly; the graph never holds a fake, so dropping the module frees the
+graph.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from .scope import active_scope, outside_recording, recording_graph
+
+if TYPE_CHECKING:
+    from ..graph import InitGraph, TensorId
+
+HANDLE_ATTR = "_deferred_handle"
+
+
+@dataclass(slots=True)
+class DeferredHandle:
+    """Which graph a fake tensor belongs to, which tensor id it currently is, and its version then
+    (None for an inference tensor, which has no version counter)."""
+
+    graph: "InitGraph"
+    tensor_id: "TensorId"
+    version: int | None
+
+
+class DeferredTensor(FakeTensor):
+    """A FakeTensor recorded by `deferred_init`: prints with its metadata and `fake=True`."""
+
+    def __repr__(self) -> str:  # noqa: D105 - the format is the documented API
+        parts = [f"size={tuple(self.shape)}", f"device='{self.device}'"]
+        if self.dtype != torch.get_default_dtype():
+            parts.append(f"dtype={self.dtype}")
+        if self.requires_grad:
+            parts.append("requires_grad=True")
+        return f"tensor(..., {', '.join(parts)}, fake=True)"
+
+    __str__ = __repr__
+
+    def numpy(self, *, force: bool = False):  # noqa: ANN201 - numpy is optional for users
+        """Inside deferred_init: the true values (as eager construction has them). Outside: an error,
+        since a fake tensor has no data until it is materialized."""
+        handle = handle_of(self)
+        scope = active_scope()
+        if handle is None or scope is None or scope.graph is not handle.graph:
+            raise RuntimeError(
+                "this is a fake tensor (no storage): call explorer.materialize_tensor(t).numpy() to get values"
+            )
+        real = scope.read_value(self)
+        with outside_recording():
+            return real.numpy(force=force)
+
+    def __deepcopy__(self, memo: dict[Any, Any]) -> torch.Tensor:
+        """`copy.deepcopy` inside deferred_init (`nn.Transformer` clones its layers this way): the copy
+        is made of recorded ops, as eager makes it. A parameter clones its data, as
+        `nn.Parameter.__deepcopy__` does; any other tensor copies its whole storage once per deepcopy
+        and keeps its layout, as `Tensor.__deepcopy__` does, so views copied together still share
+        memory. Outside deferred_init there is nothing to record the copy into: RuntimeError.
+        """
+        if id(self) in memo:
+            return memo[id(self)]
+        handle = handle_of(self)
+        if handle is None or recording_graph() is not handle.graph:
+            raise RuntimeError(
+                "copy.deepcopy of a fake tensor works only inside the deferred_init that created it; "
+                "materialize the module first (explorer.materialize_module), then copy it"
+            )
+        if not self.is_leaf:
+            raise RuntimeError(  # eager's rule and wording (Tensor.__deepcopy__)
+                "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol "
+                "at the moment."
+            )
+        with torch.no_grad():
+            if isinstance(self, torch.nn.Parameter):
+                data = self.data.clone(memory_format=torch.preserve_format)
+                result = torch.nn.Parameter(data, self.requires_grad)
+            else:
+                result = _copy_keeping_storage(self, memo)
+                if self.requires_grad:
+                    result.requires_grad_()
+                if self.grad is not None:
+                    result.grad = copy.deepcopy(self.grad, memo)
+                for key, value in self.__dict__.items():
+                    if key not in result.__dict__:  # user attributes; not fake-mode state or our handle
+                        result.__dict__[key] = copy.deepcopy(value, memo)
+        memo[id(self)] = result
+        return result
+
+
+def _copy_keeping_storage(tensor: torch.Tensor, memo: dict[Any, Any]) -> torch.Tensor:
+    """A copy of `tensor`'s whole storage (made once per deepcopy call), viewed with its layout."""
+    key = ("explorer.deepcopy.storage", tensor.untyped_storage()._cdata, tensor.dtype)
+    flat = memo.get(key)
+    if flat is None:
+        numel = tensor.untyped_storage().nbytes() // tensor.element_size()
+        flat = memo[key] = tensor.as_strided((numel,), (1,), 0).clone()
+    return flat.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+
+
+def is_fake(tensor: object) -> bool:
+    """True for any fake tensor (ours or another FakeTensorMode's): it has metadata but no storage."""
+    return isinstance(tensor, FakeTensor)
+
+
+def handle_of(tensor: object) -> DeferredHandle | None:
+    """The recording handle of a fake tensor made under `deferred_init`, or None."""
+    if not isinstance(tensor, FakeTensor):
+        return None
+    return tensor.__dict__.get(HANDLE_ATTR)

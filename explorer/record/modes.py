@@ -1,0 +1,127 @@
+"""The mode that watches a constructor run.
+
+`RecordingDispatchMode` sits on top of a FakeTensorMode: every aten call runs on fake tensors and
+is then handed to the `GraphBuilder`. `.item()`-like reads (`aten._local_scalar_dense`) are
+answered with real values by materializing the small tensor on the spot.
+
+Two things never reach the dispatcher: `.data = x` swaps a tensor's storage in C++ (the builder
+notices the swap the next time the tensor is used) and `.numpy()` (`DeferredTensor.numpy`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..errors import DeferredInitError
+from ..graph import is_inplace_random
+from .lean_fake import FakeFactory, lean_dispatch
+from .builder import GraphBuilder, written_arguments
+from .scope import ValueReader, outside_recording
+from .source import user_location
+
+_aten = torch.ops.aten
+_INPLACE_VIEW = torch.Tag.inplace_view
+
+
+def _metadata_access() -> torch._C.DisableTorchFunctionSubclass:
+    """Lets the recorder read stride/storage of tensors whose class refuses it (lazy parameters)."""
+    return torch._C.DisableTorchFunctionSubclass()
+
+
+class RecordingDispatchMode(TorchDispatchMode):
+    """Records every aten op that reaches it, after FakeTensorMode (below it) has run the op."""
+
+    def __init__(self, builder: GraphBuilder, read_value: ValueReader, fake_mode: FakeTensorMode) -> None:
+        super().__init__()
+        self.builder = builder
+        self.read_value = read_value
+        self.fake_mode = fake_mode
+        self.make_fake = FakeFactory(fake_mode)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        kind = _kind(func)
+        if kind is _PASS_THROUGH:
+            return func(*args, **kwargs)
+        if kind is _RESOLVE and not _RESOLVE_BIT[func](args[0]):
+            return args[0]  # eager returns its argument itself when there is nothing to resolve
+        source = user_location(2)
+        if kind is _VALUE_READ:
+            # A fake's true value comes from replay; a real tensor from outside has its own.
+            real = self.read_value(args[0]) if isinstance(args[0], FakeTensor) else args[0]
+            with outside_recording():
+                value = func(real)
+            with _metadata_access():
+                self.builder.record(func, args, kwargs, value, source)
+            return value
+        if kind is _INPLACE_VIEW_OP and isinstance(args[0], FakeTensor):
+            with _metadata_access():
+                self.builder.id_of(args[0], source)  # the layout before, in case it was never seen
+            out = func(*args, **kwargs)
+            with _metadata_access():
+                self.builder.record_inplace_view(args[0], func, source)
+            return out
+        written = None
+        if kind is _WRITING or kind is _INPLACE_RANDOM:
+            with _metadata_access():
+                written = self.builder.before_write(func, args, kwargs, source)
+        try:
+            if kind is _INPLACE_RANDOM and isinstance(args[0], FakeTensor):
+                # Fills values only; fake mode would decompose it into prims that need the real
+                # device's generator (absent for a fake "cuda" tensor) for nothing.
+                out = args[0]
+            else:
+                out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
+                if out is NotImplemented:
+                    out = func(*args, **kwargs)
+        except DeferredInitError:
+            raise
+        except Exception as error:
+            raise self.builder.failure(func, error, source) from error
+        with _metadata_access():
+            self.builder.record(func, args, kwargs, out, source, written)
+        return out
+
+
+_PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLVE, _OTHER = (
+    "pass-through", "value-read", "inplace-view", "inplace-random", "writing", "resolve", "other")
+
+# `tolist()` of a real tensor under inference mode starts with these; made fake, they would hand
+# the caller's tensor back as a fake whose (absent) storage tolist then reads.
+_RESOLVE_BIT = {
+    _aten.resolve_conj.default: torch.Tensor.is_conj,
+    _aten.resolve_neg.default: torch.Tensor.is_neg,
+}
+
+
+# `.item()`, `float()`, `bool()`... reach the mode as `_local_scalar_dense`; under inference mode
+# (no autograd keys to decompose them) as the composite `item` / `is_nonzero` themselves.
+_VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.item.default, _aten.is_nonzero.default})
+
+
+@functools.lru_cache(maxsize=None)
+def _kind(func: Any) -> str:
+    """How the recorder treats an op, decided once per op overload."""
+    if func.namespace == "prim":
+        return _PASS_THROUGH
+    if func in _VALUE_READS:
+        return _VALUE_READ
+    if func in _RESOLVE_BIT:
+        return _RESOLVE
+    if _INPLACE_VIEW in func.tags and func is not _aten.resize_.default:
+        return _INPLACE_VIEW_OP
+    if is_inplace_random(func):
+        return _INPLACE_RANDOM
+    if written_arguments(func):
+        return _WRITING
+    return _OTHER
+
+
+# TorchDispatchMode wraps every subclass's handler in torch._disable_dynamo, a few microseconds per
+# op; deferred_init never runs under dynamo, so recording keeps the plain function.
+RecordingDispatchMode.__torch_dispatch__ = RecordingDispatchMode.__dict__["__torch_dispatch__"].__wrapped__

@@ -1,0 +1,64 @@
+"""The recording scope: which graph this thread is recording, and how to step outside it.
+
+Like PyTorch's mode stack, this state sits below everything that consults it: the fake tensors
+(`DeferredTensor.numpy`, `__deepcopy__`), the recording mode, the analyses that refuse to run
+inside a recording, and `deferred_init`, which opens the scope. Keeping it in a leaf module is what
+lets the tensor class ask "am I being recorded?" without importing the entry point above it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from ..graph import InitGraph
+
+# Reads a fake tensor's true value: (fake) -> real tensor with the values eager construction has.
+ValueReader = Callable[["FakeTensor"], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingScope:
+    """One running `deferred_init`: the graph it records into and how it answers value reads."""
+
+    graph: "InitGraph"
+    read_value: ValueReader
+
+
+_local = threading.local()
+
+
+def active_scope() -> RecordingScope | None:
+    """The scope of the `deferred_init` running on this thread, if any."""
+    return getattr(_local, "scope", None)
+
+
+def recording_graph() -> "InitGraph | None":
+    """The graph being recorded on this thread, if `deferred_init` is running."""
+    scope = active_scope()
+    return scope.graph if scope is not None else None
+
+
+@contextlib.contextmanager
+def recording(scope: RecordingScope) -> Iterator[RecordingScope]:
+    """Make `scope` this thread's recording scope until the block exits (on any exit path)."""
+    _local.scope = scope
+    try:
+        yield scope
+    finally:
+        _local.scope = None
+
+
+@contextlib.contextmanager
+def outside_recording() -> Iterator[None]:
+    """Real tensor ops with no fake or recording mode active and autograd off."""
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+        yield

@@ -1,0 +1,171 @@
+"""Public materialization API (torchdistx-compatible): real tensors from recorded fakes."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from .routing import DeviceLike, DeviceMap, TensorPlacement, device_plan
+from ..errors import MaterializationError
+from ..record.fake import handle_of, is_fake
+from .provenance import remember_origins
+from .replay import Progress, Replay
+
+TensorSlot = tuple[nn.Module, str, str, str]  # (owner, "_parameters" | "_buffers", key, qualified name)
+
+
+def is_deferred(obj: torch.Tensor | nn.Module) -> bool:
+    """True for a fake tensor recorded by deferred_init, or a module holding at least one."""
+    if isinstance(obj, nn.Module):
+        return any(handle_of(t) is not None for t in _module_tensors(obj))
+    return handle_of(obj) is not None
+
+
+def _module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
+    for sub in module.modules():
+        yield from (p for p in sub._parameters.values() if p is not None)
+        yield from (b for b in sub._buffers.values() if b is not None)
+
+
+def _check_materializable(fake: torch.Tensor, name: str) -> None:
+    handle = handle_of(fake)
+    if isinstance(fake, nn.parameter.UninitializedTensorMixin):
+        raise MaterializationError(
+            f"{name!r} is an uninitialized lazy parameter: call the module once on an example input "
+            "inside module_fn so its shape is known"
+        )
+    # An inference tensor has no version counter; outside inference mode it cannot be changed anyway.
+    if handle.version is not None and fake._version != handle.version:
+        raise MaterializationError(
+            f"{name!r} was modified in place after deferred_init returned (version {handle.version}, now "
+            f"{fake._version}); ops run outside deferred_init are not recorded and cannot be replayed"
+        )
+
+
+def _materialize(
+    fakes: list[torch.Tensor], names: list[str], device: DeviceMap, rng: str, progress: Progress | None
+) -> list[torch.Tensor]:
+    plan = device_plan(device, rng)
+    by_graph: dict[int, list[int]] = {}
+    for position, (fake, name) in enumerate(zip(fakes, names)):
+        _check_materializable(fake, name)
+        by_graph.setdefault(id(handle_of(fake).graph), []).append(position)
+    results: list[torch.Tensor | None] = [None] * len(fakes)
+    for positions in by_graph.values():
+        graph = handle_of(fakes[positions[0]]).graph
+        tids = [handle_of(fakes[p]).tensor_id for p in positions]
+        replay = Replay(graph, plan, names={tid: names[p] for tid, p in zip(tids, positions)})
+        reals = replay.run([fakes[p] for p in positions], tids, progress)
+        remember_origins(graph, tids, reals)  # so inspect still tells them from eager tensors
+        for position, real in zip(positions, reals):
+            results[position] = real
+    return results  # type: ignore[return-value]
+
+
+def _materialize_placed(
+    fakes: list[torch.Tensor], names: list[str], placement: Callable[[str], DeviceLike], rng: str,
+    progress: Progress | None,
+) -> list[torch.Tensor]:
+    """`_materialize` with a target device per tensor name: one replay per target device, every
+    target validated before anything runs; progress counts across the groups."""
+    groups: dict[str, list[int]] = {}
+    for position, name in enumerate(names):
+        groups.setdefault(str(placement(name)), []).append(position)
+    for target in groups:
+        device_plan(target, rng)
+    handles = {(id(h.graph), h.tensor_id): f for f in fakes if (h := handle_of(f)) is not None}
+    total = len(handles)
+    total_bytes = sum(f.numel() * f.element_size() for f in handles.values())
+    done = [0, 0]
+    results: list[torch.Tensor | None] = [None] * len(fakes)
+    for target, positions in groups.items():
+        def group_progress(n: int, _total: int, nbytes: int, _total_bytes: int) -> None:
+            progress(done[0] + n, total, done[1] + nbytes, total_bytes)
+
+        group = [fakes[p] for p in positions]
+        reals = _materialize(group, [names[p] for p in positions], target, rng,
+                             group_progress if progress is not None else None)
+        for position, real in zip(positions, reals):
+            results[position] = real
+        distinct = {(id(handle_of(f).graph), handle_of(f).tensor_id): f for f in group}
+        done[0] += len(distinct)
+        done[1] += sum(f.numel() * f.element_size() for f in distinct.values())
+    return results  # type: ignore[return-value]
+
+
+def materialize_tensor(tensor: torch.Tensor, *, device: DeviceMap = None, rng: str = "eager") -> torch.Tensor:
+    """The real tensor for a fake one (a real tensor passes through unchanged).
+
+    Memoized: the same fake, or another name for it, gives the same object; a view shares storage
+    with its base materialized earlier. A fake parameter comes back as an `nn.Parameter`, so
+    `module.w = materialize_tensor(module.w)` works. `device` is a device, or a map from recorded to
+    target device ("meta" gives shapes only); `rng` is "eager" (bit-identical to eager construction)
+    or "fast" (order-independent per-op seeds). Raises MaterializationError naming the culprit;
+    nothing is changed when it does.
+    """
+    if handle_of(tensor) is None:
+        if is_fake(tensor):
+            raise MaterializationError(
+                "this fake tensor was not created by deferred_init (another FakeTensorMode?), "
+                "so there is nothing recorded to replay"
+            )
+        return tensor
+    return _materialize([tensor], ["<tensor>"], device, rng, None)[0]
+
+
+def deferred_slots(
+    module: nn.Module, buffers_only: bool = False, check_fn: Callable[[nn.Module], bool] | None = None
+) -> list[tuple[TensorSlot, torch.Tensor]]:
+    """Every deferred parameter/buffer slot `materialize_module` would fill, in module order."""
+    slots: list[tuple[TensorSlot, torch.Tensor]] = []
+    seen: set[int] = set()
+
+    def visit(sub: nn.Module, prefix: str) -> None:
+        if id(sub) in seen:
+            return
+        seen.add(id(sub))
+        if check_fn is None or check_fn(sub):
+            kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
+            for kind in kinds:
+                for key, tensor in getattr(sub, kind).items():
+                    if tensor is not None and handle_of(tensor) is not None:
+                        slots.append(((sub, kind, key, prefix + key), tensor))
+        for name, child in sub._modules.items():
+            if child is not None:
+                visit(child, f"{prefix}{name}.")
+
+    visit(module, "")
+    return slots
+
+
+def materialize_module(
+    module: nn.Module,
+    buffers_only: bool = False,
+    check_fn: Callable[[nn.Module], bool] | None = None,
+    *,
+    device: DeviceMap = None,
+    rng: str = "eager",
+    progress: Progress | None = None,
+) -> nn.Module:
+    """Materialize the deferred parameters and buffers of `module` and its submodules, in place.
+
+    As torchdistx: `buffers_only` skips parameters; `check_fn(submodule)` chooses which submodules'
+    own tensors are materialized (children are visited either way). `device` and `rng` as for
+    `materialize_tensor`, or a per-tensor placement such as `explorer.plan_devices(...)`'s plan;
+    `progress(done, total, done_bytes, total_bytes)` is called as tensors
+    complete and may raise to cancel. All or nothing: on any error (or interrupt) every attribute
+    of the module is left as it was. Returns `module`.
+    """
+    slots = deferred_slots(module, buffers_only, check_fn)
+    if not slots:
+        return module
+    fakes, names = [t for _, t in slots], [s[3] for s, _ in slots]
+    if isinstance(device, TensorPlacement):
+        reals = _materialize_placed(fakes, names, device.resolver(module), rng, progress)
+    else:
+        reals = _materialize(fakes, names, device, rng, progress)
+    for ((owner, kind, key, _), _), real in zip(slots, reals):
+        getattr(owner, kind)[key] = real
+    return module

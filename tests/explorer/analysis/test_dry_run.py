@@ -1,0 +1,229 @@
+"""dry_run: a forward pass on fake tensors gives eager's output shapes and FLOPs, changes nothing.
+
+References are computed independently: the eager module's real forward (shapes, dtypes) and
+`FlopCounterMode` around that real forward (FLOPs); a 70B Llama's FLOPs are counted by hand from
+its config.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import psutil
+import pytest
+import torch
+import transformers
+from torch import nn
+from torch.testing._internal.common_modules import module_db
+from torch.utils.flop_counter import FlopCounterMode
+
+from explorer import DryRunError, deferred_init, dry_run, is_deferred, materialize_module
+from explorer.analysis.dry_run import tensor_leaves
+from explorer.record.fake import handle_of
+
+from tests.support.hf_configs import HF_BY_NAME, build_eager
+
+MODULE_DB = {info.name: info for info in module_db}
+# Varied: dense, bilinear, 1-3d convolutions, normalizations with running stats, embeddings,
+# recurrent layers and cells, attention and transformer layers, parameter-free pooling and losses.
+MODULE_DB_SAMPLE = [
+    "nn.Linear", "nn.Bilinear", "nn.Conv1d", "nn.Conv2d", "nn.ConvTranspose2d", "nn.Conv3d", "nn.BatchNorm2d",
+    "nn.GroupNorm", "nn.LayerNorm", "nn.RMSNorm", "nn.InstanceNorm2d", "nn.Embedding", "nn.LSTM", "nn.GRU",
+    "nn.RNNCell", "nn.MultiheadAttention", "nn.TransformerEncoderLayer", "nn.TransformerDecoderLayer",
+    "nn.PReLU", "nn.MaxPool2d", "nn.AdaptiveAvgPool2d", "nn.CrossEntropyLoss",
+]
+INPUTS_PER_ENTRY = 2
+
+
+def signature(value) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    return [(tuple(t.shape), t.dtype) for t in tensor_leaves(value)]
+
+
+def eager_reference(module: nn.Module, *args, **kwargs) -> tuple[list, int]:
+    """Shapes/dtypes of a real forward and the FLOPs FlopCounterMode counts for it."""
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        out = module(*args, **kwargs)
+    return signature(out), counter.get_total_flops()
+
+
+def graph_size(module: nn.Module) -> tuple[int, int, int]:
+    graph = handle_of(next(t for t in module.parameters())).graph
+    return len(graph.ops), len(graph.tensors), len(graph.externals)
+
+
+@pytest.mark.parametrize("name", MODULE_DB_SAMPLE)
+def test_dry_run_matches_eager_shapes_and_flops_on_module_db(name):
+    info = MODULE_DB[name]
+    samples = info.module_inputs_func(info, device="cpu", dtype=torch.float32, requires_grad=False, training=False)
+    for sample in samples[:INPUTS_PER_ENTRY]:
+        c_args, c_kwargs = sample.constructor_input.args, sample.constructor_input.kwargs
+        f_args, f_kwargs = sample.forward_input.args, sample.forward_input.kwargs
+        eager = info.module_cls(*c_args, **c_kwargs).eval()
+        expected_shapes, expected_flops = eager_reference(eager, *f_args, **f_kwargs)
+
+        deferred = deferred_init(info.module_cls, *c_args, **c_kwargs).eval()
+        rng = torch.get_rng_state()
+        result = dry_run(deferred, *f_args, **f_kwargs)
+        assert torch.equal(torch.get_rng_state(), rng)
+        assert signature(result.output) == expected_shapes
+        assert result.flops == expected_flops
+        assert result.modules["flops"][0] == expected_flops  # the root row includes everything
+        assert result.modules["output_shapes"][0] == [shape for shape, _ in expected_shapes]
+        if any(True for _ in deferred.parameters()):
+            assert is_deferred(deferred)
+
+        # The eager module itself dry-runs to the same answer.
+        assert signature(dry_run(eager, *f_args, **f_kwargs).output) == expected_shapes
+
+
+@pytest.mark.parametrize("arch_name", ["llama", "bert", "vit", "t5"])
+def test_dry_run_matches_eager_forward_on_transformers(arch_name):
+    arch = HF_BY_NAME[arch_name]
+    eager = build_eager(arch).eval()
+    expected_shapes, expected_flops = eager_reference(eager, **arch.inputs())
+    torch.manual_seed(0)
+    deferred = deferred_init(arch.cls, arch.config()).eval()
+    result = dry_run(deferred, arch.inputs())  # a dict is keyword arguments
+    assert signature(result.output) == expected_shapes
+    assert result.flops == expected_flops
+
+
+def test_modules_table_reports_each_call_exactly():
+    torch.manual_seed(0)
+    arch = HF_BY_NAME["llama"]  # hidden 32, intermediate 64, vocab 96, input (2, 8)
+    model = deferred_init(arch.cls, arch.config()).eval()
+    table = dry_run(model, arch.inputs()).modules.set_index("name")
+    up = table.loc["model.layers.0.mlp.up_proj"]
+    assert up["class"] == "Linear"
+    assert up["calls"] == 1
+    assert up["output_shapes"] == [(2, 8, 64)]
+    assert up["output_dtypes"] == ["float32"]
+    assert up["activation_bytes"] == 2 * 8 * 64 * 4
+    assert up["flops"] == 2 * (2 * 8) * 32 * 64
+    assert table.loc["model.layers"]["calls"] == 0  # a ModuleList is never called
+    assert table.loc["lm_head"]["output_shapes"] == [(2, 8, 96)]
+    assert list(table.columns) == [
+        "class", "calls", "output_shapes", "output_dtypes", "activation_bytes", "peak_activation_bytes", "flops",
+    ]
+
+
+def test_peak_activation_memory_counts_live_intermediates():
+    # (3, 4) input: Linear → (3, 8) = 96 B; ReLU → another 96 B while the first is alive (192 B);
+    # then the first is dropped; Linear → (3, 2) = 24 B next to the ReLU output (120 B).
+    model = deferred_init(lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    result = dry_run(model, (3, 4))
+    assert result.peak_activation_bytes == 192
+    assert result.modules["peak_activation_bytes"].tolist() == [192, 96, 192, 120]
+    assert result.modules["activation_bytes"].tolist() == [24, 96, 96, 24]
+    assert result.modules["flops"].tolist() == [2 * 3 * 4 * 8 + 2 * 3 * 8 * 2, 2 * 3 * 4 * 8, 0, 2 * 3 * 8 * 2]
+    assert result.output.shape == (3, 2) and result.output.dtype == torch.float32
+
+
+def test_integer_token_inputs_and_shape_tuples():
+    torch.manual_seed(0)
+    arch = HF_BY_NAME["llama"]
+    model = deferred_init(arch.cls, arch.config())
+    assert dry_run(model, torch.zeros(1, 16, dtype=torch.long)).output.logits.shape == (1, 16, 96)
+    linear = deferred_init(nn.Linear, 5, 7)
+    assert dry_run(linear, (2, 3, 5)).output.shape == (2, 3, 7)
+
+
+class Rescales(nn.Module):
+    """Writes its own parameter and buffer in place during forward (as RWKV's eval forward does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.linear.weight.mul_(0.5)
+            self.steps.add_(1)
+        return self.linear(x)
+
+
+def test_dry_run_changes_nothing_in_a_deferred_module():
+    torch.manual_seed(0)
+    model = deferred_init(Rescales)
+    tensors = {name: (t, t._version) for name, t in model.state_dict(keep_vars=True).items()}
+    size = graph_size(model)
+    rng = torch.get_rng_state()
+    assert dry_run(model, (2, 4)).output.shape == (2, 4)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert graph_size(model) == size  # nothing recorded
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        assert tensor is tensors[name][0] and tensor._version == tensors[name][1], name
+    # ...so it still materializes to exactly what eager construction gives.
+    materialize_module(model)
+    torch.manual_seed(0)
+    eager = Rescales()
+    for (name, value), (_, expected) in zip(model.state_dict().items(), eager.state_dict().items()):
+        assert torch.equal(value, expected), name
+
+
+def test_dry_run_changes_nothing_in_an_eager_module():
+    torch.manual_seed(0)
+    model = Rescales()
+    before = {name: (t.data_ptr(), t.clone()) for name, t in model.state_dict().items()}
+    dry_run(model, (2, 4))
+    for name, tensor in model.state_dict().items():
+        assert tensor.data_ptr() == before[name][0] and torch.equal(tensor, before[name][1]), name
+
+
+def test_dry_run_on_partly_materialized_module_keeps_real_tensors():
+    torch.manual_seed(0)
+    arch = HF_BY_NAME["llama"]
+    model = deferred_init(arch.cls, arch.config()).eval()
+    materialize_module(model.model.layers[0])
+    real = {name: t.clone() for name, t in model.model.layers[0].state_dict().items()}
+    pointers = {name: t.data_ptr() for name, t in model.model.layers[0].state_dict().items()}
+    result = dry_run(model, arch.inputs())
+    assert result.output.logits.shape == (2, 8, 96)
+    for name, tensor in model.model.layers[0].state_dict().items():
+        assert tensor.data_ptr() == pointers[name] and torch.equal(tensor, real[name]), name
+    assert is_deferred(model.model.layers[1])
+
+
+def test_value_dependent_forward_names_the_module():
+    class Gate(nn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x
+
+    model = deferred_init(lambda: nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.ReLU(), Gate())))
+    with pytest.raises(DryRunError) as error:
+        dry_run(model, (3, 4))
+    assert str(error.value) == (
+        "the forward of 1.1 (Gate) cannot run on fake tensors (it depends on tensor values, which fake "
+        "tensors do not have): DataDependentOutputException: aten._local_scalar_dense.default"
+    )
+
+
+def test_uninitialized_lazy_parameter_is_refused():
+    model = deferred_init(nn.LazyLinear, 3)
+    with pytest.raises(DryRunError, match=r"^'weight' is an uninitialized lazy parameter"):
+        dry_run(model, (2, 4))
+
+
+def test_70b_llama_dry_run_without_storage():
+    config = transformers.LlamaConfig(
+        hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8,
+    )
+    model = deferred_init(transformers.LlamaForCausalLM, config)
+    gc.collect()
+    process = psutil.Process()
+    rss = process.memory_info().rss
+    result = dry_run(model, torch.zeros(1, 16, dtype=torch.long))
+    growth = process.memory_info().rss - rss
+    assert growth < 2 * 10**9, f"dry run grew RSS by {growth:,} bytes"
+    assert result.output.logits.shape == (1, 16, 32000)
+
+    # FLOPs by hand: 2 per multiply-add of every linear layer for each of the 16 tokens (CPU
+    # attention kernels are not counted by FlopCounterMode, on eager modules either).
+    h, i, kv = 8192, 28672, 8192 // 64 * 8
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i
+    assert result.flops == 2 * 16 * (80 * per_layer + h * 32000)
+    table = result.modules.set_index("name")
+    assert table.loc["model.layers.79.mlp.down_proj"]["output_shapes"] == [(1, 16, 8192)]
+    assert table.loc["model.layers.79"]["flops"] == 2 * 16 * per_layer

@@ -1,0 +1,103 @@
+"""What deferred_init records and what the fake tensors report."""
+
+import gc
+
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from explorer import deferred_init, is_deferred, is_fake
+from explorer.record.fake import handle_of
+
+
+class DeviceAware(nn.Module):
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(2, 3, device=device))
+        self.like = nn.Parameter(torch.zeros_like(torch.empty(4)))
+        # constructor logic that branches on the device it sees
+        self.on_cuda = self.w.device.type == "cuda"
+
+
+def test_tensors_report_the_requested_device_even_cuda_without_a_gpu():
+    module = deferred_init(DeviceAware, "cuda")
+    assert module.w.device == torch.device("cuda", 0)
+    assert module.on_cuda is True
+    assert module.like.device == torch.device("cpu")
+
+
+def test_parameters_and_buffers_are_fake_with_exact_metadata():
+    module = deferred_init(nn.Linear, 5, 3, dtype=torch.float64)
+    assert is_fake(module.weight) and is_deferred(module.weight) and is_deferred(module)
+    assert isinstance(module.weight, nn.Parameter)
+    assert module.weight.shape == (3, 5)
+    assert module.weight.stride() == (5, 1)
+    assert module.weight.dtype == torch.float64
+    assert module.weight.requires_grad is True
+
+
+def test_fake_tensors_print_with_metadata_and_fake_flag():
+    module = deferred_init(nn.Linear, 5, 1)
+    assert repr(module.bias) == "tensor(..., size=(1,), device='cpu', requires_grad=True, fake=True)"
+    assert str(deferred_init(nn.Linear, 5, 1, dtype=torch.float16).weight) == (
+        "tensor(..., size=(1, 5), device='cpu', dtype=torch.float16, requires_grad=True, fake=True)")
+    buffer = deferred_init(nn.BatchNorm1d, 4).running_mean
+    assert repr(buffer) == "tensor(..., size=(4,), device='cpu', fake=True)"
+
+
+def test_every_aten_op_is_recorded_in_order_with_data_reads_and_writes():
+    class DataAccess(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(3))
+            self.w.data.fill_(2.0)  # .data read
+            self.w.data = torch.ones(4)  # .data write
+
+    module = deferred_init(DataAccess)
+    graph = handle_of(module.w).graph
+    labels = [op.label for op in graph.ops]
+    assert labels == [
+        "aten.empty.memory_format",
+        "aten.detach.default",  # nn.Parameter wrapping
+        "aten.detach.default",  # .data read
+        "aten.fill_.Scalar",
+        "aten.ones.default",
+        "set_data",
+    ]
+    assert module.w.shape == (4,)
+
+
+def test_constructor_allocates_no_storage_for_a_70b_architecture():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8, vocab_size=32000,
+    )
+    gc.collect()
+    before = psutil.Process().memory_info().rss
+    model = deferred_init(transformers.LlamaForCausalLM, config)
+    grown = psutil.Process().memory_info().rss - before
+    parameters = sum(p.numel() for p in model.parameters())
+    assert parameters > 68e9
+    assert grown < 1.5e9, f"RSS grew by {grown / 1e9:.2f} GB for {parameters / 1e9:.0f}B fake parameters"
+
+
+def test_garbage_collector_is_paused_only_while_the_constructor_runs():
+    seen = []
+
+    class Probe(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            seen.append(gc.isenabled())
+            self.proj = nn.Linear(2, 2)
+
+    assert gc.isenabled()
+    deferred_init(Probe)
+    assert seen == [False] and gc.isenabled()
+    gc.disable()  # a caller that turned it off keeps it off
+    try:
+        deferred_init(Probe)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
