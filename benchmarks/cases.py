@@ -323,7 +323,7 @@ def _instrument_replay() -> tuple[_Timers, Any]:
     timers.wrap(rng.RngSession, "before_random_op", "engine: RngSession.before_random_op (generator get/set_state)")
     timers.wrap(rng.RngSession, "after_random_op", "engine: RngSession.after_random_op (generator get_state)")
     timers.wrap(replay.Replay, "_run_scratch", "engine: Replay._run_scratch (building scratch tensors)")
-    timers.wrap(replay.Replay, "plan_ops", "engine: Replay.plan_ops (closure)")
+    timers.wrap(replay.Replay, "ops_to_run", "engine: Replay.ops_to_run (closure)")
     timers.wrap(replay.Replay, "check", "engine: Replay.check")
     timers.wrap(replay.Replay, "_assemble", "engine: Replay._assemble")
     return timers, OpOverload

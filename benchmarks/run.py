@@ -16,10 +16,10 @@ import argparse
 import json
 import os
 import shutil
-import tempfile
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -6,17 +6,17 @@ materialize); `inspection/` (tables), `render/` (diagrams) and `analysis/` (dry 
 FX export) only read the graph; `distributed.py` hands materialization to FSDP2/DTensor.
 """
 
-from .record.deferred import deferred_init
+from .analysis.dry_run import DryRun, DryRunError, dry_run  # noqa: E402
+from .analysis.fx_export import InitProgram, to_fx  # noqa: E402
+from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices  # noqa: E402
 from .errors import DeferredInitError, MaterializationError
-from .record.fake import is_fake
-from .replay.materialize import is_deferred, materialize_module, materialize_tensor
 
 # Read-only views of the recording; imported after the engine, which they read.
 from .inspection import Inspection, inspect  # noqa: E402
+from .record.deferred import deferred_init
+from .record.fake import is_fake
 from .render import module_graph, node_kind, op_graph  # noqa: E402
-from .analysis.dry_run import DryRun, DryRunError, dry_run  # noqa: E402
-from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices  # noqa: E402
-from .analysis.fx_export import InitProgram, to_fx  # noqa: E402
+from .replay.materialize import is_deferred, materialize_module, materialize_tensor
 
 __all__ = [
     "DeferredInitError",

@@ -31,7 +31,8 @@ from torch.distributed.tensor import DTensor, Placement, Replicate
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from .errors import DistributedMaterializationError, MaterializationError
-from .replay.materialize import TensorSlot, _materialize, deferred_slots
+from .replay.materialize import TensorSlot, deferred_slots, materialize_fakes
+from .replay.rng import RngMode
 
 PlacementsFor = Mapping[str, Sequence[Placement]] | Callable[[str, torch.Tensor], Sequence[Placement]]
 
@@ -42,7 +43,7 @@ def fully_shard_deferred(
     *,
     shard: Callable[[nn.Module], Any] | None = None,
     device: torch.device | str | None = None,
-    rng: str = "eager",
+    rng: RngMode = "eager",
     **fully_shard_kwargs: Any,
 ) -> nn.Module:
     """Apply FSDP2 to a deferred module and materialize this rank's shards only, in place.
@@ -85,7 +86,7 @@ def distribute_deferred(
     placements: PlacementsFor | None = None,
     *,
     device: torch.device | str | None = None,
-    rng: str = "eager",
+    rng: RngMode = "eager",
 ) -> nn.Module:
     """Materialize a deferred module as DTensor parameters with the placements given, in place.
 
@@ -154,7 +155,7 @@ def _swap_for_meta(slots: list[tuple[TensorSlot, torch.Tensor]]) -> None:
 def _fill_parameters(
     slots: list[tuple[TensorSlot, torch.Tensor]],
     device: torch.device,
-    rng: str,
+    rng: RngMode,
     install: Callable[[TensorSlot, torch.Tensor, torch.Tensor], nn.Parameter | None],
 ) -> None:
     """For each distinct parameter in module order: materialize it whole, let `install` keep this
@@ -166,7 +167,7 @@ def _fill_parameters(
         if kind != "_parameters":
             continue
         if id(fake) not in done:
-            full = _materialize([fake], [name], device, rng, None)[0]
+            full = materialize_fakes([fake], [name], device, rng, None)[0]
             with torch.no_grad():
                 done[id(fake)] = install(slot, fake, full)
             del full
@@ -197,12 +198,12 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
-def _fill_buffers(slots: list[tuple[TensorSlot, torch.Tensor]], device: torch.device, rng: str) -> None:
+def _fill_buffers(slots: list[tuple[TensorSlot, torch.Tensor]], device: torch.device, rng: RngMode) -> None:
     """Buffers are replicated: materialize them together, so views among them share storage."""
     buffers = [(slot, fake) for slot, fake in slots if slot[1] == "_buffers"]
     if not buffers:
         return
-    reals = _materialize([f for _, f in buffers], [s[3] for s, _ in buffers], device, rng, None)
+    reals = materialize_fakes([f for _, f in buffers], [s[3] for s, _ in buffers], device, rng, None)
     for ((owner, _, key, _), _), real in zip(buffers, reals):
         owner._buffers[key] = real
 

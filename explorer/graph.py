@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import bisect
 import functools
+import linecache
+import threading
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
-
-from .record.source import SourceLocation
+from torch import nn
 
 TensorId = int
 StorageId = int
@@ -52,6 +54,22 @@ def is_inplace_random(func: Any) -> bool:
 @functools.lru_cache(maxsize=None)
 def accepts_generator(func: Any) -> bool:
     return any(argument.name == "generator" for argument in func._schema.arguments)
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """A line of user code: the innermost frame outside torch and this package."""
+
+    filename: str
+    lineno: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno} in {self.function}"
+
+    @property
+    def line(self) -> str:
+        return linecache.getline(self.filename, self.lineno).strip()
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +154,12 @@ class OpNode:
         return self.name or str(self.func)
 
 
+class ReplayMemory(Protocol):
+    """What replays of one graph keep between calls (implemented by `replay.ReplayState`)."""
+
+    lock: threading.RLock
+
+
 @dataclass
 class InitGraph:
     """Everything `deferred_init` recorded for one module construction."""
@@ -148,9 +172,10 @@ class InitGraph:
     rng_start: dict[str, torch.Tensor | None] = field(default_factory=dict)  # generator key → state
     random_streams: dict[str, list[OpIndex]] = field(default_factory=dict)  # key → random ops in order
     finished: bool = False
-    root: Any = None  # weakref to the module deferred_init returned
-    # Filled by materialization: what replay already produced (weak, so dropping a module frees it).
-    replay_state: Any = None
+    root: "weakref.ReferenceType[nn.Module] | None" = None  # the module deferred_init returned
+    # Filled by materialization (`replay.ReplayState`): what replay already produced, weakly, so
+    # dropping a module frees it. Typed by the contract, not the class: the graph sits below replay.
+    replay_state: "ReplayMemory | None" = None
 
     def writers_before(self, storage: StorageId, before: OpIndex) -> list[OpIndex]:
         """Ops that created or wrote `storage` strictly before op `before`, oldest first."""

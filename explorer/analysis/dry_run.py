@@ -26,16 +26,19 @@ import pandas as pd
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import (
-    DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
 )
-from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..record.scope import recording_graph
-from .fake_copies import FakeCopies, layout_extent
 from ..inspection.census import Census, take_census
 from ..naming import dtype_name
+from ..record.scope import recording_graph
+from .fake_copies import FakeCopies, layout_extent
 
 MODULE_COLUMNS = [
     "name", "class", "calls", "output_shapes", "output_dtypes", "activation_bytes", "peak_activation_bytes", "flops",

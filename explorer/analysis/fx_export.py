@@ -28,15 +28,16 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..replay.routing import device_plan
 from ..errors import MaterializationError
-from ..record.fake import handle_of, is_fake
-from .fake_copies import FakeCopies
 from ..graph import ExternalRef, InitGraph, OpNode, TensorId, TensorRef
-from ..replay.materialize import _check_materializable, deferred_slots
+from ..record.fake import handle_of, is_fake
 from ..record.scope import outside_recording
+from ..replay.materialize import check_materializable, deferred_slots
+from ..replay.preflight import check_replayable
 from ..replay.replay import Replay, replayed_func
 from ..replay.rng import RngSession, RngStreams
+from ..replay.routing import route_devices
+from .fake_copies import FakeCopies
 
 
 class InitRng:
@@ -50,12 +51,12 @@ class InitRng:
     """
 
     def __init__(self, graph: InitGraph) -> None:
-        self.replay = Replay(graph, device_plan(None, "eager"), remember=False)
+        self.replay = Replay(graph, route_devices(None, "eager"), remember=False)
         self.streams = RngStreams(graph)
         self._open: list[RngSession] = []
 
     def seek(self, key: str, position: int) -> None:
-        session = RngSession(self.streams, "eager", self.replay._run_scratch)
+        session = RngSession(self.streams, "eager", self.replay.run_scratch)
         session.__enter__()
         self._open.append(session)
         try:
@@ -208,7 +209,7 @@ def to_fx(module: nn.Module) -> InitProgram:
         )
     names = [slot[3] for slot, _ in slots]
     for (slot, fake) in slots:
-        _check_materializable(fake, slot[3])
+        check_materializable(fake, slot[3])
     if not slots:
         empty = fx.Graph()
         empty.output({})
@@ -217,8 +218,7 @@ def to_fx(module: nn.Module) -> InitProgram:
     tids = [handle_of(fake).tensor_id for _, fake in slots]
     ops = graph.closure_of(tids)
     rng = InitRng(graph)
-    rng.replay.names = {tid: name for tid, name in zip(tids, names)}
-    rng.replay.check(ops, tids)
+    check_replayable(graph, rng.replay.routing, ops, tids, dict(zip(tids, names)))
 
     builder = _Builder(graph)
     for index in ops:

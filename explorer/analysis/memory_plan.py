@@ -27,11 +27,12 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from ..replay.routing import parse_device
 from ..errors import MaterializationError
 from ..inspection.census import PARAMETER, Census, take_census
 from ..naming import parent_of
 from ..replay.replay import Progress
+from ..replay.rng import RngMode
+from ..replay.routing import parse_device
 
 Size = Union[int, str]
 _UNITS = {
@@ -115,7 +116,7 @@ class MemoryPlan:
             "it nor one of its submodules"
         )
 
-    def materialize(self, module: nn.Module, *, rng: str = "eager", progress: Progress | None = None) -> nn.Module:
+    def materialize(self, module: nn.Module, *, rng: RngMode = "eager", progress: Progress | None = None) -> nn.Module:
         """`materialize_module(module, device=self, rng=rng, progress=progress)`."""
         from ..replay.materialize import materialize_module
 

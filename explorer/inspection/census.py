@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..record.fake import handle_of, is_fake
 from ..graph import InitGraph, OpIndex, TensorId
 from ..naming import dtype_name
+from ..record.fake import handle_of, is_fake
 from ..replay.provenance import Origin, creation_sources, origin_of
 
 FAKE, MATERIALIZED, REAL = "fake", "materialized", "real"

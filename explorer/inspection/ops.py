@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import pandas as pd
 import torch
 
@@ -9,9 +11,10 @@ from ..graph import OpIndex, OpNode
 from ..naming import dtype_name
 from .census import Census
 
-RANDOM, VIEW, INPLACE, FACTORY, DATA, EXTERNAL_INPUT, COMPUTE = (
-    "random", "view", "in-place", "factory", "data", "external-input", "compute")
-OP_KINDS = (FACTORY, RANDOM, INPLACE, VIEW, COMPUTE, DATA, EXTERNAL_INPUT)
+# What an op does to the module's tensors (see `op_kind`); a closed set, in the order tables list it.
+OpKind = Literal["factory", "random", "in-place", "view", "compute", "data", "external-input"]
+OP_KINDS: tuple[OpKind, ...] = get_args(OpKind)
+FACTORY, RANDOM, INPLACE, VIEW, COMPUTE, DATA, EXTERNAL_INPUT = OP_KINDS
 
 OP_COLUMNS = [
     "graph", "index", "op", "kind", "inputs", "outputs", "output_shapes", "output_dtypes", "modules",
@@ -21,7 +24,7 @@ OP_COLUMNS = [
 _VALUE_READ = torch.ops.aten._local_scalar_dense.default
 
 
-def op_kind(op: OpNode) -> str:
+def op_kind(op: OpNode) -> OpKind:
     """What an op does to the module's tensors; the first rule that matches wins:
 
     1. "random": draws from a generator (`uniform_`, `normal_`, `randn`...);

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..naming import format_bytes
 from .census import FAKE, MATERIALIZED, PARAMETER, REAL
 from .ops import OP_KINDS
-from ..naming import format_bytes
-
 
 
 def _amounts(amounts: dict[str, int]) -> str:

@@ -9,27 +9,30 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import DeferredInitError
-from ..naming import dtype_name
-from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, handle_of
 from ..graph import (
     OVERWRITING_OPS,
     ExternalRef,
     ExternalTensor,
     InitGraph,
+    OpIndex,
     OpNode,
+    SourceLocation,
+    StorageId,
     StorageInfo,
     TensorId,
     TensorInfo,
     TensorRef,
 )
+from ..naming import dtype_name
+from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, handle_of
 from .generators import capture_start_state, stream_key
-from .source import SourceLocation, building_modules, user_location
+from .source import building_modules
 
 _aten = torch.ops.aten
 _SEEDED = torch.Tag.nondeterministic_seeded
@@ -43,14 +46,34 @@ _NO_READS: frozenset = frozenset()
 _stream_keys: dict[torch.device, str] = {}
 
 
+class OpFacts(NamedTuple):
+    """What the recorder needs to know about an op overload, read once from its schema and tags."""
+
+    written: tuple[tuple[int | None, str], ...]  # see `written_arguments`
+    random: bool  # draws random numbers (`nondeterministic_seeded`)
+    overwrites_self: bool  # overwrites `self` without reading it (OVERWRITING_OPS)
+    may_resize: bool  # may grow a storage it writes: only out= arguments and the resize/set family
+
+
 @functools.lru_cache(maxsize=None)
-def op_facts(func: Any) -> tuple[tuple[tuple[int | None, str], ...], bool, bool, bool]:
-    """(written arguments, draws random numbers, overwrites self without reading it, may grow a
-    storage it writes) of an op. Only `out=` arguments and the resize/set family change sizes."""
+def op_facts(func: Any) -> OpFacts:
+    """The `OpFacts` of an op overload (cached: ops repeat by the thousand)."""
     written = written_arguments(func)
     name = func._schema.name.split("::")[-1]
     may_resize = any(argument != "self" for _, argument in written) or "resize" in name or name.startswith("set_")
-    return written, _SEEDED in func.tags, func in OVERWRITING_OPS, may_resize
+    return OpFacts(written, _SEEDED in func.tags, func in OVERWRITING_OPS, may_resize)
+
+
+def _contents_read(inputs: list[TensorId], written_tids: list[TensorId], aliases_only: bool,
+                   overwrites_self: bool) -> frozenset[TensorId]:
+    """The inputs whose contents an op reads: none for pure aliasing; an op that overwrites its
+    target does not read the target's old contents, unless that is also its source (`x.copy_(x)`)."""
+    if aliases_only:
+        return _NO_READS
+    if overwrites_self and written_tids:
+        target = written_tids[0]
+        return frozenset(inputs) if inputs.count(target) > 1 else frozenset(inputs) - {target}
+    return frozenset(inputs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -249,7 +272,7 @@ class GraphBuilder:
                written: dict[int, TensorId] | None = None) -> None:
         """Append one op that has just run under fake mode, with its (fake) result `out`; `written`
         is what `before_write` returned for it."""
-        written_arguments_, random, overwriting, may_resize = op_facts(func)
+        facts = op_facts(func)
         inputs: list[TensorId] = []
         externals: list[int] = []
         plain = _PLAIN_ARGUMENTS
@@ -260,22 +283,7 @@ class GraphBuilder:
             {k: self._ref(v, inputs, externals, func, source, written) for k, v in kwargs.items()} if kwargs else {}
         )
         index = len(self.graph.ops)  # after any synthetic alias ops that _ref appended
-
-        written_tids: list[TensorId] = []
-        resizes = False
-        for position, name in written_arguments_:
-            argument = _argument(args, kwargs, position, name)
-            for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
-                if isinstance(tensor, FakeTensor):
-                    tid = tensor.__dict__[HANDLE_ATTR].tensor_id
-                    written_tids.append(tid)
-                    if not may_resize:
-                        continue
-                    storage = self.graph.storages[self.graph.tensors[tid].storage]
-                    nbytes = tensor.untyped_storage().nbytes()
-                    if nbytes > storage.nbytes:  # resize_, or an out= tensor the op resized
-                        storage.nbytes = nbytes
-                        resizes = True
+        written_tids, resizes = self._written_tensors(facts, args, kwargs)
 
         output_ids: list[TensorId] = []
         created: list[int] = []
@@ -283,46 +291,64 @@ class GraphBuilder:
         if externals and created and views_external(func):
             self._external_views.update(created)
 
-        writers = self.graph.writers
-        tensors = self.graph.tensors
-        if written_tids:
-            writes = tuple(dict.fromkeys([tensors[tid].storage for tid in written_tids]))
-            for sid in writes:
-                writers[sid].append(index)
-        else:
-            writes = ()
-        overwrites = overwriting and len(writes) == 1 and _covers_storage(args[0])
+        writes = self._note_writes(written_tids, index)
+        overwrites = facts.overwrites_self and len(writes) == 1 and _covers_storage(args[0])
         aliases_only = not writes and not created and bool(output_ids)
-        if aliases_only:
-            reads: frozenset[TensorId] = _NO_READS
-        elif overwriting and written_tids:
-            # It does not read the old contents of what it overwrites, unless that is also its
-            # source (`x.copy_(x)`).
-            target = written_tids[0]
-            reads = frozenset(inputs) if inputs.count(target) > 1 else frozenset(inputs) - {target}
-        else:
-            reads = frozenset(inputs)
-
-        stream = None
-        if random:
-            device = self._random_device(func, args, kwargs, out)
-            if device is not None and device.type != "meta":
-                key = _stream_keys.get(device)
-                if key is None:
-                    key = _stream_keys[device] = stream_key(device)
-                if key not in self.graph.rng_start:
-                    self.graph.rng_start[key] = capture_start_state(key)
-                positions = self.graph.random_streams.setdefault(key, [])
-                stream = (key, len(positions))
-                positions.append(index)
-
         self.graph.ops.append(
             OpNode(
-                index, func, ref_args, ref_kwargs, outputs, tuple(output_ids), tuple(inputs), reads,
-                tuple(externals), writes, tuple(created), aliases_only, random, source, "", overwrites, stream,
-                resizes, torch.is_inference_mode_enabled(),
+                index=index, func=func, args=ref_args, kwargs=ref_kwargs, outputs=outputs,
+                output_ids=tuple(output_ids), inputs=tuple(inputs),
+                reads=_contents_read(inputs, written_tids, aliases_only, facts.overwrites_self),
+                externals=tuple(externals), writes=writes, creates=tuple(created), aliases_only=aliases_only,
+                random=facts.random, source=source, overwrites=overwrites,
+                stream=self._random_stream(func, args, kwargs, out, index) if facts.random else None,
+                resizes=resizes, inference=torch.is_inference_mode_enabled(),
             )
         )
+
+    def _written_tensors(self, facts: OpFacts, args: tuple, kwargs: dict) -> tuple[list[TensorId], bool]:
+        """The fakes an op writes (ids as before it ran), and whether it grew one of their storages
+        (`resize_`, or an `out=` tensor the op resized)."""
+        written_tids: list[TensorId] = []
+        resizes = False
+        for position, name in facts.written:
+            argument = _argument(args, kwargs, position, name)
+            for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
+                if isinstance(tensor, FakeTensor):
+                    tid = tensor.__dict__[HANDLE_ATTR].tensor_id
+                    written_tids.append(tid)
+                    if not facts.may_resize:
+                        continue
+                    storage = self.graph.storages[self.graph.tensors[tid].storage]
+                    nbytes = tensor.untyped_storage().nbytes()
+                    if nbytes > storage.nbytes:
+                        storage.nbytes = nbytes
+                        resizes = True
+        return written_tids, resizes
+
+    def _note_writes(self, written_tids: list[TensorId], index: OpIndex) -> tuple[StorageId, ...]:
+        """The storages op `index` writes, each once; appends the op to their writers."""
+        if not written_tids:
+            return ()
+        tensors = self.graph.tensors
+        writes = tuple(dict.fromkeys([tensors[tid].storage for tid in written_tids]))
+        for sid in writes:
+            self.graph.writers[sid].append(index)
+        return writes
+
+    def _random_stream(self, func: Any, args: tuple, kwargs: dict, out: Any, index: OpIndex) -> tuple[str, int] | None:
+        """(generator key, position) of a random op in its device's stream; None on meta."""
+        device = self._random_device(func, args, kwargs, out)
+        if device is None or device.type == "meta":
+            return None
+        key = _stream_keys.get(device)
+        if key is None:
+            key = _stream_keys[device] = stream_key(device)
+        if key not in self.graph.rng_start:
+            self.graph.rng_start[key] = capture_start_state(key)
+        positions = self.graph.random_streams.setdefault(key, [])
+        positions.append(index)
+        return key, len(positions) - 1
 
     def before_write(self, func: Any, args: tuple, kwargs: dict, source: SourceLocation | None) -> dict[int, TensorId]:
         """Called before an op that writes some of its arguments runs; returns the ids of the fakes

@@ -11,14 +11,14 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from ..replay.routing import DevicePlan, is_available
 from ..errors import DeferredInitError
-from .fake import handle_of
 from ..graph import InitGraph
+from ..replay.replay import Replay
+from ..replay.routing import DeviceRouting, is_available
+from .builder import GraphBuilder
+from .fake import handle_of
 from .lazy import deferred_lazy_modules
 from .modes import RecordingDispatchMode
-from .builder import GraphBuilder
-from ..replay.replay import Replay
 from .scope import RecordingScope, recording, recording_graph
 from .source import user_location
 
@@ -53,8 +53,8 @@ def read_value(builder: GraphBuilder, fake: FakeTensor) -> torch.Tensor:
         raise DeferredInitError("a value was read from a fake tensor that this deferred_init did not create")
     recorded = graph.tensors[handle.tensor_id].device
     target = recorded if is_available(recorded) else torch.device("cpu")
-    plan = DevicePlan(exact=((str(recorded), target),), by_type=(), default=None, rng="eager")
-    return Replay(graph, plan, remember=False).run([fake], [handle.tensor_id])[0]
+    routing = DeviceRouting(exact=((str(recorded), target),), by_type=(), default=None, rng="eager")
+    return Replay(graph, routing, remember=False).run([fake], [handle.tensor_id])[0]
 
 
 def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:

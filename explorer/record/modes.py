@@ -11,7 +11,7 @@ notices the swap the next time the tensor is used) and `.numpy()` (`DeferredTens
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -19,8 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import DeferredInitError
 from ..graph import is_inplace_random
-from .lean_fake import FakeFactory, lean_dispatch
 from .builder import GraphBuilder, written_arguments
+from .lean_fake import FakeFactory, lean_dispatch
 from .scope import ValueReader, outside_recording
 from .source import user_location
 
@@ -42,6 +42,14 @@ class RecordingDispatchMode(TorchDispatchMode):
         self.read_value = read_value
         self.fake_mode = fake_mode
         self.make_fake = FakeFactory(fake_mode)
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: keep `__torch_dispatch__` unwrapped. TorchDispatchMode otherwise wraps every
+        subclass's handler in `torch._disable_dynamo` (a few microseconds per op), and deferred_init
+        never runs under dynamo. This is the hook PyTorch documents for it (`_python_dispatch.py`);
+        re-check it on upgrades: a PyTorch without it simply keeps the wrapper."""
+        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -120,8 +128,3 @@ def _kind(func: Any) -> str:
     if written_arguments(func):
         return _WRITING
     return _OTHER
-
-
-# TorchDispatchMode wraps every subclass's handler in torch._disable_dynamo, a few microseconds per
-# op; deferred_init never runs under dynamo, so recording keeps the plain function.
-RecordingDispatchMode.__torch_dispatch__ = RecordingDispatchMode.__dict__["__torch_dispatch__"].__wrapped__

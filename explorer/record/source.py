@@ -10,30 +10,15 @@ import linecache
 import os
 import re
 import sys
-from dataclasses import dataclass
 from types import CodeType, FrameType
 
 import torch
 
+from ..graph import SourceLocation
+
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_EXPLORER_DIR = os.path.dirname(__file__) + os.sep
+_EXPLORER_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # all of explorer/, not only record/
 _ASSIGNMENT = re.compile(r"self\.(\w+)\s*(?::[^=]*)?=")
-
-
-@dataclass(frozen=True)
-class SourceLocation:
-    """A line of user code: the innermost frame outside torch and this package."""
-
-    filename: str
-    lineno: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{self.filename}:{self.lineno} in {self.function}"
-
-    @property
-    def line(self) -> str:
-        return linecache.getline(self.filename, self.lineno).strip()
 
 
 _library_code: dict[CodeType, bool] = {}

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..inspection.ops import op_kind
+from ..naming import depth_of, format_bytes, is_repeat_slot, parent_of
 from .diagram import DiagramNode
 from .names import module_node
-from ..naming import depth_of, format_bytes, is_repeat_slot, parent_of
 from .scene import Scene, TensorMark
 from .styles import FOLDED, SUMMARY
 

@@ -13,11 +13,16 @@ from torch import nn
 
 from ..inspection.census import take_census
 from ..inspection.modules import modules_table
+from ..naming import format_bytes, is_repeat_slot, parent_of
 from .diagram import Diagram, DiagramEdge, DiagramNode
 from .names import module_node
-from ..naming import format_bytes, is_repeat_slot, parent_of
 from .styles import (
-    MODULE_EMPTY, MODULE_FAKE, MODULE_LEGEND, MODULE_MATERIALIZED, MODULE_PARTLY, MODULE_REAL,
+    MODULE_EMPTY,
+    MODULE_FAKE,
+    MODULE_LEGEND,
+    MODULE_MATERIALIZED,
+    MODULE_PARTLY,
+    MODULE_REAL,
 )
 
 

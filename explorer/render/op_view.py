@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import NamedTuple, Union
 
 from ..graph import InitGraph
+from ..naming import depth_of, parent_of
 from .diagram import Diagram, DiagramCluster, DiagramEdge, DiagramNode
 from .folding import Summary, collapse_level, collapsed_into, fold_siblings, summary_node
 from .labels import describe_mark, edge_label, op_node_of
 from .names import ERROR_NODE, MORE_NODE, module_node, op_node
-from ..naming import depth_of, parent_of
 from .scene import Scene, TensorMark
 from .scope import Scope, select_scope
 from .styles import ERROR, MORE, OP_LEGEND
@@ -65,8 +66,33 @@ def op_diagram(scene: Scene, options: OpViewOptions) -> Diagram:
         raise ValueError(f"op_graph: max_nodes must be >= 1 or None, got {options.max_nodes}")
     scope = select_scope(scene, options.focus, options.closure_of)
     level = collapse_level(scene, options.depth, options.focus)
+    order = _chronological_order(scene, scope)
+    placement = _placement(scene, order.elements, level, options.fold_repeats)
+    naming = _node_names(order.elements, placement)
+    edges = _edges(scene, scope, order.anchors, naming)
 
-    # Chronological order: ops, each named tensor right after the op that last wrote it.
+    kept = naming.names if options.max_nodes is None else naming.names[: options.max_nodes]
+    diagram = Diagram(_title(scene, scope, options), legend=OP_LEGEND if options.legend else ())
+    diagram.omitted = len(naming.names) - len(kept)
+    _add_nodes(diagram, scene, kept, naming.builders, placement.summaries)
+    _add_edges(diagram, scene, edges, set(kept), options.edge_labels)
+    if scene.error is not None:
+        _add_error(diagram, scene)
+    if scene.has_modules:
+        diagram.clusters = _clusters(scene, diagram.nodes)
+    return diagram
+
+
+Element = Union[tuple[int, int], TensorMark]  # (graph, op index) or a named tensor
+
+
+class ChronologicalOrder(NamedTuple):
+    elements: list[Element]
+    anchors: dict[int, int | None]  # id(mark) → the drawn op that last wrote it (None: drawn first)
+
+
+def _chronological_order(scene: Scene, scope: Scope) -> ChronologicalOrder:
+    """Ops in order, each named tensor right after the drawn op that last wrote it."""
     anchors: dict[int, int | None] = {}
     after: dict[tuple[int, int], list[TensorMark]] = {}
     first: list[TensorMark] = []
@@ -80,13 +106,22 @@ def op_diagram(scene: Scene, options: OpViewOptions) -> Diagram:
             first.append(mark)
         else:
             after.setdefault((mark.graph, anchor), []).append(mark)
-    order: list[tuple[int, int] | TensorMark] = list(first)
+    order: list[Element] = list(first)
     for graph, indices in scope.ops.items():
         for index in indices:
             order.append((graph, index))
             order.extend(after.get((graph, index), ()))
+    return ChronologicalOrder(order, anchors)
 
-    # Placement: element → collapsed module path (or None when drawn as itself).
+
+class Placement(NamedTuple):
+    hidden_in: list[str | None]  # per element: the collapsed module it is drawn inside, or None
+    summaries: dict[str, Summary]  # collapsed module path → what it hides
+    drawn_by: dict[str, str]  # collapsed module path → the path whose node stands for it (folds)
+
+
+def _placement(scene: Scene, order: list[Element], level: int | None, fold_repeats: bool) -> Placement:
+    """Which elements disappear into a collapsed module's summary node, and which repeats fold."""
     summaries: dict[str, Summary] = {}
     hidden_in: list[str | None] = []
     for element in order:
@@ -99,16 +134,27 @@ def op_diagram(scene: Scene, options: OpViewOptions) -> Diagram:
             if anchor is not None:
                 summaries.setdefault(anchor, Summary(anchor)).ops.append(element)
         hidden_in.append(anchor)
-    drawn_by = fold_siblings(scene, summaries, level) if options.fold_repeats else {p: p for p in summaries}
+    drawn_by = fold_siblings(scene, summaries, level) if fold_repeats else {p: p for p in summaries}
+    return Placement(hidden_in, summaries, drawn_by)
 
-    # Node names first; the nodes themselves are built only for what survives the cap.
+
+class NodeNames(NamedTuple):
+    names: list[str]  # in drawing order, each once
+    builders: dict[str, tuple[str, object]]  # name → ("summary", path) | ("mark", mark) | ("op", key)
+    of_op: dict[tuple[int, int], str]
+    of_mark: dict[int, str]  # id(mark) → node name
+
+
+def _node_names(order: list[Element], placement: Placement) -> NodeNames:
+    """Node names first; the nodes themselves are built only for what survives the cap."""
     names: list[str] = []
-    builders: dict[str, tuple[str, object]] = {}  # name → ("summary", path) | ("mark", mark) | ("op", key)
+    builders: dict[str, tuple[str, object]] = {}
     name_of_op: dict[tuple[int, int], str] = {}
     name_of_mark: dict[int, str] = {}
-    for element, anchor in zip(order, hidden_in):
+    for element, anchor in zip(order, placement.hidden_in):
         if anchor is not None:
-            name, builder = module_node(drawn_by[anchor]), ("summary", drawn_by[anchor])
+            drawn = placement.drawn_by[anchor]
+            name, builder = module_node(drawn), ("summary", drawn)
         elif isinstance(element, TensorMark):
             name, builder = element.node, ("mark", element)
         else:
@@ -120,29 +166,35 @@ def op_diagram(scene: Scene, options: OpViewOptions) -> Diagram:
             name_of_mark[id(element)] = name
         else:
             name_of_op[element] = name
+    return NodeNames(names, builders, name_of_op, name_of_mark)
 
-    # Edges: (tail, head) → (graph, tensor id) of the first tensor seen flowing along it.
+
+def _edges(scene: Scene, scope: Scope, anchors: dict[int, int | None],
+           naming: NodeNames) -> dict[tuple[str, str], tuple[int, int]]:
+    """(tail, head) → (graph, tensor id) of the first tensor seen flowing along it."""
     edges: dict[tuple[str, str], tuple[int, int]] = {}
     for graph, indices in scope.ops.items():
         recorded, drawn = scene.graphs[graph], scope.op_sets[graph]
         for index in indices:
-            head = name_of_op[(graph, index)]
+            head = naming.of_op[(graph, index)]
             for tid in dict.fromkeys(recorded.ops[index].inputs):
                 source = _latest_source(recorded, drawn, tid, index)
                 if source is not None:
-                    tail = name_of_op[(graph, source)]
+                    tail = naming.of_op[(graph, source)]
                     if tail != head:
                         edges.setdefault((tail, head), (graph, tid))
     for mark in scope.marks:
         anchor = anchors[id(mark)]
         if anchor is not None:
-            tail, head = name_of_op[(mark.graph, anchor)], name_of_mark[id(mark)]
+            tail, head = naming.of_op[(mark.graph, anchor)], naming.of_mark[id(mark)]
             if tail != head:
                 edges.setdefault((tail, head), (mark.graph, mark.tensor_id))
+    return edges
 
-    kept = names if options.max_nodes is None else names[: options.max_nodes]
-    diagram = Diagram(_title(scene, scope, options), legend=OP_LEGEND if options.legend else ())
-    diagram.omitted = len(names) - len(kept)
+
+def _add_nodes(diagram: Diagram, scene: Scene, kept: list[str], builders: dict[str, tuple[str, object]],
+               summaries: dict[str, Summary]) -> None:
+    """The nodes that survive the cap, then the "N more" node if anything was cut."""
     for name in kept:
         kind, subject = builders[name]
         if kind == "summary":
@@ -155,21 +207,19 @@ def op_diagram(scene: Scene, options: OpViewOptions) -> Diagram:
         diagram.nodes.append(DiagramNode(
             MORE_NODE, MORE, f"{diagram.omitted} more ops/tensors not shown",
             ["raise max_nodes, collapse (depth=) or focus to see them"]))
-    shown = set(kept)
+
+
+def _add_edges(diagram: Diagram, scene: Scene, edges: dict[tuple[str, str], tuple[int, int]],
+               shown: set[str], edge_labels: bool) -> None:
+    """Edges between shown nodes; where the drawing is cut, dashed edges to or from "N more"."""
     for (tail, head), (graph, tid) in edges.items():
         if tail in shown and head in shown:
-            label = edge_label(scene.graphs[graph], tid) if options.edge_labels else ""
+            label = edge_label(scene.graphs[graph], tid) if edge_labels else ""
             diagram.edges.append(DiagramEdge(tail, head, label))
     if diagram.omitted:
-        # Where the drawing is cut, dashed edges lead to (or come from) the "N more" node.
         cut = {(tail if tail in shown else MORE_NODE, head if head in shown else MORE_NODE)
                for tail, head in edges if tail not in shown or head not in shown}
         diagram.edges.extend(DiagramEdge(t, h, dashed=True) for t, h in sorted(cut) if t != h)
-    if scene.error is not None:
-        _add_error(diagram, scene)
-    if scene.has_modules:
-        diagram.clusters = _clusters(scene, diagram.nodes)
-    return diagram
 
 
 def _add_error(diagram: Diagram, scene: Scene) -> None:

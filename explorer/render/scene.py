@@ -22,8 +22,8 @@ from ..graph import InitGraph, TensorId
 from ..inspection.census import FAKE, PARAMETER, Census, NamedTensor, take_census
 from ..inspection.modules import modules_table
 from ..inspection.ops import op_modules
-from .names import tensor_node, unnamed_tensor_node
 from ..naming import common_module, dtype_name
+from .names import tensor_node, unnamed_tensor_node
 
 
 @dataclass(slots=True)

@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 
 from ..inspection.census import FAKE
-from .names import unnamed_tensor_node
 from ..naming import depth_of, dtype_name, is_inside
+from .names import unnamed_tensor_node
 from .scene import Scene, TensorMark
 
 

@@ -7,11 +7,12 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from .routing import DeviceLike, DeviceMap, TensorPlacement, device_plan
 from ..errors import MaterializationError
 from ..record.fake import handle_of, is_fake
 from .provenance import remember_origins
 from .replay import Progress, Replay
+from .rng import RngMode
+from .routing import DeviceLike, DeviceMap, TensorPlacement, route_devices
 
 TensorSlot = tuple[nn.Module, str, str, str]  # (owner, "_parameters" | "_buffers", key, qualified name)
 
@@ -29,7 +30,7 @@ def _module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
         yield from (b for b in sub._buffers.values() if b is not None)
 
 
-def _check_materializable(fake: torch.Tensor, name: str) -> None:
+def check_materializable(fake: torch.Tensor, name: str) -> None:
     handle = handle_of(fake)
     if isinstance(fake, nn.parameter.UninitializedTensorMixin):
         raise MaterializationError(
@@ -44,19 +45,19 @@ def _check_materializable(fake: torch.Tensor, name: str) -> None:
         )
 
 
-def _materialize(
-    fakes: list[torch.Tensor], names: list[str], device: DeviceMap, rng: str, progress: Progress | None
+def materialize_fakes(
+    fakes: list[torch.Tensor], names: list[str], device: DeviceMap, rng: RngMode, progress: Progress | None
 ) -> list[torch.Tensor]:
-    plan = device_plan(device, rng)
+    routing = route_devices(device, rng)
     by_graph: dict[int, list[int]] = {}
     for position, (fake, name) in enumerate(zip(fakes, names)):
-        _check_materializable(fake, name)
+        check_materializable(fake, name)
         by_graph.setdefault(id(handle_of(fake).graph), []).append(position)
     results: list[torch.Tensor | None] = [None] * len(fakes)
     for positions in by_graph.values():
         graph = handle_of(fakes[positions[0]]).graph
         tids = [handle_of(fakes[p]).tensor_id for p in positions]
-        replay = Replay(graph, plan, names={tid: names[p] for tid, p in zip(tids, positions)})
+        replay = Replay(graph, routing, names={tid: names[p] for tid, p in zip(tids, positions)})
         reals = replay.run([fakes[p] for p in positions], tids, progress)
         remember_origins(graph, tids, reals)  # so inspect still tells them from eager tensors
         for position, real in zip(positions, reals):
@@ -64,17 +65,17 @@ def _materialize(
     return results  # type: ignore[return-value]
 
 
-def _materialize_placed(
-    fakes: list[torch.Tensor], names: list[str], placement: Callable[[str], DeviceLike], rng: str,
+def materialize_placed(
+    fakes: list[torch.Tensor], names: list[str], placement: Callable[[str], DeviceLike], rng: RngMode,
     progress: Progress | None,
 ) -> list[torch.Tensor]:
-    """`_materialize` with a target device per tensor name: one replay per target device, every
+    """`materialize_fakes` with a target device per tensor name: one replay per target device, every
     target validated before anything runs; progress counts across the groups."""
     groups: dict[str, list[int]] = {}
     for position, name in enumerate(names):
         groups.setdefault(str(placement(name)), []).append(position)
     for target in groups:
-        device_plan(target, rng)
+        route_devices(target, rng)
     handles = {(id(h.graph), h.tensor_id): f for f in fakes if (h := handle_of(f)) is not None}
     total = len(handles)
     total_bytes = sum(f.numel() * f.element_size() for f in handles.values())
@@ -85,7 +86,7 @@ def _materialize_placed(
             progress(done[0] + n, total, done[1] + nbytes, total_bytes)
 
         group = [fakes[p] for p in positions]
-        reals = _materialize(group, [names[p] for p in positions], target, rng,
+        reals = materialize_fakes(group, [names[p] for p in positions], target, rng,
                              group_progress if progress is not None else None)
         for position, real in zip(positions, reals):
             results[position] = real
@@ -95,7 +96,7 @@ def _materialize_placed(
     return results  # type: ignore[return-value]
 
 
-def materialize_tensor(tensor: torch.Tensor, *, device: DeviceMap = None, rng: str = "eager") -> torch.Tensor:
+def materialize_tensor(tensor: torch.Tensor, *, device: DeviceMap = None, rng: RngMode = "eager") -> torch.Tensor:
     """The real tensor for a fake one (a real tensor passes through unchanged).
 
     Memoized: the same fake, or another name for it, gives the same object; a view shares storage
@@ -112,7 +113,7 @@ def materialize_tensor(tensor: torch.Tensor, *, device: DeviceMap = None, rng: s
                 "so there is nothing recorded to replay"
             )
         return tensor
-    return _materialize([tensor], ["<tensor>"], device, rng, None)[0]
+    return materialize_fakes([tensor], ["<tensor>"], device, rng, None)[0]
 
 
 def deferred_slots(
@@ -146,7 +147,7 @@ def materialize_module(
     check_fn: Callable[[nn.Module], bool] | None = None,
     *,
     device: DeviceMap = None,
-    rng: str = "eager",
+    rng: RngMode = "eager",
     progress: Progress | None = None,
 ) -> nn.Module:
     """Materialize the deferred parameters and buffers of `module` and its submodules, in place.
@@ -163,9 +164,9 @@ def materialize_module(
         return module
     fakes, names = [t for _, t in slots], [s[3] for s, _ in slots]
     if isinstance(device, TensorPlacement):
-        reals = _materialize_placed(fakes, names, device.resolver(module), rng, progress)
+        reals = materialize_placed(fakes, names, device.resolver(module), rng, progress)
     else:
-        reals = _materialize(fakes, names, device, rng, progress)
+        reals = materialize_fakes(fakes, names, device, rng, progress)
     for ((owner, kind, key, _), _), real in zip(slots, reals):
         getattr(owner, kind)[key] = real
     return module

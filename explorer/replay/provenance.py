@@ -17,8 +17,7 @@ from typing import Iterable, Sequence
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..graph import InitGraph, TensorId, TensorInfo
-from ..record.source import SourceLocation
+from ..graph import InitGraph, SourceLocation, TensorId, TensorInfo
 
 _SET_DATA = "set_data"  # the synthetic alias record.py notes for `.data = x`
 

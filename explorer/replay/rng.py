@@ -17,12 +17,18 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from typing import Callable
+from typing import Callable, Literal, get_args
 
 import torch
 
 from ..graph import InitGraph, OpIndex
 from ..record.generators import default_generator
+
+# How replay reaches random values: "eager" reproduces eager construction bit for bit (each random op
+# draws from the generator state eager construction had before it); "fast" seeds each random op from
+# its position alone (reproducible, independent of order, not eager's values).
+RngMode = Literal["eager", "fast"]
+RNG_MODES: tuple[RngMode, ...] = get_args(RngMode)
 
 # Replays move the process-wide default generators: one at a time.
 GENERATOR_LOCK = threading.RLock()
@@ -57,7 +63,7 @@ class RngStreams:
 class RngSession:
     """Holds the default generators during one replay and restores them afterwards."""
 
-    def __init__(self, streams: RngStreams, mode: str, run_scratch: Callable[[OpIndex], None]) -> None:
+    def __init__(self, streams: RngStreams, mode: RngMode, run_scratch: Callable[[OpIndex], None]) -> None:
         self.streams = streams
         self.mode = mode
         self.run_scratch = run_scratch

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Protocol, Union, runtime_checkable
 import torch
 
 from ..errors import MaterializationError
+from .rng import RNG_MODES, RngMode
 
 DeviceLike = Union[str, torch.device, int]
 
@@ -30,7 +31,6 @@ class TensorPlacement(Protocol):
 
 
 DeviceMap = Union[DeviceLike, Mapping[DeviceLike, DeviceLike], TensorPlacement, None]
-RNG_MODES = ("eager", "fast")
 
 
 def parse_device(value: DeviceLike) -> torch.device:
@@ -71,13 +71,13 @@ def describe_absence(device: torch.device) -> str:
 
 
 @dataclass(frozen=True)
-class DevicePlan:
+class DeviceRouting:
     """The answer to "where does a tensor recorded on device X go, and where do its ops run"."""
 
     exact: tuple[tuple[str, torch.device], ...]  # recorded device → target
     by_type: tuple[tuple[str, torch.device], ...]  # recorded device type → target ("cuda" → cpu)
     default: torch.device | None  # target for everything else; None keeps the recorded device
-    rng: str
+    rng: RngMode
 
     @property
     def key(self) -> tuple:
@@ -103,8 +103,8 @@ class DevicePlan:
         return target
 
 
-def device_plan(device: DeviceMap, rng: str) -> DevicePlan:
-    """Validate `device=` and `rng=` and turn them into a `DevicePlan`.
+def route_devices(device: DeviceMap, rng: RngMode) -> DeviceRouting:
+    """Validate `device=` and `rng=` and turn them into a `DeviceRouting`.
 
     Raises MaterializationError for unknown device strings, absent target devices and unknown rng
     modes, before anything is replayed.
@@ -126,4 +126,4 @@ def device_plan(device: DeviceMap, rng: str) -> DevicePlan:
     for target in [t for _, t in exact] + [t for _, t in by_type] + ([default] if default else []):
         if not is_available(target):
             raise MaterializationError(f"cannot materialize onto {target}: {describe_absence(target)}")
-    return DevicePlan(tuple(exact), tuple(by_type), default, rng)
+    return DeviceRouting(tuple(exact), tuple(by_type), default, rng)

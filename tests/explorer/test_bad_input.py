@@ -16,7 +16,12 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from explorer import (
-    DeferredInitError, MaterializationError, deferred_init, is_deferred, materialize_module, materialize_tensor,
+    DeferredInitError,
+    MaterializationError,
+    deferred_init,
+    is_deferred,
+    materialize_module,
+    materialize_tensor,
 )
 from explorer.record.scope import recording_graph
 

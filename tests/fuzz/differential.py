@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from explorer import deferred_init, is_deferred, materialize_module, materialize_tensor
-
 from tests.fuzz.compare import Snapshot, differences, snapshot
 from tests.fuzz.interpreter import FuzzModule, make_externals
 from tests.fuzz.program import Plan, Program

@@ -21,7 +21,15 @@ from torch import nn
 
 from tests.fuzz.interpreter import Interpreter, external_tensor
 from tests.fuzz.program import (
-    COMPUTE_OPS, FACTORY_OPS, INPLACE_OPS, MODULE_OPS, OTHER_OPS, VIEW_OPS, Plan, Program, Step,
+    COMPUTE_OPS,
+    FACTORY_OPS,
+    INPLACE_OPS,
+    MODULE_OPS,
+    OTHER_OPS,
+    VIEW_OPS,
+    Plan,
+    Program,
+    Step,
 )
 
 FLOATS = ("float32", "float64", "float16", "bfloat16")

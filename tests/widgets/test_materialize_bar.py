@@ -2,7 +2,6 @@
 
 import threading
 
-import pytest
 import torch
 from torch import nn
 

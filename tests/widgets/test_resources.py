@@ -15,9 +15,8 @@ import torch
 
 import widgets
 from explorer.record.fake import handle_of
-from widgets.explorer_widget import GRAPH_TAB
-
 from tests.widgets.conftest import Net
+from widgets.explorer_widget import GRAPH_TAB
 
 ROUNDS = 12
 

@@ -20,7 +20,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from explorer import DryRunError, deferred_init, dry_run, is_deferred, materialize_module
 from explorer.analysis.dry_run import tensor_leaves
 from explorer.record.fake import handle_of
-
 from tests.support.hf_configs import HF_BY_NAME, build_eager
 
 MODULE_DB = {info.name: info for info in module_db}

@@ -18,7 +18,6 @@ from torch.testing._internal.common_modules import module_db
 
 from explorer import InitProgram, MaterializationError, deferred_init, is_deferred, materialize_module, to_fx
 from explorer.analysis.fx_export import rng_seek, rng_tell
-
 from tests.support.hf_configs import HF_BY_NAME
 
 MODULE_DB = {info.name: info for info in module_db}

@@ -12,11 +12,15 @@ from accelerate.utils import modeling as accelerate_modeling
 from torch import nn
 
 from explorer import (
-    DevicePlanError, MaterializationError, deferred_init, is_deferred, materialize_module, plan_devices,
+    DevicePlanError,
+    MaterializationError,
+    deferred_init,
+    is_deferred,
+    materialize_module,
+    plan_devices,
 )
-from explorer.inspection.census import take_census
 from explorer.analysis.memory_plan import parse_size
-
+from explorer.inspection.census import take_census
 from tests.support.hf_configs import HF_BY_NAME, build_eager
 
 LINEAR_10 = (10 * 10 + 10) * 4  # bytes of nn.Linear(10, 10) in float32

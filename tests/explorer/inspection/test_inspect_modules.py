@@ -6,7 +6,6 @@ import pandas as pd
 import torch
 
 from explorer import deferred_init, inspect
-
 from tests.support.inspect_models import OnCuda, Tiny, table
 
 # Storages of Tiny (bytes): base/window/shift 24, gain 4 (float16), const 8, scaled 12, steps 24

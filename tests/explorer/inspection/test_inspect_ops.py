@@ -3,7 +3,6 @@
 import pandas as pd
 
 from explorer import deferred_init, inspect, materialize_module
-
 from tests.support.inspect_models import Kinds, Tiny, table, where
 
 COLUMNS = ["index", "op", "kind", "inputs", "outputs", "output_shapes", "output_dtypes", "modules"]

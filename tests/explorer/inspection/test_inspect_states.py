@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from explorer import deferred_init, inspect, materialize_module
-from explorer.record.fake import handle_of
 from explorer.naming import format_bytes
-
-from tests.support.inspect_models import TINY_NAMES, Tiny, table, where
+from explorer.record.fake import handle_of
+from tests.support.inspect_models import TINY_NAMES, Tiny, table
 
 IDENTITY = ["name", "storage_id", "alias_group", "tied_with"]
 PROVENANCE = ["name", "tensor_id", "closure_ops", "producer", "last_write", "source"]

@@ -3,7 +3,6 @@
 import pandas as pd
 
 from explorer import deferred_init, inspect
-
 from tests.support.inspect_models import OnCuda, Tiny, table
 
 LAYOUT = ["storage_id", "bytes", "device", "dtype", "tensors", "offsets", "shapes", "strides"]

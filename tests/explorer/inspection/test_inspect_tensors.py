@@ -4,7 +4,6 @@ import pandas as pd
 import torch
 
 from explorer import deferred_init, inspect
-
 from tests.support.inspect_models import TINY_NAMES, OnCuda, Tiny, table, where
 
 LAYOUT = ["name", "module", "kind", "shape", "stride", "storage_offset", "dtype", "device", "numel", "bytes",

@@ -11,9 +11,9 @@ from torch import nn
 
 import explorer
 from explorer import DeferredInitError, deferred_init, materialize_module, module_graph, node_kind, op_graph
-from explorer.record.fake import handle_of
 from explorer.inspection import inspect, op_kind
 from explorer.naming import format_bytes
+from explorer.record.fake import handle_of
 from explorer.render import module_layout, op_layout, save, to_html, to_png, to_svg
 from explorer.render.escape import dot_id
 from explorer.render.styles import STYLES

@@ -1,0 +1,71 @@
+"""What is checked before a replay runs anything, so that a materialization fails whole or not at all."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..errors import MaterializationError
+from ..graph import InitGraph, OpIndex, TensorId
+from ..naming import dtype_name
+from .routing import DeviceRouting, describe_absence, is_available
+
+
+def describe_external(graph: InitGraph, index: int) -> str:
+    tensor = graph.externals[index].tensor
+    dtype = dtype_name(tensor.dtype)
+    return f"external tensor {dtype}{list(tensor.shape)} on {tensor.device}"
+
+
+def target_names(names: dict[TensorId, str], tids: Sequence[TensorId]) -> str:
+    """The first three targets of a call by name, for error messages."""
+    shown = [names.get(tid, f"tensor #{tid}") for tid in tids[:3]]
+    return ", ".join(repr(n) for n in shown) + (f" and {len(tids) - 3} more" if len(tids) > 3 else "")
+
+
+def check_replayable(
+    graph: InitGraph, routing: DeviceRouting, ops: Sequence[OpIndex], tids: Sequence[TensorId],
+    names: dict[TensorId, str],
+) -> None:
+    """Raise MaterializationError for everything that would make a replay of `ops` (for targets
+    `tids`) fail half-way: absent target devices, external tensors changed since recording or not
+    checkable, and rng="eager" draws from a generator this machine lacks. Nothing runs before."""
+    for tid in tids:
+        recorded = graph.tensors[tid].device
+        target = routing.target(recorded)
+        if not is_available(target):
+            raise MaterializationError(
+                f"{names.get(tid, f'tensor #{tid}')!r} was recorded on {recorded} and would be "
+                f"materialized there, but {describe_absence(target)}; pass device= (e.g. device='cpu' "
+                f"or device={{'{recorded.type}': 'cpu'}})"
+            )
+    for index in ops:
+        op = graph.ops[index]
+        for external in op.externals:
+            record = graph.externals[external]
+            if record.fresh:
+                continue
+            where = f"{op.label} at {op.source}" if op.source else op.label
+            if record.version is None:
+                raise MaterializationError(
+                    f"the {describe_external(graph, external)} read by {where} is an inference "
+                    "tensor: its in-place changes cannot be detected, so its recorded value cannot be "
+                    f"trusted (needed for {target_names(names, tids)}); create it outside "
+                    "torch.inference_mode()"
+                )
+            if record.tensor._version != record.version:
+                raise MaterializationError(
+                    f"the {describe_external(graph, external)} read by {where} was modified in place "
+                    f"after deferred_init (version {record.version}, now {record.tensor._version}); "
+                    f"{target_names(names, tids)} cannot be materialized with its original value"
+                )
+        if op.stream is not None and routing.rng == "eager":
+            key = op.stream[0]
+            recorded = torch.device(key)
+            if routing.target(recorded).type != "meta" and graph.rng_start.get(key) is None:
+                raise MaterializationError(
+                    f"rng='eager' draws {op.label} (at {op.source}) from the {key} generator, as eager "
+                    f"construction would, but {describe_absence(recorded)}; use rng='fast' for "
+                    f"reproducible values that differ from eager, or materialize where {key} exists"
+                )

@@ -1,0 +1,42 @@
+"""Real tensors laid over recorded layouts: views by metadata, whole storages moved at once.
+
+Replay reproduces storage sharing exactly: a tensor is never copied on its own, it is a layout
+(shape, stride, offset, dtype) over a storage, and a storage moves between devices once, as bytes,
+for all of its views.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+
+def alias_on(base: torch.Tensor, shape: tuple, stride: tuple, offset: int, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor with the given layout over `base`'s storage (an inference tensor if `base` is one,
+    as a view of it would be)."""
+    with torch.inference_mode(base.is_inference()):
+        return torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), offset, shape, stride)
+
+
+def storage_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole storage under `tensor` as one uint8 tensor (to move it once for all its views)."""
+    with torch.inference_mode(tensor.is_inference()):
+        return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
+
+
+def storage_moved(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A copy of the whole storage under `tensor` on `device`, as uint8 (inference stays inference)."""
+    with torch.inference_mode(tensor.is_inference()):
+        return storage_bytes(tensor).to(device)
+
+
+def as_recorded_kind(real: torch.Tensor, fake: FakeTensor) -> torch.Tensor:
+    """Parameters come back as nn.Parameter (same requires_grad); buffers as plain tensors."""
+    if real.is_inference() and not torch.is_inference_mode_enabled():
+        with torch.inference_mode():  # where eager made it: requires_grad is refused elsewhere
+            return as_recorded_kind(real, fake)
+    if isinstance(fake, torch.nn.Parameter):
+        return torch.nn.Parameter(real, requires_grad=fake.requires_grad)
+    if fake.requires_grad and not real.requires_grad and real.is_leaf and real.is_floating_point():
+        real.requires_grad_(True)
+    return real
