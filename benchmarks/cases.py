@@ -300,7 +300,7 @@ def _instrument_replay() -> tuple[_Timers, Any]:
     handling, planning and assembly; whatever the wall time leaves over is the engine's own Python."""
     from torch._ops import OpOverload
 
-    from explorer import replay, rng
+    from explorer.replay import replay, rng
 
     timers = _Timers()
     in_scratch = [False]
@@ -309,7 +309,7 @@ def _instrument_replay() -> tuple[_Timers, Any]:
         where = "aten (RNG catch-up scratch)" if in_scratch[0] else "aten"
         return f"{where}: {args[0]}"
 
-    original_scratch = replay.Replay._run_scratch
+    original_scratch = replay.Replay.run_scratch
 
     def scratch(self: Any, index: int) -> Any:
         in_scratch[0] = True
@@ -318,13 +318,13 @@ def _instrument_replay() -> tuple[_Timers, Any]:
         finally:
             in_scratch[0] = False
 
-    replay.Replay._run_scratch = scratch
+    replay.Replay.run_scratch = scratch
     timers.wrap(OpOverload, "__call__", op_label)
     timers.wrap(rng.RngSession, "before_random_op", "engine: RngSession.before_random_op (generator get/set_state)")
     timers.wrap(rng.RngSession, "after_random_op", "engine: RngSession.after_random_op (generator get_state)")
-    timers.wrap(replay.Replay, "_run_scratch", "engine: Replay._run_scratch (building scratch tensors)")
+    timers.wrap(replay.Replay, "run_scratch", "engine: Replay.run_scratch (building scratch tensors)")
     timers.wrap(replay.Replay, "ops_to_run", "engine: Replay.ops_to_run (closure)")
-    timers.wrap(replay.Replay, "check", "engine: Replay.check")
+    timers.wrap(replay, "check_replayable", "engine: preflight.check_replayable")
     timers.wrap(replay.Replay, "_assemble", "engine: Replay._assemble")
     return timers, OpOverload
 

@@ -1,0 +1,139 @@
+"""`explorer.replay.rng` on its own: where the generator is put before each random op, what is
+cached, and what is restored.
+
+The parity suites check values end to end; these pin the generator states themselves against the
+states eager construction passes through, op by op.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from explorer import deferred_init
+from explorer.record.fake import handle_of
+from explorer.replay.replay import Replay
+from explorer.replay.rng import RNG_MODES, RngSession, RngStreams
+from explorer.replay.routing import route_devices
+
+
+class Draws(nn.Module):
+    """Six random ops of different kinds, sizes and dtypes, in a known order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.empty(5).uniform_())
+        self.b = nn.Parameter(torch.empty(17, dtype=torch.float64).normal_())
+        self.register_buffer("c", torch.randn(3, 7))
+        self.register_buffer("d", torch.randint(0, 10, (40,)))
+        self.e = nn.Parameter(torch.empty(33, dtype=torch.bfloat16).uniform_(-1, 1))
+        self.register_buffer("f", torch.rand(2, 2).bernoulli_(0.5))
+
+
+def eager_states(seed: int) -> list[torch.Tensor]:
+    """The CPU generator state before each random op of `Draws`, and after the last."""
+    states: list[torch.Tensor] = []
+
+    class Spy(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if torch.Tag.nondeterministic_seeded in func.tags:
+                states.append(torch.get_rng_state())
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(seed)
+    with Spy():
+        Draws()
+    states.append(torch.get_rng_state())
+    return states
+
+
+@pytest.fixture
+def deferred(restore_rng):
+    torch.manual_seed(1234)
+    module = deferred_init(Draws)
+    graph = handle_of(module.a).graph
+    return module, graph
+
+
+def session(graph, mode="eager") -> tuple[RngSession, RngStreams]:
+    streams = RngStreams(graph)
+    replay = Replay(graph, route_devices(None, mode), remember=False)
+    return RngSession(streams, mode, replay.run_scratch), streams
+
+
+def test_every_random_op_is_numbered_in_the_cpu_stream(deferred) -> None:
+    _, graph = deferred
+    assert list(graph.random_streams) == ["cpu"]
+    assert len(graph.random_streams["cpu"]) == len(eager_states(1234)) - 1
+
+
+def test_state_before_each_op_is_the_eager_state_before_it(deferred, restore_rng) -> None:
+    _, graph = deferred
+    expected = eager_states(1234)
+    rng, _ = session(graph)
+    with rng:
+        for position in reversed(range(len(expected) - 1)):  # far first, then back: cache or re-reach
+            rng.before_random_op("cpu", position, "cpu")
+            assert torch.equal(torch.get_rng_state(), expected[position]), f"position {position}"
+
+
+def test_states_passed_on_the_way_are_cached(deferred) -> None:
+    _, graph = deferred
+    expected = eager_states(1234)
+    rng, streams = session(graph)
+    with rng:
+        rng.before_random_op("cpu", 4, "cpu")
+    cache = streams.cache("cpu")
+    assert set(cache) >= {0, 1, 2, 3, 4}
+    for position, state in cache.items():
+        assert torch.equal(state, expected[position])
+
+
+def test_the_users_generator_state_is_restored_after_a_session(deferred) -> None:
+    _, graph = deferred
+    torch.manual_seed(99)
+    before = torch.get_rng_state()
+    rng, _ = session(graph)
+    with rng:
+        rng.before_random_op("cpu", 3, "cpu")
+        torch.rand(10)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_users_generator_state_is_restored_when_the_replay_fails(deferred) -> None:
+    _, graph = deferred
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    rng, _ = session(graph)
+    with pytest.raises(RuntimeError, match="boom"):
+        with rng:
+            rng.before_random_op("cpu", 2, "cpu")
+            raise RuntimeError("boom")
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_fast_seeds_depend_on_start_state_stream_and_position_only(deferred, restore_rng) -> None:
+    _, graph = deferred
+    first, second = RngStreams(graph), RngStreams(graph)
+    seeds = [first.fast_seed("cpu", p) for p in range(6)]
+    assert seeds == [second.fast_seed("cpu", p) for p in reversed(range(6))][::-1]  # order-free
+    assert len(set(seeds)) == 6
+    assert first.fast_seed("cuda:0", 0) != seeds[0]
+    torch.manual_seed(4321)
+    other = handle_of(deferred_init(Draws).a).graph
+    assert RngStreams(other).fast_seed("cpu", 0) != seeds[0]
+
+
+def test_fast_mode_seeds_the_executing_generator(deferred, restore_rng) -> None:
+    _, graph = deferred
+    rng, streams = session(graph, "fast")
+    with rng:
+        rng.before_random_op("cpu", 3, "cpu")
+        drawn = torch.rand(4)
+    torch.manual_seed(streams.fast_seed("cpu", 3))
+    assert torch.equal(drawn, torch.rand(4))
+
+
+def test_rng_modes_are_the_two_documented_ones() -> None:
+    assert RNG_MODES == ("eager", "fast")

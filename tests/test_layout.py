@@ -1,0 +1,142 @@
+"""The package layout keeps its promises, read from the code with `ast` (nothing is imported).
+
+- no import cycle among the modules of `explorer/` and `widgets/` (imports inside functions count);
+- the data flows one way: record → graph → replay; the read-only stages (inspection, render,
+  analysis) are never imported by the engine; `explorer/` never imports `widgets/` or Jupyter;
+- no module imports another module's underscored names: a stage that needs something from another
+  uses a named entry point.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("explorer", "widgets")
+
+
+def module_files() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules[name] = path
+    return modules
+
+
+def imports_of(name: str, path: Path) -> list[tuple[str, list[str]]]:
+    """(absolute module, imported names) for every import statement in the file, at any depth."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            found.append((base, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.Import):
+            found.extend((alias.name, []) for alias in node.names)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for base, names in imports_of(name, path):
+            for candidate in [base, *(f"{base}.{n}" for n in names)]:
+                if candidate in modules and candidate != name:
+                    edges[name].add(candidate)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in edges[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_in_explorer_or_widgets() -> None:
+    edges = import_graph()
+    assert len(edges) > 50  # the walk found the package
+    assert cycles(edges) == []
+
+
+def test_cycle_finder_sees_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _stage(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
+
+
+def test_the_engine_never_imports_the_read_only_stages_or_the_ui() -> None:
+    edges = import_graph()
+    engine = ("explorer.record", "explorer.replay", "explorer.graph", "explorer.naming", "explorer.errors")
+    read_only = ("explorer.inspection", "explorer.render", "explorer.analysis", "explorer.distributed")
+    offenders = [
+        (module, target) for module, targets in edges.items() for target in targets
+        if _stage(module) in engine and _stage(target) in read_only
+    ]
+    assert offenders == []
+
+
+def test_graph_is_below_every_stage() -> None:
+    edges = import_graph()
+    assert {t for t in edges["explorer.graph"] if t.startswith("explorer")} == set()
+
+
+def test_explorer_imports_no_widget_or_jupyter_code() -> None:
+    modules = module_files()
+    offenders = [
+        (name, base) for name, path in modules.items() if name.startswith("explorer")
+        for base, _ in imports_of(name, path)
+        if base.split(".")[0] in {"widgets", "ipywidgets", "anywidget", "IPython", "jupyterlab", "traitlets"}
+    ]
+    assert offenders == []
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    modules = module_files()
+    offenders = [
+        f"{name} imports {base}.{imported}"
+        for name, path in modules.items()
+        for base, names in imports_of(name, path)
+        if base.split(".")[0] in PACKAGES and base != name
+        for imported in names
+        if imported.startswith("_") and not imported.startswith("__")
+    ]
+    assert offenders == []
