@@ -212,8 +212,9 @@ def materialize_time(config: str, mode: str, verify: bool) -> dict:
 
 
 # -- 3. one layer of a huge model ----------------------------------------------------------------
-def layer_peak_rss(config: str, rng: str) -> dict:
-    """deferred_init the whole model, then materialize layers[0]; peak RSS growth vs layer bytes."""
+def layer_peak_rss(config: str, rng: str, layer: int = 0) -> dict:
+    """deferred_init the whole model, then materialize layers[layer] (negative: from the end); peak
+    RSS growth vs layer bytes, and the time materialize_module took."""
     from transformers import LlamaForCausalLM
 
     from explorer import deferred_init, is_deferred, materialize_module
@@ -222,24 +223,27 @@ def layer_peak_rss(config: str, rng: str) -> dict:
     _warm_up()
     with RssSampler() as sampler:
         model = deferred_init(LlamaForCausalLM, cfg)
-        layer = model.model.layers[0]
-        layer_bytes = sum(t.numel() * t.element_size() for t in (*layer.parameters(), *layer.buffers()))
+        index = layer % cfg.num_hidden_layers
+        target = model.model.layers[index]
+        layer_bytes = sum(t.numel() * t.element_size() for t in (*target.parameters(), *target.buffers()))
         gc.collect()
         deferred_peak = sampler.peak
         before = rss_bytes()
         maxrss_before = maxrss_bytes()
         sampler.reset()
         start = time.perf_counter()
-        materialize_module(layer, rng=rng)
+        materialize_module(target, rng=rng)
         elapsed = time.perf_counter() - start
         maxrss_after = maxrss_bytes()
-    assert not is_deferred(layer) and is_deferred(model.model.layers[1])
+    other = model.model.layers[(index + 1) % cfg.num_hidden_layers]
+    assert not is_deferred(target) and is_deferred(other)
     # ru_maxrss is exact for the materialization phase only if nothing before it went higher than
     # the RSS we start from; otherwise it is an upper bound and the sampled peak is used instead.
     maxrss_valid = maxrss_before <= before + 16 * MB
     growth_maxrss = maxrss_after - before
     growth_sampled = sampler.peak - before
     return {
+        "layer": index,
         "layer_bytes": layer_bytes,
         "before": before,
         "growth": growth_maxrss if maxrss_valid else growth_sampled,
@@ -250,6 +254,35 @@ def layer_peak_rss(config: str, rng: str) -> dict:
         "deferred_peak": deferred_peak,
         "time": elapsed,
     }
+
+
+# -- 4. the generator jump itself ----------------------------------------------------------------
+JUMP_DISTANCES = (1, 10**3, 10**6, 10**9, 10**12)
+
+
+def rng_jump_time(reps: int) -> dict:
+    """Seconds to advance the CPU generator state by n draws: the first jump of a fresh process
+    (any one-time setup included), then the median of `reps` jumps per distance."""
+    import statistics
+
+    import torch
+
+    from explorer.replay.mt19937 import jump_state
+
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    start = time.perf_counter()
+    jump_state(state, 10**12 + 12345)
+    first = time.perf_counter() - start
+    warm: dict[str, float] = {}
+    for distance in JUMP_DISTANCES:
+        times = []
+        for rep in range(reps):
+            start = time.perf_counter()
+            jump_state(state, distance + rep)
+            times.append(time.perf_counter() - start)
+        warm[str(distance)] = statistics.median(times)
+    return {"first": first, "warm": warm}
 
 
 # -- profiles (guidance for engine work, not targets) --------------------------------------------
@@ -417,4 +450,5 @@ CASES = {
     "deferred_init_rss": deferred_init_rss,
     "materialize_time": materialize_time,
     "layer_peak_rss": layer_peak_rss,
+    "rng_jump_time": rng_jump_time,
 }

@@ -232,30 +232,61 @@ def bench_materialize(report: Report, config: str, reps: int) -> None:
                                 f"{statistics.median(peaks[mode]):.0f} MB)")
 
 
-def bench_layer(report: Report, config: str, rngs: list[str], timeout: float) -> None:
+def bench_layer(report: Report, config: str, layer: int, rngs: list[str], timeout: float,
+                time_target: tuple[float, float] | None, rss: bool) -> None:
+    """materialize_module(layers[layer]) of `config` once per rng mode, each in a fresh process.
+
+    `time_target` (k, c): rng="eager" must take ≤ k × rng="fast" + c seconds (both measured here);
+    `rss`: peak RSS growth rows (≤ 1.25 × layer bytes + 300 MB).
+    """
     took: dict[str, float] = {}
+    label = f"{config} layers[{layer}]"
     for rng in rngs:
-        name = f"{config} layers[0] materialize (rng={rng}) peak RSS growth"
+        name = f"{label} materialize (rng={rng}) peak RSS growth"
         try:
-            log(f"  layer[0] of {config}, rng={rng} (timeout {timeout:.0f} s)")
-            r = run_child("layer_peak_rss", timeout, config=config, rng=rng)
+            log(f"  {label}, rng={rng} (timeout {timeout:.0f} s)")
+            r = run_child("layer_peak_rss", timeout, config=config, rng=rng, layer=layer)
         except ChildError as error:
-            report.error(name, "≤ 1.25× layer + 300 MB", error)
+            report.error(name if rss else f"{label} materialize (rng={rng})", "see below", error)
             continue
-        layer, growth = r["layer_bytes"] / MB, r["growth"] / MB
-        limit = 1.25 * layer + 300
-        report.add(Row(name, f"{growth:.0f} MB", f"{layer:.0f} MB (layer)", f"{growth / layer:.2f}×",
-                       f"≤ {limit:.0f} MB (1.25× layer + 300 MB)", verdict(growth <= limit)))
+        label = f"{config} layers[{r['layer']}]"
+        name = f"{label} materialize (rng={rng}) peak RSS growth"
+        layer_mb, growth = r["layer_bytes"] / MB, r["growth"] / MB
+        limit = 1.25 * layer_mb + 300
+        if rss:
+            report.add(Row(name, f"{growth:.0f} MB", f"{layer_mb:.0f} MB (layer)", f"{growth / layer_mb:.2f}×",
+                           f"≤ {limit:.0f} MB (1.25× layer + 300 MB)", verdict(growth <= limit)))
         took[rng] = r["time"]
         report.notes.append(
-            f"{config} layers[0] rng={rng}: materialize took {r['time']:.1f} s; RSS before "
+            f"{label} rng={rng}: materialize took {r['time']:.2f} s; RSS before "
             f"{r['before'] / MB:.0f} MB; growth by ru_maxrss {r['growth_maxrss'] / MB:.0f} MB "
             f"({'exact' if r['maxrss_valid'] else 'upper bound, not used'}), by 5 ms sampling "
             f"{r['growth_sampled'] / MB:.0f} MB; peak during deferred_init {r['deferred_peak'] / MB:.0f} MB")
     if "eager" in took and "fast" in took:
-        report.add(Row(f"{config} layers[0] materialize time, rng=eager vs rng=fast", f"{took['eager']:.1f} s",
-                       f"{took['fast']:.1f} s", f"{took['eager'] / took['fast']:.1f}×",
-                       "info (eager replays every earlier random op to reach the RNG state)", "INFO"))
+        eager, fast = took["eager"], took["fast"]
+        if time_target is None:
+            target, result = "info", "INFO"
+        else:
+            k, c = time_target
+            limit = k * fast + c
+            target, result = f"≤ {k:g}× fast + {c:g} s = {limit:.1f} s", verdict(eager <= limit)
+        report.add(Row(f"{label} materialize time, rng=eager vs rng=fast", f"{eager:.2f} s", f"{fast:.2f} s",
+                       f"{eager / fast:.2f}×", target, result))
+
+
+def bench_rng_jump(report: Report, reps: int) -> None:
+    """The CPU generator jump: ≤ 250 ms for any distance up to 10^12 draws, first call included."""
+    name = "CPU generator jump by n draws (n ≤ 10^12)"
+    try:
+        r = run_child("rng_jump_time", 300, reps=reps)
+    except ChildError as error:
+        report.error(name, "≤ 0.25 s", error)
+        return
+    slowest = max([r["first"], *r["warm"].values()])
+    warm = ", ".join(f"10^{len(k) - 1}: {v * 1e3:.1f} ms" for k, v in r["warm"].items())
+    report.add(Row(f"{name}, slowest (first call incl. setup: {r['first'] * 1e3:.0f} ms)",
+                   f"{slowest:.3f} s", "—", "—", "≤ 0.25 s", verdict(slowest <= 0.25)))
+    report.notes.append(f"generator jump, median of {reps} per distance: {warm}")
 
 
 def bench_inspection(report: Report, reps: int) -> None:
@@ -325,9 +356,9 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=None, help="repetitions of the deferred_init and inspection timings (15)")
     parser.add_argument("--mat-reps", type=int, default=None, help="repetitions of the materialize cases (3)")
     parser.add_argument("--layer-rng", choices=["eager", "fast", "both"], default="both",
-                        help="rng mode(s) for the one-layer-of-70B case")
+                        help="rng mode(s) for the one-layer cases")
     parser.add_argument("--layer-timeout", type=float, default=900.0, help="seconds allowed per layer case")
-    parser.add_argument("--only", choices=["deferred", "materialize", "layer", "inspection"], action="append",
+    parser.add_argument("--only", choices=["deferred", "materialize", "layer", "jump", "inspection"], action="append",
                         help="run only these benchmarks (repeatable)")
     parser.add_argument("--profile", action="store_true", help="write cProfile reports to build/profile.md instead")
     parser.add_argument("--top", type=int, default=25, help="lines per profile table")
@@ -359,7 +390,7 @@ def run(args: argparse.Namespace, started: float, engine: str) -> int:
     reps = args.reps or (3 if args.quick else 15)
     mat_reps = args.mat_reps or (1 if args.quick else 3)
     seven, one, seventy = ("quick-7b", "quick-1b", "quick-70b") if args.quick else ("llama-7b", "llama-1.1b", "llama-70b")
-    only = set(args.only or ["deferred", "materialize", "layer", "inspection"])
+    only = set(args.only or ["deferred", "materialize", "layer", "jump", "inspection"])
     report = Report()
     if "deferred" in only:
         log(f"1. deferred_init {seven} ({reps} interleaved reps)")
@@ -368,12 +399,17 @@ def run(args: argparse.Namespace, started: float, engine: str) -> int:
         log(f"2. materialize {one} ({mat_reps} rounds of {len(MATERIALIZE_MODES)} fresh processes)")
         bench_materialize(report, one, mat_reps)
     if "layer" in only:
-        log(f"3. one layer of {seventy}")
-        bench_layer(report, seventy, ["eager", "fast"] if args.layer_rng == "both" else [args.layer_rng],
-                    args.layer_timeout)
+        rngs = ["eager", "fast"] if args.layer_rng == "both" else [args.layer_rng]
+        log(f"3. the last layer of {seven} and of {seventy}, rng=eager vs rng=fast")
+        bench_layer(report, seven, -1, rngs, args.layer_timeout, (1.5, 1.0), rss=False)
+        bench_layer(report, seventy, -1, rngs, args.layer_timeout, (2.0, 2.0), rss=True)
+        bench_layer(report, seventy, 0, rngs, args.layer_timeout, None, rss=True)
+    if "jump" in only:
+        log("4. the CPU generator jump")
+        bench_rng_jump(report, reps)
 
     if "inspection" in only:
-        log("4. inspection and notebook UI on llama-7b")
+        log("5. inspection and notebook UI on llama-7b")
         bench_inspection(report, reps)
 
     import platform

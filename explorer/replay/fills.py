@@ -1,9 +1,10 @@
-"""Random fills run side by side with rng="fast".
+"""Random fills run side by side.
 
-With rng="fast" every random op owns its seed, so independent in-place fills (`uniform_`,
-`normal_`...) do not depend on each other's order and can run on a thread pool while replay goes
-on (CPU random kernels are single-threaded). Replay waits for a storage's fill before the next op
-that touches it.
+When each in-place fill (`uniform_`, `normal_`...) can be given a generator of its own — with
+rng="fast" a seed from its position, with rng="eager" eager's state before it, reached by a jump —
+fills do not depend on each other's order and can run on a thread pool while replay goes on (CPU
+random kernels are single-threaded). Replay waits for a storage's fill before the next op that
+touches it.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from ..graph import InitGraph, OpIndex, OpNode, StorageId, accepts_generator, is
 class ParallelFills:
     """A pool of fill threads for one replay; use as a context manager (joined on exit)."""
 
-    def __init__(self, graph: InitGraph, enabled: bool, seed_of: Callable[[str, int], int]) -> None:
+    def __init__(self, graph: InitGraph, generator_for: Callable[[str, int], torch.Generator | None]) -> None:
         self.graph = graph
-        self.seed_of = seed_of
-        self.workers = torch.get_num_threads() if enabled else 0
+        self.generator_for = generator_for  # (stream key, position) → its own generator, or None
+        self.workers = torch.get_num_threads()
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[StorageId, Future] = {}
 
@@ -59,9 +60,9 @@ class ParallelFills:
         target = args[0]
         if target.device.type != "cpu":
             return False
-        key, position = op.stream
-        generator = torch.Generator(device=target.device)
-        generator.manual_seed(self.seed_of(key, position))
+        generator = self.generator_for(*op.stream)
+        if generator is None:
+            return False
         sid = self.graph.tensors[op.inputs[0]].storage
         self._pending[sid] = self._pool.submit(
             _fill_in_mode, op.inference, op.func, args, {**kwargs, "generator": generator}

@@ -105,7 +105,7 @@ class Replay:
 
             ops = self.graph.closure_of(
                 tids,
-                skip_dead_writes=self.routing.rng == "fast",
+                skip_dead_writes=True,  # random ops skipped are jumped (or run on scratch) by RngSession
                 has_object=lambda tid: self._reusable(tensors[tid].storage),
                 storage_ready=storage_ready,
             )
@@ -167,9 +167,8 @@ class Replay:
             done_at = self._completion_points(ops, tids)
             total_bytes = sum(self._nbytes(tid) for tid in set(tids))
             total_tensors = len(set(tids))
-            fills = ParallelFills(self.graph, self.routing.rng == "fast", self.state.streams.fast_seed)
             with outside_recording(), RngSession(self.state.streams, self.routing.rng, self.run_scratch) as rng, \
-                    fills:
+                    ParallelFills(self.graph, rng.fill_generator) as fills:
                 finished, finished_bytes = 0, 0
                 for position, index in enumerate(ops):
                     try:

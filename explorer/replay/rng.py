@@ -3,11 +3,14 @@
 Eager construction draws every random op, in order, from the default generator of the op's device.
 `deferred_init` snapshots those generators when it starts and numbers each random op in its
 device's stream. To replay random op k with rng="eager", the generator is set to the state it had
-just before op k: states are cached as replay passes them, and a missing one is reached by
-re-running the skipped random ops on scratch tensors of the recorded layout (what matters is how
-many numbers each op draws, not where they go). With rng="fast" each random op instead gets a
+just before op k. That state is reached from the nearest cached state before k: on the CPU by
+*jumping* the Mersenne Twister over the draws of the ops in between (`draws.draw_count`,
+`mt19937.jump_state`: milliseconds, whatever the distance); an op whose count is not known in
+advance (value-dependent, or reading the cached normal sample), and every op of a CUDA stream, is
+re-run on a scratch tensor of its recorded layout instead. Every state reached is cached, so a later
+click on an earlier layer starts from a known state. With rng="fast" each random op instead gets a
 seed derived from the start state and its position, so values do not depend on what else is
-materialized or in which order, and dead writes can be skipped.
+materialized or in which order.
 
 A `RngSession` owns the default generators while a replay runs and puts back the user's states
 when it ends, whatever happens.
@@ -15,14 +18,19 @@ when it ends, whatever happens.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import threading
+import time
+from dataclasses import dataclass
 from typing import Callable, Literal, get_args
 
 import torch
 
 from ..graph import InitGraph, OpIndex
 from ..record.generators import default_generator
+from .draws import draw_count
+from .mt19937 import jump_state
 
 # How replay reaches random values: "eager" reproduces eager construction bit for bit (each random op
 # draws from the generator state eager construction had before it); "fast" seeds each random op from
@@ -34,20 +42,87 @@ RNG_MODES: tuple[RngMode, ...] = get_args(RngMode)
 GENERATOR_LOCK = threading.RLock()
 
 
+@dataclass
+class JumpStats:
+    """Generator jumps made for one graph: how many, over how many draws, in how many seconds."""
+
+    count: int = 0
+    draws: int = 0
+    seconds: float = 0.0
+
+    def add(self, draws: int, seconds: float) -> None:
+        self.count += 1
+        self.draws += draws
+        self.seconds += seconds
+
+
 class RngStreams:
     """Per-graph cache of generator states before each random op (state k = before the k-th op)."""
 
     def __init__(self, graph: InitGraph) -> None:
         self.graph = graph
         self._states: dict[str, dict[int, torch.Tensor]] = {}
+        self._known: dict[str, list[int]] = {}  # cached positions of each stream, sorted
+        self._draws: dict[str, list[int | None]] = {}
         self._salts: dict[str, int] = {}
+        self.jumps = JumpStats()
 
     def cache(self, key: str) -> dict[int, torch.Tensor]:
         """States of stream `key` by position; position 0 is the state when deferred_init started."""
         states = self._states.get(key)
         if states is None:
             states = self._states[key] = {0: self.graph.rng_start[key]}
+            self._known[key] = [0]
         return states
+
+    def remember(self, key: str, position: int, state: torch.Tensor) -> None:
+        cache = self.cache(key)
+        if position not in cache:
+            cache[position] = state
+            bisect.insort(self._known.setdefault(key, [0]), position)
+
+    def draws(self, key: str, position: int) -> int | None:
+        """32-bit draws random op `position` of CPU stream `key` takes; None: not known (or not CPU)."""
+        counts = self._draws.setdefault(key, [])
+        ops = self.graph.random_streams.get(key, [])
+        while len(counts) <= position:  # the stream grows while the constructor still runs (value reads)
+            op = self.graph.ops[ops[len(counts)]]
+            counts.append(draw_count(self.graph, op) if key == "cpu" else None)
+        return counts[position]
+
+    def state_before(
+        self, key: str, position: int, run_scratch: Callable[[str, int, torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """The state of stream `key` before random op `position`: from the nearest cached state,
+        jumping over ops of known draw count and running the others (`run_scratch(key, p, state)`
+        returns the state after op p)."""
+        cache = self.cache(key)
+        if position in cache:
+            return cache[position]
+        known = self._known.setdefault(key, [0])
+        at = known[bisect.bisect_right(known, position) - 1]
+        state, pending = cache[at], 0
+        while at < position:
+            count = self.draws(key, at)
+            if count is not None:
+                pending, at = pending + count, at + 1
+                continue
+            if pending:
+                state, pending = self._jump(state, pending), 0
+                self.remember(key, at, state)
+            state = run_scratch(key, at, state)
+            at += 1
+            self.remember(key, at, state)
+        if pending:
+            state = self._jump(state, pending)
+        self.remember(key, position, state)
+        return state
+
+    def _jump(self, state: torch.Tensor, draws: int) -> torch.Tensor:
+        started = time.perf_counter()
+        jumped = jump_state(state, draws)
+        self.jumps.add(draws, time.perf_counter() - started)
+        return jumped
 
     def fast_seed(self, key: str, position: int) -> int:
         """A seed for random op `position` of stream `key`, fixed by the start state alone."""
@@ -95,13 +170,38 @@ class RngSession:
         generator = self._generator(key)
         if self._position.get(key) == position:
             return
-        cache = self.streams.cache(key)
-        start = max(k for k in cache if k <= position)
-        generator.set_state(cache[start])
-        for skipped in range(start, position):
-            self.run_scratch(self.streams.graph.random_streams[key][skipped])
-            cache.setdefault(skipped + 1, generator.get_state())
+        generator.set_state(self.state_before(key, position))
         self._position[key] = position
+
+    def state_before(self, key: str, position: int) -> torch.Tensor:
+        """Eager's state of stream `key` before random op `position` (the default generator of
+        `key` may be moved on the way, and is then no longer at any known position)."""
+        return self.streams.state_before(key, position, self._scratch_step)
+
+    def private_generator(self, key: str, position: int) -> torch.Generator | None:
+        """A new generator in eager's state before CPU random op `position`, for an op run off the
+        default generator (a parallel fill); None when the op's draw count is not known, since
+        the ops after it would then need it run on the default generator."""
+        if self.mode != "eager" or key != "cpu" or self.streams.draws(key, position) is None:
+            return None
+        generator = torch.Generator()
+        generator.set_state(self.state_before(key, position))
+        return generator
+
+    def fill_generator(self, key: str, position: int) -> torch.Generator | None:
+        """The generator a parallel fill of random op `position` draws from (None: run it here)."""
+        if self.mode == "fast":
+            generator = torch.Generator()
+            generator.manual_seed(self.streams.fast_seed(key, position))
+            return generator
+        return self.private_generator(key, position)
+
+    def _scratch_step(self, key: str, position: int, state: torch.Tensor) -> torch.Tensor:
+        generator = self._generator(key)
+        generator.set_state(state)
+        self._position.pop(key, None)
+        self.run_scratch(self.streams.graph.random_streams[key][position])
+        return generator.get_state()
 
     def after_random_op(self, key: str, position: int) -> None:
         if self.mode == "fast":
@@ -109,4 +209,4 @@ class RngSession:
         self._position[key] = position + 1
         cache = self.streams.cache(key)
         if position + 1 not in cache:
-            cache[position + 1] = default_generator(key).get_state()
+            self.streams.remember(key, position + 1, default_generator(key).get_state())

@@ -19,7 +19,7 @@ from explorer.replay.routing import route_devices
 
 
 class Draws(nn.Module):
-    """Six random ops of different kinds, sizes and dtypes, in a known order."""
+    """Seven random ops of different kinds, sizes and dtypes, in a known order."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -78,16 +78,62 @@ def test_state_before_each_op_is_the_eager_state_before_it(deferred, restore_rng
             assert torch.equal(torch.get_rng_state(), expected[position]), f"position {position}"
 
 
-def test_states_passed_on_the_way_are_cached(deferred) -> None:
+def test_states_reached_are_cached_and_reused_without_jumping_again(deferred) -> None:
     _, graph = deferred
     expected = eager_states(1234)
     rng, streams = session(graph)
     with rng:
-        rng.before_random_op("cpu", 4, "cpu")
+        rng.before_random_op("cpu", 5, "cpu")
     cache = streams.cache("cpu")
-    assert set(cache) >= {0, 1, 2, 3, 4}
+    assert {0, 5} <= set(cache)
     for position, state in cache.items():
-        assert torch.equal(state, expected[position])
+        assert torch.equal(state, expected[position]), f"position {position}"
+    jumps = streams.jumps.count
+    assert jumps >= 1  # uniform_, normal_ (17 float64), rand: all of known count
+    again = RngSession(streams, "eager", Replay(graph, route_devices(None, "eager"), remember=False).run_scratch)
+    with again:
+        again.before_random_op("cpu", 5, "cpu")
+        assert torch.equal(torch.get_rng_state(), expected[5])
+    assert streams.jumps.count == jumps
+
+
+def test_draw_counts_of_the_recorded_ops(deferred) -> None:
+    _, graph = deferred
+    streams = RngStreams(graph)
+    counts = [streams.draws("cpu", p) for p in range(7)]
+    # uniform_ 5; normal_ 17 float64: 2 x (17 + 16-value tail); randn 21: 21 + 16; randint 40;
+    # bfloat16 uniform_ 33; rand 4; bernoulli_(0.5) on 4: 2 per element, or MKL's one seed draw.
+    assert counts[:6] == [5, 2 * (17 + 16), 21 + 16, 40, 33, 4]
+    assert counts[6] in (8, 1)
+
+
+class SmallNormals(nn.Module):
+    """normal_ below 16 elements reads and writes the cached normal sample: its count is unknown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.empty(100).uniform_())
+        self.b = nn.Parameter(torch.empty(3).normal_())
+        self.c = nn.Parameter(torch.empty(1000).uniform_())
+        self.d = nn.Parameter(torch.empty(5, dtype=torch.float64).normal_())
+        self.e = nn.Parameter(torch.empty(64).normal_())
+
+
+def test_ops_of_unknown_draw_count_are_run_on_scratch_and_the_rest_jumped(restore_rng) -> None:
+    torch.manual_seed(77)
+    expected = [p.detach().clone() for p in SmallNormals().parameters()]
+    torch.manual_seed(77)
+    module = deferred_init(SmallNormals)
+    graph = handle_of(module.a).graph
+    streams = RngStreams(graph)
+    assert [streams.draws("cpu", p) for p in range(5)] == [100, None, 1000, None, 64]
+    rng = RngSession(streams, "eager", Replay(graph, route_devices(None, "eager"), remember=False).run_scratch)
+    with rng:
+        rng.before_random_op("cpu", 4, "cpu")
+        drawn = torch.empty(64).normal_()
+    assert torch.equal(drawn, expected[4])
+    assert streams.jumps.count >= 1
+    assert {1, 2, 3, 4} <= set(streams.cache("cpu"))  # before and after each scratch run
 
 
 def test_the_users_generator_state_is_restored_after_a_session(deferred) -> None:

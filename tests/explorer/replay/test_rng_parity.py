@@ -97,3 +97,39 @@ def test_fast_and_eager_draw_from_the_same_distribution_shape():
     weight = module.layers[0].weight
     assert weight.shape == (16, 16)
     assert 0.01 < weight.std().item() < 0.03  # normal_(0, 0.02) ran, not the overwritten kaiming init
+
+
+class DeepMixed(nn.Module):
+    """Twelve blocks drawing with every common initializer, sizes around the 16-element blocks of
+    `normal_`, float32/float64/bfloat16, twice initialised like Hugging Face models."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList()
+        for i in range(12):
+            block = nn.Module()
+            block.proj = nn.Linear(7 + i, 9 + 2 * i)  # kaiming_uniform_ + uniform_ bias
+            block.gate = nn.Parameter(torch.empty(15 + i, dtype=torch.float64))
+            block.emb = nn.Embedding(3 + i, 5)  # normal_
+            block.low = nn.Parameter(torch.empty(33 + i, dtype=torch.bfloat16).uniform_(-1, 1))
+            block.register_buffer("mask", torch.rand(4 + i).bernoulli_(0.3))
+            block.register_buffer("ids", torch.randint(0, 100, (i + 1,)))
+            nn.init.xavier_normal_(block.proj.weight)
+            nn.init.normal_(block.gate, 0.0, 0.5)
+            self.blocks.append(block)
+
+
+def test_last_block_then_first_of_a_deep_model_equal_eager_bytes():
+    torch.manual_seed(5)
+    expected = DeepMixed().state_dict()
+    torch.manual_seed(5)
+    module = deferred_init(DeepMixed)
+    for index in (11, 0, 6):
+        materialize_module(module.blocks[index])
+        for name, value in module.blocks[index].state_dict().items():
+            reference = expected[f"blocks.{index}.{name}"]
+            assert value.dtype == reference.dtype
+            assert value.view(torch.uint8).equal(reference.view(torch.uint8)), f"blocks.{index}.{name}"
+    materialize_module(module)
+    for name, value in module.state_dict().items():
+        assert value.view(torch.uint8).equal(expected[name].view(torch.uint8)), name
