@@ -285,6 +285,60 @@ def rng_jump_time(reps: int) -> dict:
     return {"first": first, "warm": warm}
 
 
+# -- 5. sharded materialization: each rank draws only its rows -----------------------------------
+def _shard_rank(rank: int, world: int, config: str, init_file: str, out: Any) -> None:
+    """One gloo rank: deferred_init, then time fully_shard_deferred (each decoder layer, then root)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import LlamaForCausalLM
+
+    from explorer import deferred_init
+    from explorer.distributed import fully_shard_deferred
+
+    torch.set_num_threads(1)  # a rank owns one core, as it would on a machine with a core per rank
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        torch.manual_seed(0)
+        model = deferred_init(LlamaForCausalLM, llama_config(config))
+
+        def shard(root: Any) -> None:
+            for layer in root.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(root, mesh=mesh)
+
+        dist.barrier()
+        start = time.perf_counter()
+        fully_shard_deferred(model, mesh, shard=shard)
+        out.put((rank, time.perf_counter() - start))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def shard_time(config: str, world: int) -> dict:
+    """Seconds each of `world` gloo ranks takes in fully_shard_deferred of the same model."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        processes = [context.Process(target=_shard_rank, args=(r, world, config, f"{folder}/init", queue))
+                     for r in range(world)]
+        for process in processes:
+            process.start()
+        times = dict(queue.get(timeout=1800) for _ in range(world))
+        for process in processes:
+            process.join()
+    if any(p.exitcode != 0 for p in processes):
+        raise RuntimeError(f"a rank exited with {[p.exitcode for p in processes]}")
+    return {"times": [times[r] for r in range(world)]}
+
+
 # -- profiles (guidance for engine work, not targets) --------------------------------------------
 def _stats_text(profiler: Any, top: int, sort: str = "tottime") -> str:
     import io
@@ -451,4 +505,5 @@ CASES = {
     "materialize_time": materialize_time,
     "layer_peak_rss": layer_peak_rss,
     "rng_jump_time": rng_jump_time,
+    "shard_time": shard_time,
 }

@@ -289,6 +289,18 @@ def bench_rng_jump(report: Report, reps: int) -> None:
     report.notes.append(f"generator jump, median of {reps} per distance: {warm}")
 
 
+def bench_shards(report: Report, config: str, timeout: float) -> None:
+    """fully_shard_deferred of `config` by 1 and by 2 gloo ranks: each of 2 ranks ≤ 0.65× one rank."""
+    name = f"{config} fully_shard_deferred, slowest of 2 gloo ranks vs 1 rank (rng=eager, 1 thread/rank)"
+    try:
+        one = run_child("shard_time", timeout, config=config, world=1)["times"][0]
+        two = max(run_child("shard_time", timeout, config=config, world=2)["times"])
+    except ChildError as error:
+        report.error(name, "≤ 0.65×", error)
+        return
+    report.add(Row(name, f"{two:.2f} s", f"{one:.2f} s", f"{two / one:.2f}×", "≤ 0.65×", verdict(two <= 0.65 * one)))
+
+
 def bench_inspection(report: Report, reps: int) -> None:
     """Absolute targets of the inspection and UI issues (seconds on this machine, median of reps)."""
 
@@ -358,7 +370,7 @@ def main() -> int:
     parser.add_argument("--layer-rng", choices=["eager", "fast", "both"], default="both",
                         help="rng mode(s) for the one-layer cases")
     parser.add_argument("--layer-timeout", type=float, default=900.0, help="seconds allowed per layer case")
-    parser.add_argument("--only", choices=["deferred", "materialize", "layer", "jump", "inspection"], action="append",
+    parser.add_argument("--only", choices=["deferred", "materialize", "layer", "jump", "shards", "inspection"], action="append",
                         help="run only these benchmarks (repeatable)")
     parser.add_argument("--profile", action="store_true", help="write cProfile reports to build/profile.md instead")
     parser.add_argument("--top", type=int, default=25, help="lines per profile table")
@@ -390,7 +402,7 @@ def run(args: argparse.Namespace, started: float, engine: str) -> int:
     reps = args.reps or (3 if args.quick else 15)
     mat_reps = args.mat_reps or (1 if args.quick else 3)
     seven, one, seventy = ("quick-7b", "quick-1b", "quick-70b") if args.quick else ("llama-7b", "llama-1.1b", "llama-70b")
-    only = set(args.only or ["deferred", "materialize", "layer", "jump", "inspection"])
+    only = set(args.only or ["deferred", "materialize", "layer", "jump", "shards", "inspection"])
     report = Report()
     if "deferred" in only:
         log(f"1. deferred_init {seven} ({reps} interleaved reps)")
@@ -408,8 +420,12 @@ def run(args: argparse.Namespace, started: float, engine: str) -> int:
         log("4. the CPU generator jump")
         bench_rng_jump(report, reps)
 
+    if "shards" in only:
+        log(f"5. sharded materialization of {one}: 1 rank, then 2 ranks")
+        bench_shards(report, one, args.layer_timeout)
+
     if "inspection" in only:
-        log("5. inspection and notebook UI on llama-7b")
+        log("6. inspection and notebook UI on llama-7b")
         bench_inspection(report, reps)
 
     import platform

@@ -4,8 +4,9 @@ We do not write a distribution scheme; PyTorch's does the sharding. `fully_shard
 FSDP2's `fully_shard` the module with every fake swapped for a meta tensor (FSDP2 supports
 meta-device init: it builds DTensor parameters whose local shards are meta), lets
 `module.to_empty` allocate the local shards on the rank's device, then fills them one parameter
-at a time: materialize the full tensor (the engine's replay, with RNG parity), copy this rank's
-slice into the local shard, drop the full tensor. `distribute_deferred` does the same with
+at a time. A parameter whose value is one random fill (what `nn.init` leaves) is drawn for this
+rank's rows only, from the CPU generator jumped to their first draw (`replay.rows`); any other is
+materialized whole (the engine's replay, with RNG parity), sliced, and dropped. `distribute_deferred` does the same with
 DTensor placements the user chooses. Either way a rank holds its shards plus at most one full
 tensor, and since every rank replays the same closures from the same recorded RNG state, the
 gathered model equals eager construction bit for bit (`rng="eager"`) or is the same for every
@@ -33,6 +34,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from .errors import DistributedMaterializationError, MaterializationError
 from .replay.materialize import TensorSlot, deferred_slots, materialize_fakes
 from .replay.rng import RngMode
+from .replay.rows import draw_rows
 
 PlacementsFor = Mapping[str, Sequence[Placement]] | Callable[[str, torch.Tensor], Sequence[Placement]]
 
@@ -102,11 +104,11 @@ def distribute_deferred(
         slots = deferred_slots(module)
         chosen = _placements_lookup(placements)
 
-        def install(slot: TensorSlot, fake: torch.Tensor, full: torch.Tensor) -> nn.Parameter:
+        def install(slot: TensorSlot, fake: torch.Tensor, source: ParameterSource) -> nn.Parameter:
             wanted = tuple(chosen(slot[3], fake))
-            local = _local_slice(full, mesh, wanted).clone(memory_format=torch.contiguous_format)
-            dtensor = DTensor.from_local(local, mesh, wanted, run_check=False, shape=full.shape,
-                                         stride=full.stride())
+            local = source.part(mesh, wanted).clone(memory_format=torch.contiguous_format)
+            dtensor = DTensor.from_local(local, mesh, wanted, run_check=False, shape=fake.shape,
+                                         stride=fake.stride())
             return nn.Parameter(dtensor, requires_grad=fake.requires_grad)
 
         _fill_parameters(slots, target, rng, install)
@@ -152,25 +154,60 @@ def _swap_for_meta(slots: list[tuple[TensorSlot, torch.Tensor]]) -> None:
         getattr(owner, kind)[key] = meta
 
 
+class ParameterSource:
+    """One deferred parameter's values for this rank: its rows drawn alone when its value is a single
+    random fill and only dim 0 is sharded, else the whole tensor materialized once and sliced."""
+
+    def __init__(self, fake: torch.Tensor, name: str, device: torch.device, rng: RngMode) -> None:
+        self.fake, self.name, self.device, self.rng = fake, name, device, rng
+        self._whole: torch.Tensor | None = None
+        self.drawn_rows = False  # whether rows were drawn alone (for tests and benchmarks)
+
+    def whole(self) -> torch.Tensor:
+        if self._whole is None:
+            self._whole = materialize_fakes([self.fake], [self.name], self.device, self.rng, None)[0]
+        return self._whole
+
+    def part(self, mesh: DeviceMesh, placements: Sequence[Placement]) -> torch.Tensor:
+        """This rank's part under `placements` (a view of the whole tensor, or freshly drawn rows)."""
+        rows = _row_range(self.fake, mesh, placements)
+        if rows is not None and self.device.type == "cpu" and self._whole is None:
+            drawn = draw_rows(self.fake, *rows, self.rng, self.name)
+            if drawn is not None:
+                self.drawn_rows = True
+                return drawn
+        return _local_slice(self.whole(), mesh, placements)
+
+
+def _row_range(fake: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement]) -> tuple[int, int] | None:
+    """Rows [start, stop) of dim 0 that make this rank's part, when no other dim is split."""
+    if fake.dim() == 0 or any(not (p.is_shard() or p.is_replicate()) for p in placements):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(fake.shape, mesh, placements)
+    if tuple(shape[1:]) != tuple(fake.shape[1:]):
+        return None
+    return offset[0], offset[0] + shape[0]
+
+
 def _fill_parameters(
     slots: list[tuple[TensorSlot, torch.Tensor]],
     device: torch.device,
     rng: RngMode,
-    install: Callable[[TensorSlot, torch.Tensor, torch.Tensor], nn.Parameter | None],
+    install: Callable[[TensorSlot, torch.Tensor, ParameterSource], nn.Parameter | None],
 ) -> None:
-    """For each distinct parameter in module order: materialize it whole, let `install` keep this
-    rank's part (returning a new parameter for the slot, or None when it filled the slot's tensor
-    in place), then drop the whole tensor before the next one."""
+    """For each distinct parameter in module order: let `install` take this rank's part from its
+    `ParameterSource` (returning a new parameter for the slot, or None when it filled the slot's
+    tensor in place), then drop whatever whole tensor was made before the next one."""
     done: dict[int, nn.Parameter | None] = {}
     for slot, fake in slots:
         owner, kind, key, name = slot
         if kind != "_parameters":
             continue
         if id(fake) not in done:
-            full = materialize_fakes([fake], [name], device, rng, None)[0]
+            source = ParameterSource(fake, name, device, rng)
             with torch.no_grad():
-                done[id(fake)] = install(slot, fake, full)
-            del full
+                done[id(fake)] = install(slot, fake, source)
+            del source
             if device.type == "cpu":
                 _return_freed_host_memory()
         if done[id(fake)] is not None:
@@ -208,13 +245,13 @@ def _fill_buffers(slots: list[tuple[TensorSlot, torch.Tensor]], device: torch.de
         owner._buffers[key] = real
 
 
-def _copy_into_local(slot: TensorSlot, fake: torch.Tensor, full: torch.Tensor) -> None:
+def _copy_into_local(slot: TensorSlot, fake: torch.Tensor, source: ParameterSource) -> None:
     """Fill the sharded parameter fully_shard + to_empty left in the slot with this rank's slice."""
     owner, _, key, name = slot
     param = owner._parameters[key]
     if isinstance(param, DTensor):
         local = param._local_tensor  # FSDP2's local shard: a view into its padded shard storage
-        part = _local_slice(full, param.device_mesh, param.placements)
+        part = source.part(param.device_mesh, param.placements)
         if local.shape != part.shape:
             raise MaterializationError(
                 f"{name!r}: the local shard has shape {tuple(local.shape)}, but DTensor placements "
@@ -222,7 +259,7 @@ def _copy_into_local(slot: TensorSlot, fake: torch.Tensor, full: torch.Tensor) -
             )
         local.copy_(part)
     else:  # a parameter fully_shard was told to ignore: whole on every rank
-        param.copy_(full)
+        param.copy_(source.whole())
 
 
 def _local_slice(full: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement]) -> torch.Tensor:

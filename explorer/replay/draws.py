@@ -121,7 +121,8 @@ def _family(op: OpNode, graph: InitGraph, written: TensorInfo) -> Family | None:
     return None  # randperm, multinomial, log_normal_, poisson, ...: run on scratch
 
 
-def _is_contiguous(info: TensorInfo) -> bool:
+def is_contiguous(info: TensorInfo) -> bool:
+    """Whether the recorded layout is the contiguous one for its shape."""
     expected = 1
     for size, stride in reversed(list(zip(info.shape, info.stride))):
         if size != 1 and stride != expected:
@@ -136,6 +137,11 @@ def written_tensor(graph: InitGraph, op: OpNode) -> TensorInfo:
     return graph.tensors[tid]
 
 
+def family_of(graph: InitGraph, op: OpNode) -> Family | None:
+    """The kernel family of a recorded random op (None: no draw-count rule for it)."""
+    return _family(op, graph, written_tensor(graph, op)) if op.output_ids else None
+
+
 def draw_count(graph: InitGraph, op: OpNode) -> int | None:
     """32-bit draws `op` takes from the CPU generator, or None when that is not known in advance."""
     if not op.output_ids:
@@ -144,7 +150,7 @@ def draw_count(graph: InitGraph, op: OpNode) -> int | None:
     if written.device.type != "cpu":
         return None
     family = _family(op, graph, written)
-    if family is None or (family.contiguous_only and not _is_contiguous(written)):
+    if family is None or (family.contiguous_only and not is_contiguous(written)):
         return None
     numel = 1
     for size in written.shape:

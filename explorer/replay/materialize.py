@@ -10,7 +10,7 @@ from torch import nn
 from ..errors import MaterializationError
 from ..record.fake import handle_of, is_fake
 from .provenance import remember_origins
-from .replay import Progress, Replay
+from .replay import Progress, Replay, StepReport
 from .rng import RngMode
 from .routing import DeviceLike, DeviceMap, TensorPlacement, route_devices
 
@@ -46,7 +46,8 @@ def check_materializable(fake: torch.Tensor, name: str) -> None:
 
 
 def materialize_fakes(
-    fakes: list[torch.Tensor], names: list[str], device: DeviceMap, rng: RngMode, progress: Progress | None
+    fakes: list[torch.Tensor], names: list[str], device: DeviceMap, rng: RngMode, progress: Progress | None,
+    on_step: StepReport | None = None,
 ) -> list[torch.Tensor]:
     routing = route_devices(device, rng)
     by_graph: dict[int, list[int]] = {}
@@ -58,7 +59,7 @@ def materialize_fakes(
         graph = handle_of(fakes[positions[0]]).graph
         tids = [handle_of(fakes[p]).tensor_id for p in positions]
         replay = Replay(graph, routing, names={tid: names[p] for tid, p in zip(tids, positions)})
-        reals = replay.run([fakes[p] for p in positions], tids, progress)
+        reals = replay.run([fakes[p] for p in positions], tids, progress, on_step)
         remember_origins(graph, tids, reals)  # so inspect still tells them from eager tensors
         for position, real in zip(positions, reals):
             results[position] = real
@@ -67,7 +68,7 @@ def materialize_fakes(
 
 def materialize_placed(
     fakes: list[torch.Tensor], names: list[str], placement: Callable[[str], DeviceLike], rng: RngMode,
-    progress: Progress | None,
+    progress: Progress | None, on_step: StepReport | None = None,
 ) -> list[torch.Tensor]:
     """`materialize_fakes` with a target device per tensor name: one replay per target device, every
     target validated before anything runs; progress counts across the groups."""
@@ -87,7 +88,7 @@ def materialize_placed(
 
         group = [fakes[p] for p in positions]
         reals = materialize_fakes(group, [names[p] for p in positions], target, rng,
-                             group_progress if progress is not None else None)
+                             group_progress if progress is not None else None, on_step)
         for position, real in zip(positions, reals):
             results[position] = real
         distinct = {(id(handle_of(f).graph), handle_of(f).tensor_id): f for f in group}
@@ -149,6 +150,7 @@ def materialize_module(
     device: DeviceMap = None,
     rng: RngMode = "eager",
     progress: Progress | None = None,
+    on_step: StepReport | None = None,
 ) -> nn.Module:
     """Materialize the deferred parameters and buffers of `module` and its submodules, in place.
 
@@ -156,7 +158,8 @@ def materialize_module(
     own tensors are materialized (children are visited either way). `device` and `rng` as for
     `materialize_tensor`, or a per-tensor placement such as `explorer.plan_devices(...)`'s plan;
     `progress(done, total, done_bytes, total_bytes)` is called as tensors
-    complete and may raise to cancel. All or nothing: on any error (or interrupt) every attribute
+    complete and may raise to cancel; `on_step(step, detail)` when a step of the replay starts or
+    ends ("rng": the generator jumped to eager's states, with how far and how long; "replay"). All or nothing: on any error (or interrupt) every attribute
     of the module is left as it was. Returns `module`.
     """
     slots = deferred_slots(module, buffers_only, check_fn)
@@ -164,9 +167,9 @@ def materialize_module(
         return module
     fakes, names = [t for _, t in slots], [s[3] for s, _ in slots]
     if isinstance(device, TensorPlacement):
-        reals = materialize_placed(fakes, names, device.resolver(module), rng, progress)
+        reals = materialize_placed(fakes, names, device.resolver(module), rng, progress, on_step)
     else:
-        reals = materialize_fakes(fakes, names, device, rng, progress)
+        reals = materialize_fakes(fakes, names, device, rng, progress, on_step)
     for ((owner, kind, key, _), _), real in zip(slots, reals):
         getattr(owner, kind)[key] = real
     return module

@@ -10,6 +10,7 @@ gives the same real object and a view materialized later shares storage with its
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -29,6 +30,9 @@ from .routing import DeviceRouting, normalize
 
 # progress(done_tensors, total_tensors, done_bytes, total_bytes); may raise to cancel.
 Progress = Callable[[int, int, int, int], None]
+# on_step(step, detail): a step of one replay is done ("rng": generator states reached) or starts
+# ("replay": the ops run); may raise to cancel.
+StepReport = Callable[[str, str], None]
 
 
 class ReplayState:
@@ -158,7 +162,8 @@ class Replay:
         op.func(*args, **kwargs)
 
     def run(
-        self, fakes: Sequence[FakeTensor], tids: Sequence[TensorId], progress: Progress | None = None
+        self, fakes: Sequence[FakeTensor], tids: Sequence[TensorId], progress: Progress | None = None,
+        on_step: StepReport | None = None,
     ) -> list[torch.Tensor]:
         """Materialize `fakes` (whose ids are `tids`); nothing is remembered unless all succeed."""
         with self.state.lock:
@@ -169,6 +174,7 @@ class Replay:
             total_tensors = len(set(tids))
             with outside_recording(), RngSession(self.state.streams, self.routing.rng, self.run_scratch) as rng, \
                     ParallelFills(self.graph, rng.fill_generator) as fills:
+                self._position_generators(ops, rng, on_step)
                 finished, finished_bytes = 0, 0
                 for position, index in enumerate(ops):
                     try:
@@ -194,6 +200,28 @@ class Replay:
                 if sid not in self.anchor_store:
                     self.anchor_store[sid] = result
             return results
+
+    def _position_generators(self, ops: Sequence[OpIndex], rng: RngSession, on_step: StepReport | None) -> None:
+        """With rng="eager", reach eager's generator state before every random op to run, as a step
+        of its own (jumps, plus scratch runs of ops of unknown draw count); the ops then find them
+        cached."""
+        if self.routing.rng != "eager":
+            return
+        wanted = [op.stream for op in map(self.graph.ops.__getitem__, ops)
+                  if op.stream is not None and self.routing.exec_device(torch.device(op.stream[0])).type != "meta"]
+        jumps = self.state.streams.jumps
+        before = (jumps.count, jumps.draws, jumps.seconds, jumps.scratch_runs)
+        started = time.perf_counter()
+        for key, position in wanted:
+            rng.state_before(key, position)
+        if on_step is not None:
+            count, draws, seconds, scratch = (now - then for now, then in zip(
+                (jumps.count, jumps.draws, jumps.seconds, jumps.scratch_runs), before))
+            on_step("rng", f"generator at eager's state for {len(wanted)} random op{'s' * (len(wanted) != 1)}: "
+                           f"{count} jump{'s' * (count != 1)} over {draws:,} draws ({seconds:.2f} s), "
+                           f"{scratch} op{'s' * (scratch != 1)} re-run on scratch, "
+                           f"{time.perf_counter() - started:.2f} s in all")
+            on_step("replay", f"running {len(ops)} recorded ops")
 
     def _nbytes(self, tid: TensorId) -> int:
         info = self.graph.tensors[tid]

@@ -44,11 +44,13 @@ GENERATOR_LOCK = threading.RLock()
 
 @dataclass
 class JumpStats:
-    """Generator jumps made for one graph: how many, over how many draws, in how many seconds."""
+    """How eager states were reached for one graph: jumps (how many, how far, how long) and
+    scratch runs."""
 
     count: int = 0
     draws: int = 0
     seconds: float = 0.0
+    scratch_runs: int = 0  # ops of unknown draw count run on scratch instead
 
     def add(self, draws: int, seconds: float) -> None:
         self.count += 1
@@ -111,6 +113,7 @@ class RngStreams:
                 state, pending = self._jump(state, pending), 0
                 self.remember(key, at, state)
             state = run_scratch(key, at, state)
+            self.jumps.scratch_runs += 1
             at += 1
             self.remember(key, at, state)
         if pending:
