@@ -1,6 +1,8 @@
 """Materialize bar: target device, RNG mode, buttons, per-tensor progress, cancel, status line.
 
-Calls `explorer.materialize_module(..., progress=...)`; the progress callback updates the bar and
+Calls `explorer.materialize_module(..., progress=..., on_step=...)`; the step line shows the replay's
+steps as they pass (with rng="eager" first the generator jump to eager's states — how many jumps,
+how many draws, how long — then the replay of the ops); the progress callback updates the bar and
 raises `MaterializationCancelled` once Cancel was pressed, which the engine lets through before it
 changes anything (all or nothing). The work runs on a background thread so the kernel stays idle
 and can deliver the Cancel click; `wait=True` runs it on the caller's thread instead.
@@ -21,6 +23,9 @@ import explorer
 from .formatting import bytes_text
 
 
+_STEP_NAMES = {"rng": "generator jump", "replay": "replay"}
+
+
 class MaterializationCancelled(Exception):
     """Raised from the progress callback to stop a materialization the user cancelled."""
 
@@ -37,7 +42,8 @@ class MaterializeBar(w.VBox):
     `selected_modules()` gives the modules whose own tensors "Materialize selected" fills;
     `on_done()` runs after a successful materialization (the explorer refreshes its views there).
     Traitlets `done`, `total`, `done_bytes`, `total_bytes` mirror the last progress report;
-    `running` is true while a materialization is under way.
+    `steps` lists the steps of the current materialization as "step: detail" lines; `running` is
+    true while a materialization is under way.
     """
 
     done = traitlets.Int(0)
@@ -45,6 +51,7 @@ class MaterializeBar(w.VBox):
     done_bytes = traitlets.Int(0)
     total_bytes = traitlets.Int(0)
     running = traitlets.Bool(False)
+    steps = traitlets.List(traitlets.Unicode())
 
     def __init__(self, module: nn.Module, selected_modules: Callable[[], list[nn.Module]],
                  on_done: Callable[[], None]) -> None:
@@ -72,6 +79,8 @@ class MaterializeBar(w.VBox):
         self.progress.add_class("de-progress")
         self.progress_text = w.Label("")
         self.progress_text.add_class("de-progress-text")
+        self.step = w.Label("")
+        self.step.add_class("de-step")
         self.status = w.Label("")
         self.status.add_class("de-status")
         self.selected_button.on_click(lambda _: self.materialize_selected())
@@ -80,10 +89,12 @@ class MaterializeBar(w.VBox):
         self.error: BaseException | None = None
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
+        self._step_texts: list[str] = []
         super().__init__([
             w.HBox([self.device, self.rng, self.selected_button, self.all_button, self.cancel_button],
                    layout=w.Layout(flex_flow="row wrap")),
             w.HBox([self.progress, self.progress_text]),
+            self.step,
             self.status,
         ])
         self.add_class("de-materialize-bar")
@@ -122,6 +133,7 @@ class MaterializeBar(w.VBox):
         with self.hold_trait_notifications():
             self.done = self.total = self.done_bytes = self.total_bytes = 0
         self.progress.value, self.progress.max, self.progress_text.value = 0, 1, ""
+        self.steps, self.step.value, self._step_texts = [], "", []
         self._set_buttons(running=True)
         self._set_status(f"materializing {what} on {device} (rng={rng})…", error=False)
         if wait:
@@ -142,10 +154,17 @@ class MaterializeBar(w.VBox):
             self.total, self.total_bytes = total, total_bytes
             self.done, self.done_bytes = done, done_bytes
 
+    def _step(self, step: str, detail: str) -> None:
+        if self._cancel.is_set():
+            raise MaterializationCancelled()
+        self.steps = [*self.steps, f"{step}: {detail}"]
+        self._step_texts = [*self._step_texts, f"step {len(self.steps)} — {_STEP_NAMES.get(step, step)}: {detail}"]
+        self.step.value = "  |  ".join(self._step_texts)
+
     def _run(self, check_fn: Callable[[nn.Module], bool] | None, what: str, device: str, rng: str) -> None:
         try:
             explorer.materialize_module(self.module, check_fn=check_fn, device=device, rng=rng,
-                                        progress=self._progress)
+                                        progress=self._progress, on_step=self._step)
         except MaterializationCancelled:
             self._finish(f"cancelled: {what} left as it was", error=False)
             return

@@ -230,6 +230,9 @@ def test_tree_pick_graph_click_and_materialize_reach_the_kernel(lab_notebook_url
             "classifier deferred: False | embed deferred: True"
             " | selection: ['classifier'] | open tensor: classifier.weight"
         )
+        # the bar showed the generator jump as the step before the replay
+        expect(page.locator(".de-step")).to_contain_text(re.compile(r"step 1 — generator jump: .* jumps? over [\d,]+ draws"))
+        expect(page.locator(".de-step")).to_contain_text("step 2 — replay: running")
     finally:
         explorer_view = page.locator(".de-explorer")
         if explorer_view.count():  # show the widget from its top, the kernel's answer below it

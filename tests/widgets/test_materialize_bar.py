@@ -1,5 +1,6 @@
 """Materialize bar: parity with eager construction, refreshed views, progress, errors, cancel."""
 
+import re
 import threading
 
 import torch
@@ -162,3 +163,22 @@ def test_materialize_selected_with_nothing_selected_says_so(ui):
     assert ui.materialize_selected(wait=True) is None
     assert ui.bar.status.value == "nothing selected: tick modules in the tree first"
     assert explorer.is_deferred(ui.module)
+
+
+def test_the_generator_jump_is_a_step_of_the_bar_before_the_replay(net_pair):
+    _, deferred = net_pair
+    ui = widgets.ExplorerWidget(deferred)
+    ui.select("blocks.1")
+    ui.materialize_selected(wait=True)
+    assert [line.split(":")[0] for line in ui.bar.steps] == ["rng", "replay"]
+    found = re.search(r"for (\d+) random ops: (\d+) jumps? over ([\d,]+) draws \([\d.]+ s\), 0 ops re-run on scratch",
+                      ui.bar.steps[0])
+    assert found, ui.bar.steps[0]
+    # blocks.1's three Linear layers (weight, bias): 6 uniform_ fills, each on its own jumped generator;
+    # past embed's normal_ (40 + 16-value tail) and blocks.0's fills (96), up to blocks.1's last (92)
+    assert found.groups()[:3] == ("6", "6", "244")
+    assert ui.bar.step.value.startswith("step 1 — generator jump: generator at eager's state for 6 random ops")
+    assert "  |  step 2 — replay: running " in ui.bar.step.value
+    ui.bar.rng.value = "fast"
+    ui.materialize_all(wait=True)
+    assert ui.bar.steps == []  # rng="fast" seeds each op: no generator step
