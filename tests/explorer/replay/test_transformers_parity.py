@@ -19,6 +19,8 @@ import torch
 from torch import nn
 
 from explorer import deferred_init, is_deferred, is_fake, materialize_module
+from explorer.record.fake import handle_of
+from explorer.replay.replay import ReplayState
 from tests.support.parity import assert_same_kind_and_layout, slots, tie_groups
 
 pytest.importorskip("transformers")
@@ -136,6 +138,7 @@ def test_full_materialization_equals_eager(arch):
 @ARCHS
 def test_reverse_submodule_by_submodule_equals_eager(arch):
     module = build_deferred(arch)
+    graph = handle_of(next(module.parameters())).graph
     torch.manual_seed(4321)
     before = torch.get_rng_state()
     for _, sub in reversed(list(module.named_modules())):
@@ -143,5 +146,6 @@ def test_reverse_submodule_by_submodule_equals_eager(arch):
         assert not any(is_fake(t) for t in [*sub._parameters.values(), *sub._buffers.values()] if t is not None)
     assert torch.equal(torch.get_rng_state(), before), "materialize_module advanced the global RNG"
     assert not is_deferred(module)
+    assert ReplayState.of(graph).streams.jumps.count > 0, "the last modules were not reached by jumps"
     assert_equal_to_eager(module, arch)
     assert_same_forward(module, arch)
