@@ -136,13 +136,29 @@ def _is_shape(value: Any) -> bool:
     return isinstance(value, (tuple, list, torch.Size)) and all(type(v) is int for v in value)
 
 
-def _fake_inputs(mode: FakeTensorMode, args: tuple, kwargs: dict, device: torch.device) -> tuple[tuple, dict]:
-    """Forward's arguments as fakes of `mode`: a positional tuple of ints is a float32 input of that shape."""
+def shape_input_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype of an input given only by its shape: token ids (int64) when the module's first
+    consumer is an embedding (a Hugging Face model whose main input is `input_ids`, or a module whose
+    first leaf with parameters is an `nn.Embedding`/`nn.EmbeddingBag`), float32 otherwise."""
+    main_input = getattr(module, "main_input_name", None)
+    if isinstance(main_input, str):
+        return torch.int64 if main_input == "input_ids" else torch.float32
+    for sub in module.modules():
+        if next(iter(sub.children()), None) is None and next(sub.parameters(recurse=False), None) is not None:
+            return torch.int64 if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) else torch.float32
+    return torch.float32
+
+
+def _fake_inputs(
+    mode: FakeTensorMode, args: tuple, kwargs: dict, device: torch.device, shape_dtype: torch.dtype
+) -> tuple[tuple, dict]:
+    """Forward's arguments as fakes of `mode`: a positional tuple of ints is an input of that shape
+    and `shape_dtype`."""
     fake_args = []
     for value in args:
         if _is_shape(value):
             with mode:
-                fake_args.append(torch.empty(tuple(value), dtype=torch.float32, device=device))
+                fake_args.append(torch.empty(tuple(value), dtype=shape_dtype, device=device))
         else:
             fake_args.append(_fake_input(mode, value))
     return tuple(fake_args), {key: _fake_input(mode, value) for key, value in kwargs.items()}
@@ -304,8 +320,9 @@ def dry_run(module: nn.Module, *inputs: Any, **kwargs: Any) -> DryRun:
     `module` may be deferred, partly materialized or eager; it is not changed (its tensors are
     swapped for fake copies only during the call), nothing is recorded and the global CPU RNG state
     is left as it was. `inputs` are forward's positional arguments: tensors (real ones are only read
-    for metadata), tuples of ints (a float32 input of that shape on the module's device), or a
-    single dict of keyword arguments; `kwargs` are passed on too. Runs without autograd.
+    for metadata), tuples of ints (an input of that shape on the module's device: token ids, int64,
+    when the first consumer is an embedding, else float32; see `shape_input_dtype`), or a single
+    dict of keyword arguments; `kwargs` are passed on too. Runs without autograd.
 
     Raises DryRunError naming the innermost running module when the forward cannot run on fake
     tensors (e.g. it reads a tensor's values), TypeError when `module` is not an nn.Module.
@@ -319,7 +336,7 @@ def dry_run(module: nn.Module, *inputs: Any, **kwargs: Any) -> DryRun:
     state = fake_state(census, mode)
     device = next(iter(state.values())).device if state else torch.device("cpu")
     args, kwargs = _split_inputs(inputs, kwargs)
-    args, kwargs = _fake_inputs(mode, args, kwargs, device)
+    args, kwargs = _fake_inputs(mode, args, kwargs, device, shape_input_dtype(module))
     excluded = {t.untyped_storage()._cdata for t in state.values()}
     excluded |= {t.untyped_storage()._cdata for t in tensor_leaves((args, kwargs))}
 

@@ -59,6 +59,16 @@ class DeferredTensor(FakeTensor):
         with outside_recording():
             return real.numpy(force=force)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickling (`pickle`, `torch.save`) is refused with the fix: a fake has no data, and the
+        recording it replays from holds live objects (ops, real tensors by reference, weak caches)
+        that would not mean the same in another process."""
+        raise TypeError(
+            f"cannot pickle {describe(self)}: it is a deferred (fake) tensor with no data. Materialize "
+            "first (explorer.materialize_module(module), then torch.save / pickle), or pickle the recipe "
+            "(the module class and its arguments) and call deferred_init again where you load it"
+        )
+
     def __deepcopy__(self, memo: dict[Any, Any]) -> torch.Tensor:
         """`copy.deepcopy` inside deferred_init (`nn.Transformer` clones its layers this way): the copy
         is made of recorded ops, as eager makes it. A parameter clones its data, as
@@ -70,8 +80,8 @@ class DeferredTensor(FakeTensor):
             return memo[id(self)]
         handle = handle_of(self)
         if handle is None or recording_graph() is not handle.graph:
-            raise RuntimeError(
-                "copy.deepcopy of a fake tensor works only inside the deferred_init that created it; "
+            raise TypeError(
+                f"copy.deepcopy of {describe(self)} works only inside the deferred_init that created it; "
                 "materialize the module first (explorer.materialize_module), then copy it"
             )
         if not self.is_leaf:
@@ -104,6 +114,20 @@ def _copy_keeping_storage(tensor: torch.Tensor, memo: dict[Any, Any]) -> torch.T
         numel = tensor.untyped_storage().nbytes() // tensor.element_size()
         flat = memo[key] = tensor.as_strided((numel,), (1,), 0).clone()
     return flat.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+
+
+def describe(tensor: torch.Tensor) -> str:
+    """'parameter 'layers.0.weight' (shape (4, 3), float32)': the tensor's name in the module
+    deferred_init returned when it is still there, else its shape and dtype."""
+    layout = f"shape {tuple(tensor.shape)}, {str(tensor.dtype).replace('torch.', '')}"
+    handle = handle_of(tensor)
+    root = handle.graph.root() if handle is not None and handle.graph.root is not None else None
+    if root is not None:
+        for kind, named in (("parameter", root.named_parameters), ("buffer", root.named_buffers)):
+            for name, candidate in named(remove_duplicate=False):
+                if candidate is tensor:
+                    return f"{kind} {name!r} ({layout})"
+    return f"a deferred tensor ({layout})"
 
 
 def is_fake(tensor: object) -> bool:

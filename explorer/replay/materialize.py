@@ -107,6 +107,8 @@ def materialize_tensor(tensor: torch.Tensor, *, device: DeviceMap = None, rng: R
     or "fast" (order-independent per-op seeds). Raises MaterializationError naming the culprit;
     nothing is changed when it does.
     """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"explorer.materialize_tensor expects a tensor, got {type(tensor).__name__} {tensor!r:.80}")
     if handle_of(tensor) is None:
         if is_fake(tensor):
             raise MaterializationError(
@@ -128,7 +130,7 @@ def deferred_slots(
         if id(sub) in seen:
             return
         seen.add(id(sub))
-        if check_fn is None or check_fn(sub):
+        if check_fn is None or _chosen(check_fn, sub, prefix):
             kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
             for kind in kinds:
                 for key, tensor in getattr(sub, kind).items():
@@ -140,6 +142,17 @@ def deferred_slots(
 
     visit(module, "")
     return slots
+
+
+def _chosen(check_fn: Callable[[nn.Module], bool], sub: nn.Module, prefix: str) -> bool:
+    try:
+        return bool(check_fn(sub))
+    except Exception as error:
+        where = f"submodule {prefix[:-1]!r}" if prefix else "the root module"
+        raise MaterializationError(
+            f"check_fn raised {type(error).__name__} for {where} ({type(sub).__name__}): {error}; "
+            "nothing was materialized"
+        ) from error
 
 
 def materialize_module(
@@ -162,6 +175,10 @@ def materialize_module(
     ends ("rng": the generator jumped to eager's states, with how far and how long; "replay"). All or nothing: on any error (or interrupt) every attribute
     of the module is left as it was. Returns `module`.
     """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"explorer.materialize_module expects an nn.Module, got {type(module).__name__} {module!r:.80}")
+    if check_fn is not None and not callable(check_fn):
+        raise TypeError(f"check_fn must be a function of a submodule returning bool, got {type(check_fn).__name__}")
     slots = deferred_slots(module, buffers_only, check_fn)
     if not slots:
         return module

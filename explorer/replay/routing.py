@@ -37,6 +37,11 @@ def parse_device(value: DeviceLike) -> torch.device:
     """`torch.device(value)`, with a MaterializationError naming the bad string."""
     if isinstance(value, torch.device):
         return value
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise MaterializationError(
+            f"device must be a string such as 'cpu' or 'cuda:0', a torch.device or a device index, "
+            f"got {type(value).__name__} {value!r:.60}"
+        )
     try:
         return torch.device(value)
     except (RuntimeError, TypeError) as error:

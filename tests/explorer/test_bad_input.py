@@ -4,6 +4,8 @@ leave open. Each test reads the message, and checks that nothing was changed or 
 from __future__ import annotations
 
 import gc
+import io
+import pickle
 import threading
 import weakref
 
@@ -406,3 +408,66 @@ def test_threads_materializing_disjoint_submodules_at_once_match_eager():
         assert errors == []
         assert not is_deferred(module)
         assert_same_state(module, eager)
+
+
+# -- type checks on the public functions (each a clear error, nothing changed) --------------------
+def test_materialize_module_of_a_non_module_is_a_type_error_naming_it():
+    with pytest.raises(TypeError) as error:
+        materialize_module("not a module")
+    assert str(error.value) == "explorer.materialize_module expects an nn.Module, got str 'not a module'"
+
+
+def test_materialize_tensor_of_a_non_tensor_is_a_type_error_naming_it():
+    with pytest.raises(TypeError) as error:
+        materialize_tensor([1, 2])
+    assert str(error.value) == "explorer.materialize_tensor expects a tensor, got list [1, 2]"
+
+
+def test_a_device_that_is_not_a_device_names_what_was_given():
+    module = deferred_init(nn.Linear, 3, 4)
+    with pytest.raises(MaterializationError) as error:
+        materialize_module(module, device=3.5)
+    assert str(error.value) == (
+        "device must be a string such as 'cpu' or 'cuda:0', a torch.device or a device index, got float 3.5"
+    )
+    assert is_deferred(module.weight) and is_deferred(module.bias)
+
+
+def test_an_unknown_rng_mode_is_refused_before_anything_runs():
+    module = deferred_init(nn.Linear, 3, 4)
+    with pytest.raises(MaterializationError, match=r"rng must be one of \('eager', 'fast'\), got 'eagre'"):
+        materialize_module(module, rng="eagre")
+    assert is_deferred(module.weight)
+
+
+def test_a_check_fn_that_raises_names_the_submodule_and_changes_nothing():
+    module = deferred_init(lambda: nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 3))))
+    before = {name: t for name, t in module.named_parameters()}
+
+    def picky(sub: nn.Module) -> bool:
+        if isinstance(sub, nn.Linear) and sub.out_features == 3:
+            raise ValueError("no 3s")
+        return True
+
+    with pytest.raises(MaterializationError) as error:
+        materialize_module(module, check_fn=picky)
+    assert str(error.value) == "check_fn raised ValueError for submodule '1.0' (Linear): no 3s; nothing was materialized"
+    assert isinstance(error.value.__cause__, ValueError)
+    assert {name: t for name, t in module.named_parameters()} == before
+    assert all(is_deferred(t) for t in before.values())
+
+
+@pytest.mark.parametrize("save", [pickle.dumps, lambda m: torch.save(m, io.BytesIO())], ids=["pickle", "torch.save"])
+def test_pickling_a_deferred_module_is_a_type_error_naming_the_tensor_and_the_fix(save):
+    module = deferred_init(lambda: nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 3)))
+    materialize_module(module[0])
+    with pytest.raises(TypeError) as error:
+        save(module)
+    assert str(error.value) == (
+        "cannot pickle parameter '1.weight' (shape (3, 2), float32): it is a deferred (fake) tensor with no data. "
+        "Materialize first (explorer.materialize_module(module), then torch.save / pickle), or pickle the recipe "
+        "(the module class and its arguments) and call deferred_init again where you load it"
+    )
+    materialize_module(module)
+    restored = pickle.loads(pickle.dumps(module))  # once materialized, it pickles as any module
+    assert torch.equal(restored[1].weight, module[1].weight)

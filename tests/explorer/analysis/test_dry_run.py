@@ -18,7 +18,7 @@ from torch.testing._internal.common_modules import module_db
 from torch.utils.flop_counter import FlopCounterMode
 
 from explorer import DryRunError, deferred_init, dry_run, is_deferred, materialize_module
-from explorer.analysis.dry_run import tensor_leaves
+from explorer.analysis.dry_run import shape_input_dtype, tensor_leaves
 from explorer.record.fake import handle_of
 from tests.support.hf_configs import HF_BY_NAME, build_eager
 
@@ -125,6 +125,18 @@ def test_integer_token_inputs_and_shape_tuples():
     assert dry_run(model, torch.zeros(1, 16, dtype=torch.long)).output.logits.shape == (1, 16, 96)
     linear = deferred_init(nn.Linear, 5, 7)
     assert dry_run(linear, (2, 3, 5)).output.shape == (2, 3, 7)
+
+
+def test_a_shape_given_to_a_model_that_starts_with_an_embedding_becomes_token_ids():
+    torch.manual_seed(0)
+    arch = HF_BY_NAME["llama"]
+    model = deferred_init(arch.cls, arch.config())
+    assert shape_input_dtype(model) == torch.int64
+    assert dry_run(model, (1, 2048)).output.logits.shape == (1, 2048, 96)
+    bag = deferred_init(lambda: nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 2)))
+    assert shape_input_dtype(bag) == torch.int64
+    assert dry_run(bag, (3, 5)).output.shape == (3, 5, 2)
+    assert shape_input_dtype(deferred_init(lambda: nn.Sequential(nn.ReLU(), nn.Linear(4, 2)))) == torch.float32
 
 
 class Rescales(nn.Module):

@@ -66,9 +66,10 @@ def test_deepcopy_keeps_buffer_attributes_and_parameter_kind_while_recording():
 
 def test_deepcopy_of_a_deferred_module_outside_deferred_init_says_to_materialize_first():
     module = deferred_init(nn.Linear, 2, 3)
-    with pytest.raises(RuntimeError) as error:
+    with pytest.raises(TypeError) as error:
         copy.deepcopy(module)
     assert str(error.value) == (
-        "copy.deepcopy of a fake tensor works only inside the deferred_init that created it; "
+        "copy.deepcopy of parameter 'weight' (shape (3, 2), float32) works only inside the deferred_init "
+        "that created it; "
         "materialize the module first (explorer.materialize_module), then copy it"
     )
