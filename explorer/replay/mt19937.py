@@ -145,13 +145,22 @@ def _modulus() -> _Modulus:
     return _Modulus()
 
 
+@functools.lru_cache(maxsize=256)
+def _jump_terms(steps: int) -> np.ndarray:
+    """The exponents i of x^(steps-1) mod phi. Cached: models repeat their shapes, so the same
+    distances recur (layer after layer, rank after rank); ~80 kB each."""
+    terms = np.flatnonzero(_bits(_modulus().x_power(steps - 1), DEGREE))
+    terms.flags.writeable = False
+    return terms
+
+
 def words_after(words: np.ndarray, steps: int) -> np.ndarray:
     """Words [steps, steps + 624) of the sequence that starts with `words` (steps >= 1)."""
     if steps <= _DIRECT_LIMIT:
         return extend(words, steps + N)[steps:]
     # Every word x[t + k], k >= 1, is the same linear function of the state at t, so with
     # p = x^(steps-1) mod phi: x[steps - 1 + k] = XOR of x[i + k] over the terms i of p.
-    terms = np.flatnonzero(_bits(_modulus().x_power(steps - 1), DEGREE))
+    terms = _jump_terms(steps)
     sequence = extend(words, int(terms[-1]) + 1 + N)
     windows = np.lib.stride_tricks.sliding_window_view(sequence, N)
     words = np.zeros(N, dtype=np.uint32)
