@@ -154,6 +154,12 @@ class OpNode:
         return self.name or str(self.func)
 
 
+class OpRecorder(Protocol):
+    """Records one more op into a finished graph (implemented by `record.extension.Recorder`)."""
+
+    def run(self, func: Any, args: tuple, kwargs: dict) -> Any: ...
+
+
 class ReplayMemory(Protocol):
     """What replays of one graph keep between calls (implemented by `replay.ReplayState`)."""
 
@@ -176,6 +182,10 @@ class InitGraph:
     # Filled by materialization (`replay.ReplayState`): what replay already produced, weakly, so
     # dropping a module frees it. Typed by the contract, not the class: the graph sits below replay.
     replay_state: "ReplayMemory | None" = None
+    # Set when the constructor returned: ops on the module's fakes after that are recorded through
+    # it (record/extension.py); `constructor_ops` is how many ops the constructor itself made.
+    recorder: "OpRecorder | None" = None
+    constructor_ops: int = 0
 
     def writers_before(self, storage: StorageId, before: OpIndex) -> list[OpIndex]:
         """Ops that created or wrote `storage` strictly before op `before`, oldest first."""

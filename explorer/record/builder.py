@@ -416,7 +416,20 @@ class GraphBuilder:
                     self.id_of(tensor, None)  # records a trailing `.data = x`
                     handle_of(tensor).version = version_of(tensor)
         self._fakes = []
-        self._storage_objects.clear()
+        # `_storage_objects` stay: fake storages hold no memory, and keeping them keeps storage
+        # addresses unique for ops recorded after construction (record/extension.py).
+
+    def settle(self, values: list[Any]) -> None:
+        """After an op recorded once construction finished: stamp the fakes it touched with their
+        versions now, and drop the weak references taken meanwhile (`torch.utils.swap_tensors`, which
+        `Module._apply` uses on fake parameters, refuses tensors that have weak references)."""
+        with torch._C.DisableTorchFunctionSubclass():
+            for value in values:
+                handle = handle_of(value) if isinstance(value, FakeTensor) else None
+                if handle is not None and handle.graph is self.graph:
+                    self.id_of(value, None)
+                    handle_of(value).version = version_of(value)
+        self._fakes = []
 
     def failure(self, func: Any, error: BaseException, source: SourceLocation | None) -> DeferredInitError:
         """The error to raise when an op cannot run under deferred_init."""

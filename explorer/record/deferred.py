@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import weakref
 from typing import Any, Callable, TypeVar
 
@@ -16,6 +17,7 @@ from ..graph import InitGraph
 from ..replay.replay import Replay
 from ..replay.routing import DeviceRouting, is_available
 from .builder import GraphBuilder
+from .extension import Recorder
 from .fake import handle_of
 from .lazy import deferred_lazy_modules
 from .modes import RecordingDispatchMode
@@ -113,5 +115,7 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
         )
     builder.finish()
     graph.finished = True
+    graph.constructor_ops = len(graph.ops)
     graph.root = weakref.ref(module)
+    graph.recorder = Recorder(builder, reader, fake_mode, threading.RLock())
     return module

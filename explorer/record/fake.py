@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._pytree import tree_flatten
 
 from .scope import active_scope, outside_recording, recording_graph
 
@@ -34,7 +35,17 @@ class DeferredHandle:
 
 
 class DeferredTensor(FakeTensor):
-    """A FakeTensor recorded by `deferred_init`: prints with its metadata and `fake=True`."""
+    """A FakeTensor recorded by `deferred_init`: prints with its metadata and `fake=True`, and ops
+    on it after `deferred_init` returned are recorded into its graph (see record/extension.py)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if active_scope() is None:  # during deferred_init the recording mode sees ops first
+            recorder = _recorder_of(args, kwargs)
+            if recorder is not None:
+                return recorder.run(func, args, kwargs)
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     def __repr__(self) -> str:  # noqa: D105 - the format is the documented API
         parts = [f"size={tuple(self.shape)}", f"device='{self.device}'"]
@@ -128,6 +139,16 @@ def describe(tensor: torch.Tensor) -> str:
                 if candidate is tensor:
                     return f"{kind} {name!r} ({layout})"
     return f"a deferred tensor ({layout})"
+
+
+def _recorder_of(args: tuple, kwargs: dict) -> Any:
+    """The recorder of the finished graph that the fakes among an op's arguments belong to."""
+    for value in tree_flatten((args, kwargs))[0]:
+        if isinstance(value, FakeTensor):
+            handle = value.__dict__.get(HANDLE_ATTR)
+            if handle is not None and handle.graph.recorder is not None:
+                return handle.graph.recorder
+    return None
 
 
 def is_fake(tensor: object) -> bool:

@@ -31,18 +31,14 @@ def _module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
 
 
 def check_materializable(fake: torch.Tensor, name: str) -> None:
-    handle = handle_of(fake)
+    """Refuse what cannot be replayed (an uninitialized lazy parameter), naming it."""
     if isinstance(fake, nn.parameter.UninitializedTensorMixin):
         raise MaterializationError(
             f"{name!r} is an uninitialized lazy parameter: call the module once on an example input "
             "inside module_fn so its shape is known"
         )
-    # An inference tensor has no version counter; outside inference mode it cannot be changed anyway.
-    if handle.version is not None and fake._version != handle.version:
-        raise MaterializationError(
-            f"{name!r} was modified in place after deferred_init returned (version {handle.version}, now "
-            f"{fake._version}); ops run outside deferred_init are not recorded and cannot be replayed"
-        )
+    # No version check: every op on a deferred tensor after deferred_init is recorded into its graph
+    # (record/extension.py), so an in-place change is part of what replay reproduces.
 
 
 def materialize_fakes(

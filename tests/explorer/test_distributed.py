@@ -224,7 +224,7 @@ def test_a_failing_rank_raises_on_every_rank(two_ranks: Launch) -> None:
         info = two_ranks.info("failing-rank-1", rank)
         assert info["failed_ranks"] == [1]
         assert info["error"].startswith("materialization failed on rank 1\n  rank 1: MaterializationError: ")
-        assert "'1.weight' was modified in place after deferred_init returned" in info["error"]
+        assert "was modified in place after deferred_init" in info["error"], info["error"]
 
 
 def test_a_rank_that_exits_does_not_leave_the_others_waiting(launches: dict[str, Launch]) -> None:

@@ -128,12 +128,17 @@ def test_interrupt_during_materialization_leaves_module_and_rng_unchanged():
     assert not is_deferred(module)
 
 
-def test_fake_modified_after_deferred_init_is_refused():
+def test_fake_modified_after_deferred_init_is_recorded_and_replayed():
+    torch.manual_seed(2)
+    eager = nn.Linear(2, 2)
+    with torch.no_grad():
+        eager.weight.add_(1)
+    torch.manual_seed(2)
     module = deferred_init(nn.Linear, 2, 2)
     with torch.no_grad():
-        module.weight.add_(1)  # runs on the fake, unrecorded
-    with pytest.raises(MaterializationError, match=r"'weight' was modified in place after deferred_init returned"):
-        materialize_module(module)
+        module.weight.add_(1)  # recorded into the graph after the constructor's ops
+    materialize_module(module)
+    assert torch.equal(module.weight, eager.weight) and torch.equal(module.bias, eager.bias)
 
 
 def test_tensor_from_another_graph_is_rejected():

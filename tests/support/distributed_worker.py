@@ -192,8 +192,10 @@ def failing_rank_1(mesh: DeviceMesh) -> dict[str, Any]:
     torch.manual_seed(SEED)
     model = deferred_init(tied_sequential)
     if dist.get_rank() == 1:
+        source = torch.ones(model[1].weight.shape)
         with torch.no_grad():
-            model[1].weight.add_(1)  # a user's bug on one rank only: refused at materialization
+            model[1].weight.copy_(source)  # recorded with `source` by reference...
+        source.add_(1)  # ...which a user's bug on one rank changes: refused at materialization
     fully_shard_deferred(model, mesh)
     return {"state": None}
 
