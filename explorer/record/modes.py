@@ -14,15 +14,21 @@ import functools
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import DeferredInitError
 from ..graph import is_inplace_random
 from .builder import GraphBuilder, written_arguments
+from .computed import compute_for_real
 from .lean_fake import FakeFactory, lean_dispatch
 from .scope import ValueReader, outside_recording
-from .source import user_location
+from .source import building_modules, user_location
 
 _aten = torch.ops.aten
 _INPLACE_VIEW = torch.Tag.inplace_view
@@ -89,6 +95,10 @@ class RecordingDispatchMode(TorchDispatchMode):
                     out = func(*args, **kwargs)
         except DeferredInitError:
             raise
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            # the output's shape (or value) depends on values: compute the inputs for real (record/computed.py)
+            out = compute_for_real(self.builder.graph, self.read_value, self.make_fake, func, args, kwargs,
+                                   lambda: f"{building_modules(4)} at {source or '<unknown source>'}")
         except Exception as error:
             raise self.builder.failure(func, error, source) from error
         with _metadata_access():
