@@ -285,6 +285,30 @@ def rng_jump_time(reps: int) -> dict:
     return {"first": first, "warm": warm}
 
 
+# -- 4b. deferred_init of a model initialised by rejection sampling ------------------------------
+def trunc_normal_rss(layers: int, width: int) -> dict:
+    """RSS growth of deferred_init of `layers` width×width linears initialised by nn.init.trunc_normal_
+    (rejection sampling, which reads its draws): recording must stay storage-free."""
+    from torch import nn
+
+    from explorer import deferred_init
+
+    class Truncated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+            for layer in self.layers:
+                nn.init.trunc_normal_(layer.weight, std=0.02)
+
+    deferred_init(Truncated.__base__)  # warm-up: imports and first-call costs
+    gc.collect()
+    before = rss_bytes()
+    with RssSampler() as sampler:
+        model = deferred_init(Truncated)
+        peak = sampler.peak
+    return {"growth": peak - before, "model_bytes": sum(p.numel() * 4 for p in model.parameters())}
+
+
 # -- 5. sharded materialization: each rank draws only its rows -----------------------------------
 def _shard_rank(rank: int, world: int, config: str, init_file: str, out: Any) -> None:
     """One gloo rank: deferred_init, then time fully_shard_deferred (each decoder layer, then root)."""
@@ -506,4 +530,5 @@ CASES = {
     "layer_peak_rss": layer_peak_rss,
     "rng_jump_time": rng_jump_time,
     "shard_time": shard_time,
+    "trunc_normal_rss": trunc_normal_rss,
 }

@@ -289,6 +289,19 @@ def bench_rng_jump(report: Report, reps: int) -> None:
     report.notes.append(f"generator jump, median of {reps} per distance: {warm}")
 
 
+def bench_trunc_normal(report: Report) -> None:
+    """deferred_init of a model whose weights go through nn.init.trunc_normal_: RSS ≤ 150 MB."""
+    name = "deferred_init RSS growth, 16 × Linear(8192, 8192) initialised by nn.init.trunc_normal_"
+    try:
+        r = run_child("trunc_normal_rss", 600, layers=16, width=8192)
+    except ChildError as error:
+        report.error(name, "≤ 150 MB", error)
+        return
+    growth, size = r["growth"] / MB, r["model_bytes"] / MB
+    report.add(Row(name, f"{growth:.1f} MB", f"{size:.0f} MB (model)", f"{growth / size:.4f}×", "≤ 150 MB",
+                   verdict(growth <= 150)))
+
+
 def bench_shards(report: Report, config: str, timeout: float) -> None:
     """fully_shard_deferred of `config` by 1 and by 2 gloo ranks: each of 2 ranks ≤ 0.65× one rank."""
     name = f"{config} fully_shard_deferred, slowest of 2 gloo ranks vs 1 rank (rng=eager, 1 thread/rank)"
@@ -419,6 +432,7 @@ def run(args: argparse.Namespace, started: float, engine: str) -> int:
     if "jump" in only:
         log("4. the CPU generator jump")
         bench_rng_jump(report, reps)
+        bench_trunc_normal(report)
 
     if "shards" in only:
         log(f"5. sharded materialization of {one}: 1 rank, then 2 ranks")

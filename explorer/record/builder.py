@@ -32,6 +32,7 @@ from ..graph import (
 from ..naming import dtype_name
 from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, handle_of
 from .generators import capture_start_state, stream_key
+from .initializers import INITIALIZER_OPS
 from .source import building_modules
 
 _aten = torch.ops.aten
@@ -61,7 +62,8 @@ def op_facts(func: Any) -> OpFacts:
     written = written_arguments(func)
     name = func._schema.name.split("::")[-1]
     may_resize = any(argument != "self" for _, argument in written) or "resize" in name or name.startswith("set_")
-    return OpFacts(written, _SEEDED in func.tags, func in OVERWRITING_OPS, may_resize)
+    overwrites = func in OVERWRITING_OPS or func in INITIALIZER_OPS
+    return OpFacts(written, _SEEDED in func.tags, overwrites, may_resize)
 
 
 def _contents_read(inputs: list[TensorId], written_tids: list[TensorId], aliases_only: bool,

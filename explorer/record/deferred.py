@@ -19,6 +19,7 @@ from ..replay.routing import DeviceRouting, is_available
 from .builder import GraphBuilder
 from .extension import Recorder
 from .fake import handle_of
+from .initializers import recorded_initializers
 from .lazy import deferred_lazy_modules
 from .modes import RecordingDispatchMode
 from .scope import RecordingScope, recording, recording_graph
@@ -97,7 +98,7 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         with recording(RecordingScope(graph, reader)), _collector_paused(), fake_mode, \
-                RecordingDispatchMode(builder, reader, fake_mode), deferred_lazy_modules():
+                RecordingDispatchMode(builder, reader, fake_mode), deferred_lazy_modules(), recorded_initializers():
             module = module_fn(*args, **kwargs)
     except DeferredInitError as error:
         error.graph = error.graph or graph
