@@ -148,6 +148,9 @@ class OpNode:
     stream: tuple[str, int] | None = None  # random ops: (generator key, position in that stream)
     resizes: bool = False  # grew a storage it writes (resize_, a resized out=): never a dead write
     inference: bool = False  # ran under torch.inference_mode(): replayed there, makes inference tensors
+    # Its output shape came from its inputs' true values (record/computed.py): replay must give those
+    # inputs eager's values, whatever the rng mode, or the shape would change.
+    from_values: bool = False
 
     @property
     def label(self) -> str:
@@ -186,6 +189,14 @@ class InitGraph:
     # it (record/extension.py); `constructor_ops` is how many ops the constructor itself made.
     recorder: "OpRecorder | None" = None
     constructor_ops: int = 0
+
+    def value_feeding_random_ops(self) -> frozenset[OpIndex]:
+        """Random ops whose values an op recorded `from_values` depends on (rng="fast" must still
+        draw them as eager did)."""
+        sources = [tid for op in self.ops if op.from_values for tid in op.inputs]
+        if not sources:
+            return frozenset()
+        return frozenset(i for i in self.closure_of(sources) if self.ops[i].stream is not None)
 
     def writers_before(self, storage: StorageId, before: OpIndex) -> list[OpIndex]:
         """Ops that created or wrote `storage` strictly before op `before`, oldest first."""

@@ -99,6 +99,10 @@ class RecordingDispatchMode(TorchDispatchMode):
             # the output's shape (or value) depends on values: compute the inputs for real (record/computed.py)
             out = compute_for_real(self.builder.graph, self.read_value, self.make_fake, func, args, kwargs,
                                    lambda: f"{building_modules(4)} at {source or '<unknown source>'}")
+            with _metadata_access():
+                self.builder.record(func, args, kwargs, out, source, written)
+            self.builder.graph.ops[-1].from_values = True
+            return out
         except Exception as error:
             raise self.builder.failure(func, error, source) from error
         with _metadata_access():

@@ -144,6 +144,12 @@ class RngSession:
     def __init__(self, streams: RngStreams, mode: RngMode, run_scratch: Callable[[OpIndex], None]) -> None:
         self.streams = streams
         self.mode = mode
+        # With rng="fast", random ops that a value-dependent shape was computed from still draw
+        # eager's numbers (graph.value_feeding_random_ops), so shapes match the recording.
+        graph = streams.graph
+        self.eager_anyway = (
+            {graph.ops[i].stream for i in graph.value_feeding_random_ops()} if mode == "fast" else set()
+        )
         self.run_scratch = run_scratch
         self._saved: dict[str, torch.Tensor] = {}
         self._position: dict[str, int] = {}  # where each generator is now, if we set it
@@ -167,7 +173,7 @@ class RngSession:
 
     def before_random_op(self, key: str, position: int, exec_key: str) -> None:
         """Put the generator that will run random op `position` of stream `key` where it must be."""
-        if self.mode == "fast":
+        if self.mode == "fast" and (key, position) not in self.eager_anyway:
             self._generator(exec_key).manual_seed(self.streams.fast_seed(key, position))
             return
         generator = self._generator(key)
@@ -185,7 +191,7 @@ class RngSession:
         """A new generator in eager's state before CPU random op `position`, for an op run off the
         default generator (a parallel fill); None when the op's draw count is not known, since
         the ops after it would then need it run on the default generator."""
-        if self.mode != "eager" or key != "cpu" or self.streams.draws(key, position) is None:
+        if key != "cpu" or self.streams.draws(key, position) is None:
             return None
         generator = torch.Generator()
         generator.set_state(self.state_before(key, position))
@@ -193,7 +199,7 @@ class RngSession:
 
     def fill_generator(self, key: str, position: int) -> torch.Generator | None:
         """The generator a parallel fill of random op `position` draws from (None: run it here)."""
-        if self.mode == "fast":
+        if self.mode == "fast" and (key, position) not in self.eager_anyway:
             generator = torch.Generator()
             generator.manual_seed(self.streams.fast_seed(key, position))
             return generator
@@ -207,7 +213,7 @@ class RngSession:
         return generator.get_state()
 
     def after_random_op(self, key: str, position: int) -> None:
-        if self.mode == "fast":
+        if self.mode == "fast" and (key, position) not in self.eager_anyway:
             return
         self._position[key] = position + 1
         cache = self.streams.cache(key)

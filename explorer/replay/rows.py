@@ -107,12 +107,12 @@ def _state_before(graph: InitGraph, fill: OpNode, rng: RngMode) -> torch.Tensor:
     """The CPU generator state the fill starts from, as whole-tensor replay would give it."""
     key, position = fill.stream
     state = ReplayState.of(graph)
-    if rng == "fast":
-        generator = torch.Generator()
-        generator.manual_seed(state.streams.fast_seed(key, position))
-        return generator.get_state()
     replay = Replay(graph, route_devices(None, rng), remember=False)
     with RngSession(state.streams, rng, replay.run_scratch) as session:
+        if rng == "fast" and fill.stream not in session.eager_anyway:
+            generator = torch.Generator()
+            generator.manual_seed(state.streams.fast_seed(key, position))
+            return generator.get_state()
         return session.state_before(key, position)
 
 

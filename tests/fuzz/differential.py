@@ -16,7 +16,7 @@ from torch import nn
 
 from explorer import deferred_init, is_deferred, materialize_module, materialize_tensor
 from tests.fuzz.compare import Snapshot, differences, snapshot
-from tests.fuzz.interpreter import FuzzModule, make_externals
+from tests.fuzz.interpreter import FuzzModule, apply_after, make_externals
 from tests.fuzz.program import Plan, Program
 
 # Set between deferred_init and materialization: replay must not depend on the RNG state then.
@@ -30,7 +30,9 @@ class Mismatch(AssertionError):
 def build_eager(program: Program) -> tuple[nn.Module, list[torch.Tensor]]:
     externals = make_externals(program)
     torch.manual_seed(program.seed)
-    return FuzzModule(program, externals), externals
+    module = FuzzModule(program, externals)
+    apply_after(module, program.after)
+    return module, externals
 
 
 def build_deferred(program: Program) -> tuple[nn.Module, list[torch.Tensor]]:
@@ -38,8 +40,9 @@ def build_deferred(program: Program) -> tuple[nn.Module, list[torch.Tensor]]:
     torch.manual_seed(program.seed)
     before = torch.get_rng_state()
     module = deferred_init(FuzzModule, program, externals)
+    apply_after(module, program.after)  # recorded into the module's graph
     if not torch.equal(torch.get_rng_state(), before):
-        raise Mismatch(f"deferred_init moved the global RNG\n{program!r}")
+        raise Mismatch(f"deferred_init (or the steps after it) moved the global RNG\n{program!r}")
     torch.manual_seed(_UNRELATED_SEED)
     return module, externals
 

@@ -361,6 +361,8 @@ def _other(draw: Draw, sim: Simulator, op: str) -> Step | None:
     if op in ("grad", "inference"):
         return (op, draw(st.booleans()))
     a = pick(draw, sim)
+    if op == "data_dependent":
+        return (op, draw(st.sampled_from(("nonzero", "unique", "positive"))), a)
     if op == "tolist":
         return (op, a) if sim.pool[a].numel() <= 16 else None
     numel = sim.pool[a].numel()
@@ -377,7 +379,7 @@ DRAWERS: dict[str, Callable[[Draw, Simulator, str], Step | None]] = {
 WEIGHTS: dict[str, int] = {
     **dict.fromkeys(FACTORY_OPS, 2), **dict.fromkeys(COMPUTE_OPS, 1), **dict.fromkeys(VIEW_OPS, 2),
     **dict.fromkeys(INPLACE_OPS, 3), **dict.fromkeys(MODULE_OPS, 3), "share_module": 1,
-    "item": 3, "tolist": 1, "grad": 1, "inference": 1,
+    "item": 3, "tolist": 1, "grad": 1, "inference": 1, "data_dependent": 2,
 }
 _WEIGHTED = tuple(op for op, weight in WEIGHTS.items() for _ in range(weight))
 
@@ -403,7 +405,64 @@ def programs(draw: Draw, max_steps: int = 32) -> Program:
             sim.try_step(("register_parameter", path, f"t{len(sim.steps)}", a))
         else:
             sim.try_step(("register_buffer", path, f"t{len(sim.steps)}", a, True))
-    return Program(tuple(sim.steps), seed)
+    return Program(tuple(sim.steps), seed, after_construction(draw, Program(tuple(sim.steps), seed)))
+
+
+def after_construction(draw: Draw, program: Program) -> tuple[Step, ...]:
+    """Up to two steps done to the built module (cast, checkpoint load, re-init), each kept only if
+    eager construction followed by the steps so far accepts it."""
+    accepted: list[Step] = []
+    constructed = _eager_build(program, [])
+    # Tensors that alias a real tensor passed in are real in the deferred module too (and so is what
+    # a cast makes of them): writes into them are refused, their random draws are not recorded.
+    real = {name for name, tensor in constructed.state_dict(keep_vars=True).items()
+            if tensor.untyped_storage()._cdata in constructed.external_storages}
+    for _ in range(draw(st.integers(0, 2))):
+        built = _eager_build(program, accepted)
+        state = {name: tensor for name, tensor in built.state_dict(keep_vars=True).items() if name not in real}
+        kind = draw(st.sampled_from(("cast", "load", "reinit")))
+        if kind == "cast":
+            if _views_a_parameter(built):
+                continue  # a known limit: Module._apply swaps fake parameters (README Limitations)
+            step: Step = ("cast", draw(st.sampled_from(FLOATS)))
+        elif not state:
+            continue
+        elif kind == "load":
+            names = draw(st.lists(st.sampled_from(sorted(state)), min_size=1, max_size=3, unique=True))
+            step = ("load", tuple(names), draw(st.sampled_from((0, 1, -2))))
+        else:
+            floating = sorted(name for name, tensor in state.items() if tensor.is_floating_point())
+            if not floating:
+                continue
+            step = ("reinit", draw(st.sampled_from(floating)))
+        if _eager_build(program, [*accepted, step]) is not None:
+            accepted.append(step)
+    return tuple(accepted)
+
+
+def _views_a_parameter(module: nn.Module) -> bool:
+    """Whether a parameter shares its storage with another tensor of the module (not a tie)."""
+    tensors = {id(t): t for t in [*module.parameters(), *module.buffers()]}.values()
+    parameters = {t.untyped_storage()._cdata for t in module.parameters()}
+    storages = [t.untyped_storage()._cdata for t in tensors]
+    return any(storages.count(s) > 1 for s in parameters)
+
+
+def _eager_build(program: Program, after: list[Step]) -> nn.Module | None:
+    """The eager module after `after`, or None when eager refuses one of those steps."""
+    from tests.fuzz.interpreter import FuzzModule, apply_after, make_externals
+
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(program.seed)
+        externals = make_externals(program)
+        try:
+            module = FuzzModule(program, externals)
+            apply_after(module, after)
+        except Exception:
+            return None
+    module.external_storages = {e.untyped_storage()._cdata for e in externals}  # by storage, empty ones too
+    return module
 
 
 def plans(names: list[str], paths: list[str]) -> st.SearchStrategy:

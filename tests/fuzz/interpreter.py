@@ -232,6 +232,16 @@ class Interpreter:
     def op_tolist(self, a: int) -> None:
         self.root.values_read.append(self.pool[a].tolist())
 
+    def op_data_dependent(self, name: str, a: int) -> None:
+        """An op whose output shape depends on the values (computed for real under deferred_init)."""
+        tensor = self.pool[a]
+        if name == "nonzero":
+            self.add(tensor.nonzero())
+        elif name == "unique":
+            self.add(torch.unique(tensor))
+        else:  # "positive": boolean-mask indexing
+            self.add(tensor[tensor > 0])
+
     def op_grad(self, enabled: bool) -> None:
         self.grad = enabled
 
@@ -241,6 +251,23 @@ class Interpreter:
 
 def _join(parent: str, name: str) -> str:
     return f"{parent}.{name}" if parent else name
+
+
+def apply_after(module: nn.Module, steps: Sequence[Step]) -> None:
+    """Run a program's steps after construction on the built (eager or deferred) module."""
+    for step in steps:
+        if step[0] == "cast":
+            module.to(DTYPES[step[1]])
+        elif step[0] == "load":
+            names, value = step[1], step[2]
+            state = module.state_dict()
+            module.load_state_dict(
+                {name: torch.full(state[name].shape, value + i, dtype=state[name].dtype) for i, name in enumerate(names)},
+                strict=False,
+            )
+        else:  # "reinit"
+            with torch.no_grad():
+                module.state_dict(keep_vars=True)[step[1]].normal_()
 
 
 class FuzzModule(nn.Module):

@@ -29,8 +29,12 @@ VIEW_OPS = ("view", "reshape", "transpose", "slice", "select", "narrow", "expand
 INPLACE_OPS = ("add_", "mul_", "copy_", "fill_", "zero_", "uniform_", "normal_", "index_put_", "masked_fill_",
                "set_data", "init", "inplace_view")
 MODULE_OPS = ("param", "submodule", "share_module", "register_parameter", "register_buffer")
-OTHER_OPS = ("item", "tolist", "grad", "inference")
+OTHER_OPS = ("item", "tolist", "grad", "inference", "data_dependent")
 ALL_OPS = FACTORY_OPS + COMPUTE_OPS + VIEW_OPS + INPLACE_OPS + MODULE_OPS + OTHER_OPS
+# Done to the built module, after construction (eagerly, or to the deferred module before it is
+# materialized): ("cast", dtype) module.to(dtype); ("load", names, value) load_state_dict of those
+# names filled with value + i (strict=False); ("reinit", name) normal_ on that tensor.
+AFTER_OPS = ("cast", "load", "reinit")
 
 
 @dataclass(frozen=True)
@@ -43,15 +47,20 @@ class Program:
 
     steps: tuple[Step, ...]
     seed: int = 0
+    after: tuple[Step, ...] = ()
 
     def __post_init__(self) -> None:
         for step in self.steps:
             if not step or step[0] not in ALL_OPS:
                 raise ValueError(f"unknown step {step!r}")
+        for step in self.after:
+            if not step or step[0] not in AFTER_OPS:
+                raise ValueError(f"unknown step after construction {step!r}")
 
     def __repr__(self) -> str:
         lines = "".join(f"\n    {step!r}," for step in self.steps)
-        return f"Program(seed={self.seed}, steps=({lines}\n))"
+        after = f", after={self.after!r}" if self.after else ""
+        return f"Program(seed={self.seed}, steps=({lines}\n){after})"
 
     def count(self, ops: tuple[str, ...]) -> int:
         """How many steps use one of `ops` (for hypothesis statistics)."""

@@ -52,6 +52,8 @@ def test_materialized_programs_equal_eager_construction(data: st.DataObject) -> 
         for kind, ops in (("factory", FACTORY_OPS), ("view", VIEW_OPS), ("in-place", INPLACE_OPS)):
             event(f"{kind} steps", _bucket(program.count(ops)))
         event("value reads", _bucket(len(expected.values_read)))
+        event("data-dependent steps", _bucket(program.count(("data_dependent",))))
+        event("steps after construction", "+".join(step[0] for step in program.after) or "none")
         event("slots", _bucket(len(names)))
         event("shared storages", _bucket(len(expected.sharing)))
         event("tie groups", _bucket(len(expected.ties)))

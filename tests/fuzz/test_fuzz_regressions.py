@@ -200,3 +200,30 @@ def test_zero_element_out_tensor_resized_by_add_matches_eager_except_its_meaning
     ))
     snapshot = check_program(program, Plan(()), "t8")
     assert snapshot.tensors["t8"].shape == (0, 1)
+
+
+def test_load_cast_and_reinit_after_construction_replay_as_eager_beside_a_view_of_a_callers_tensor():
+    # The generator offered `load` for a buffer viewing a caller's (empty) tensor: deferred_init
+    # refuses writes into a caller's tensor by design, so such names are not candidates any more;
+    # a load into deferred tensors of the same program replays as eager.
+    program = Program(seed=0, steps=(
+        ("ones", (), "float32"),
+        ("external", (0,), "float32"),
+        ("slice", 1, 0, 0, 0, 1),
+        ("register_buffer", "", "t3", 2, True),
+        ("register_buffer", "", "t4", 0, True),
+    ), after=(("load", ("t4",), 1), ("cast", "float64"), ("reinit", "t4")))
+    check_program(program, Plan((("tensor", "t4"),)), "t4")
+
+
+def test_rng_fast_draws_eagers_numbers_where_a_data_dependent_shape_came_from_them():
+    # nonzero of a random tensor: its shape was computed from eager's values while recording, so
+    # rng="fast" seeding that randint differently gave a (0, 0) tensor where eager has (1, 0).
+    program = Program(seed=1, steps=(
+        ("ones", (), "float32"),
+        ("randint", 0, 2, (), "int64"),
+        ("ones", (), "float32"),
+        ("data_dependent", "nonzero", 1),
+        ("register_buffer", "", "t4", 3, True),
+    ))
+    check_program(program, Plan((("tensor", "t4"),)), "t4")

@@ -82,3 +82,13 @@ def test_the_limit_reads_sizes_and_refuses_nonsense(monkeypatch) -> None:
     monkeypatch.setenv("EXPLORER_VALUE_READ_LIMIT", "lots")
     with pytest.raises(ValueError, match="EXPLORER_VALUE_READ_LIMIT='lots': use bytes or a size like"):
         value_read_limit()
+
+
+def test_rng_fast_keeps_the_recorded_shapes_by_drawing_their_sources_as_eager(restore_rng) -> None:
+    torch.manual_seed(4)
+    eager = DataDependent()
+    torch.manual_seed(4)
+    module = deferred_init(DataDependent)
+    materialize_module(module, rng="fast")
+    assert torch.equal(module.high, eager.high)  # its source `noise` drew eager's numbers
+    assert module.weight.shape == eager.weight.shape and not torch.equal(module.weight, eager.weight)
