@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := graphviz chromium fonts-liberation
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 
-.PHONY: install system-packages test bench lab demo fuzz clean
+.PHONY: install system-packages torchvision-hook zoo test bench lab demo fuzz clean
 
 system-packages:
 	@missing=""; \
@@ -23,7 +23,16 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt -e ".[dev,lab]"
+	$(MAKE) --no-print-directory torchvision-hook
 	touch $(STAMP)
+
+# PyPI's torchvision is a CUDA build whose C ops do not load beside CPU torch, and its import then
+# fails; the hook declares the two op schemas it needs (see tests/support/torchvision_hook.py).
+torchvision-hook:
+	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	cp tests/support/torchvision_hook.py $$site/deferred_explorer_torchvision_hook.py; \
+	echo "import deferred_explorer_torchvision_hook; deferred_explorer_torchvision_hook.install()" \
+		> $$site/deferred_explorer_torchvision_hook.pth
 
 install: system-packages $(STAMP)
 
@@ -35,6 +44,11 @@ FUZZ_EXAMPLES ?= 2000
 fuzz: install
 	EXPLORER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(if $(FUZZ_SEED),EXPLORER_FUZZ_SEED=$(FUZZ_SEED)) \
 		$(PY) -m pytest -q -p no:cacheprovider tests/fuzz --hypothesis-show-statistics
+
+# Every timm model and transformers architecture built deferred (about 30 min on 2 cores, not in
+# `make test`); writes build/zoo/report.md. ZOO_ARGS="--only timm --limit 50" runs a part.
+zoo: install
+	$(PY) -m tests.zoo.coverage $(ZOO_ARGS)
 
 bench: install
 	$(PY) benchmarks/run.py

@@ -12,12 +12,17 @@ class DeferredInitError(RuntimeError):
     """Building a module under `deferred_init` failed.
 
     `graph` holds what was recorded up to the failing op, so the partial construction can still be
-    inspected.
+    inspected; `partial_module` the outermost module whose constructor was running (set by
+    `deferred_init`), with the submodules it had assigned before the failure.
     """
 
-    def __init__(self, message: str, graph: object | None = None) -> None:
+    def __init__(self, message: str, graph: object | None = None, *, op: str | None = None,
+                 reason: str | None = None) -> None:
         super().__init__(message)
         self.graph = graph
+        self.op = op  # the aten op that could not run, when one did
+        self.reason = reason  # why, in one line, when the message says more
+        self.partial_module: object | None = None
 
 
 class MaterializationError(RuntimeError):

@@ -28,6 +28,9 @@ Stable CSS classes (for end-to-end tests and styling):
   memory table; `de-table-row-selected`), `td.de-table-cell`, and `de-table-caption`.
 - filters: `de-tensors-filter` (name text, dtype, device, state), `de-ops-filter` (kind).
 - details pane: `de-details`, title `de-details-title`.
+- failure banner (a constructor that failed under deferred_init): `de-failure`, holding
+  `de-failure-headline`, `tr.de-failure-field` (`data-field`: op, module_chain, source, code,
+  reason), `de-failure-text`, `de-failure-traceback-toggle` and `de-failure-traceback`.
 - graph: `de-graph` (the SVG view; inside it `de-graph-viewport`, `de-graph-canvas`, graphviz
   `g.node` / `g.cluster` with a `<title>` holding the node name, the open tensor's node marked
   `de-graph-selected`, mouse hints `de-graph-legend`; the colour legend is part of the SVG),
@@ -75,9 +78,24 @@ def explore(module_fn: Callable[..., nn.Module], *args: Any, **kwargs: Any) -> E
     """Build `module_fn(*args, **kwargs)` under `explorer.deferred_init` and return its explorer widget.
 
     Nothing is allocated: every parameter and buffer is fake until materialized from the widget.
-    Errors from construction (`DeferredInitError`) propagate unchanged.
+    When the constructor fails (a `DeferredInitError`, or any exception it raises), the widget
+    shows the failure in place: a red banner (op, module chain, source line, reason; the traceback
+    behind a toggle) above the explorer of what was built up to the failing line. The exception is
+    `ui.error`. Bad arguments to `explore` itself (a non-callable) still raise.
     """
-    return ExplorerWidget(explorer.deferred_init(module_fn, *args, **kwargs))
+    try:
+        module = explorer.deferred_init(module_fn, *args, **kwargs)
+    except Exception as error:
+        if not _constructor_ran(error):
+            raise
+        partial = getattr(error, "partial_module", None)
+        return ExplorerWidget(partial if isinstance(partial, nn.Module) else nn.Module(), error=error)
+    return ExplorerWidget(module)
+
+
+def _constructor_ran(error: BaseException) -> bool:
+    """True when `error` came out of the constructor (deferred_init attached its partial recording)."""
+    return getattr(error, "graph", None) is not None or hasattr(error, "deferred_graph")
 
 
 __all__ = ["ExplorerWidget", "MaterializationCancelled", "STATE_COLOURS", "explore"]

@@ -15,7 +15,10 @@ from torch import nn
 
 import explorer
 
+from explorer.record.failure import FailureReport, failure_report
+
 from .details import TensorDetails
+from .failure_banner import FailureBanner
 from .graph import GraphTab, parse_click
 from .materialize_bar import MaterializeBar
 from .memory_tab import MemoryTab
@@ -32,12 +35,18 @@ class ExplorerWidget(w.VBox):
 
     Python API mirrors the clicks: `select(path)`, `selection`, `show_tensor(name)`,
     `materialize_selected(wait=...)`, `materialize_all(wait=...)`, `cancel()`, `refresh()`.
+
+    `error`: the exception of a construction that failed under `deferred_init`; `module` is then
+    what it had built (`error.partial_module`). A red banner reports the failure, the views show
+    the partial recording, and materializing is off.
     """
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, *, error: BaseException | None = None) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"ExplorerWidget expects an nn.Module, got {type(module).__name__}")
         self.module = module
+        self.error = error
+        self.failure: FailureReport | None = failure_report(error) if error is not None else None
         self.inspection = explorer.inspect(module)
         modules = self.inspection.modules
         self.tree = ModuleTree(modules, self.inspection.root_class)
@@ -64,8 +73,11 @@ class ExplorerWidget(w.VBox):
                           names="selected_index")
         tree_box = w.VBox([self.tree], layout=w.Layout(flex="0 0 auto"))
         main = w.VBox([self.tabs, self.details], layout=w.Layout(flex="1 1 auto", min_width="0"))
-        super().__init__([self.summary, w.HBox([tree_box, main]), self.bar])
+        banner = [FailureBanner(self.failure)] if self.failure is not None else []
+        super().__init__([*banner, self.summary, w.HBox([tree_box, main]), self.bar])
         self.add_class("de-explorer")
+        if self.failure is not None:
+            self.bar.disable("construction failed: fix the constructor and build again to materialize")
         self._update_views()
 
     # -- selection ---------------------------------------------------------------------------------

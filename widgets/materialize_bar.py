@@ -87,6 +87,7 @@ class MaterializeBar(w.VBox):
         self.all_button.on_click(lambda _: self.materialize_all())
         self.cancel_button.on_click(lambda _: self.cancel())
         self.error: BaseException | None = None
+        self.disabled_reason = ""
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._step_texts: list[str] = []
@@ -98,6 +99,12 @@ class MaterializeBar(w.VBox):
             self.status,
         ])
         self.add_class("de-materialize-bar")
+
+    def disable(self, reason: str) -> None:
+        """Turn materializing off for good (e.g. the constructor failed), saying why in the status."""
+        self.disabled_reason = reason
+        self.selected_button.disabled = self.all_button.disabled = True
+        self._set_status(reason, error=True)
 
     def materialize_selected(self, wait: bool = False) -> threading.Thread | None:
         """Materialize the tensors held directly by the selected modules (see `selected_modules`)."""
@@ -123,6 +130,9 @@ class MaterializeBar(w.VBox):
             self._thread.join(timeout)
 
     def _start(self, check_fn: Callable[[nn.Module], bool] | None, what: str, wait: bool) -> threading.Thread | None:
+        if self.disabled_reason:
+            self._set_status(self.disabled_reason, error=True)
+            return None
         if self.running:
             self._set_status("a materialization is already running", error=False)
             return None

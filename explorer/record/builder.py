@@ -442,4 +442,4 @@ class GraphBuilder:
         if source is not None and source.line:
             message += f"\n    {source.line}"
         message += f"\n{type(error).__name__}: {error}"
-        return DeferredInitError(message, self.graph)
+        return DeferredInitError(message, self.graph, op=str(func), reason=f"{type(error).__name__}: {error}")

@@ -73,7 +73,9 @@ def compute_for_real(
             f"{where()}; computing {describe(largest)} would replay {format_bytes(costs[id(largest)])} "
             f"of recorded ops, over the {format_bytes(limit)} limit. Set EXPLORER_VALUE_READ_LIMIT "
             "(e.g. '4GB') to allow it, or compute this in the constructor without the module's tensors",
-            graph,
+            graph, op=str(func),
+            reason=f"its output shape depends on input values, and computing {describe(largest)} would replay "
+                   f"{format_bytes(costs[id(largest)])}, over the {format_bytes(limit)} limit (EXPLORER_VALUE_READ_LIMIT)",
         )
     reals = {id(fake): read_value(fake) for fake in fakes}
     real_args, real_kwargs = tree_map(lambda v: reals.get(id(v), v) if isinstance(v, FakeTensor) else v, (args, kwargs))

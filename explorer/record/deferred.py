@@ -23,6 +23,7 @@ from .initializers import recorded_initializers
 from .lazy import deferred_lazy_modules
 from .modes import RecordingDispatchMode
 from .scope import RecordingScope, recording, recording_graph
+from .source import module_being_built
 from .source import user_location
 
 M = TypeVar("M", bound=nn.Module)
@@ -70,7 +71,9 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     Raises TypeError for a non-callable `module_fn` or a non-Module result, DeferredInitError when
     an op cannot run without storage (naming op, module chain and source line) or when called inside
     another deferred_init. An exception raised by `module_fn` propagates unchanged, with the partial
-    graph attached as `error.deferred_graph`. No mode stays active on any exit path.
+    graph attached as `error.deferred_graph`. Either error carries `partial_module`: the outermost
+    module whose constructor was running (what it had built so far, its tensors fake; not
+    materializable), or None. No mode stays active on any exit path.
     """
     if isinstance(module_fn, nn.Module):
         raise TypeError(
@@ -102,10 +105,12 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
             module = module_fn(*args, **kwargs)
     except DeferredInitError as error:
         error.graph = error.graph or graph
+        error.partial_module = module_being_built(error.__traceback__)
         raise
     except BaseException as error:
         try:
             error.deferred_graph = graph
+            error.partial_module = module_being_built(error.__traceback__)
         except AttributeError:
             pass
         raise

@@ -10,7 +10,7 @@ import linecache
 import os
 import re
 import sys
-from types import CodeType, FrameType
+from types import CodeType, FrameType, TracebackType
 
 import torch
 
@@ -54,19 +54,58 @@ def building_modules(skip: int = 1) -> str:
     ``Net.__init__ → self.encoder = Encoder(...) → Encoder.__init__ → self.proj = Linear(...)``
     shortened to ``Net.encoder(Encoder).proj(Linear)``. Only used for error messages.
     """
-    chain: list[tuple[str, str | None]] = []  # (class name, attribute being assigned in that init)
+    frames: list[tuple[FrameType, int]] = []
     frame: FrameType | None = sys._getframe(skip)
     while frame is not None:
+        frames.append((frame, frame.f_lineno))
+        frame = frame.f_back
+    frames.reverse()
+    return module_chain(frames)
+
+
+def traceback_frames(traceback: TracebackType | None) -> list[tuple[FrameType, int]]:
+    """(frame, line being run) for each entry of `traceback`, outermost first."""
+    frames = []
+    while traceback is not None:
+        frames.append((traceback.tb_frame, traceback.tb_lineno))
+        traceback = traceback.tb_next
+    return frames
+
+
+def module_chain(frames: list[tuple[FrameType, int]]) -> str:
+    """`Net.encoder(Encoder).proj(Linear)` for the module constructors among `frames` (outermost first)."""
+    chain: list[tuple[str, str | None]] = []  # (class name, attribute being assigned in that init)
+    for frame, line in frames:
         if frame.f_code.co_name == "__init__":
             owner = frame.f_locals.get("self")
             if isinstance(owner, torch.nn.Module):
-                match = _ASSIGNMENT.search(linecache.getline(frame.f_code.co_filename, frame.f_lineno))
+                match = _ASSIGNMENT.search(linecache.getline(frame.f_code.co_filename, line))
                 chain.append((type(owner).__name__, match.group(1) if match else None))
-        frame = frame.f_back
     if not chain:
         return "<no module under construction>"
-    chain.reverse()
     parts = [chain[0][0]]
     for (_, attribute), (cls, _) in zip(chain, chain[1:]):
         parts.append(f".{attribute}({cls})" if attribute else f" > {cls}")
     return "".join(parts)
+
+
+def innermost_user_frame(frames: list[tuple[FrameType, int]]) -> SourceLocation | None:
+    """Where the user's code was when the exception of `frames` was raised (torch/explorer skipped)."""
+    for frame, line in reversed(frames):
+        if not _is_library_code(frame.f_code):
+            return SourceLocation(frame.f_code.co_filename, line, frame.f_code.co_name)
+    return None
+
+
+def module_being_built(traceback: TracebackType | None) -> torch.nn.Module | None:
+    """The outermost module whose `__init__` was running when the exception of `traceback` was
+    raised: the root of what the failed constructor had built so far (its submodules assigned up
+    to the failing line). None when no module constructor was on the stack."""
+    while traceback is not None:
+        frame = traceback.tb_frame
+        if frame.f_code.co_name == "__init__":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, torch.nn.Module):
+                return owner
+        traceback = traceback.tb_next
+    return None

@@ -57,6 +57,23 @@ def test_exception_inside_module_fn_propagates_and_leaves_no_mode_active():
     assert torch.ones(2).sum().item() == 2.0  # real tensors work again
 
 
+def test_a_failed_construction_keeps_what_it_had_built_as_partial_module():
+    with pytest.raises(DeferredInitError) as error:
+        deferred_init(Outer)
+    partial = error.value.partial_module
+    assert type(partial) is Outer
+    assert [name for name, _ in partial.named_modules()] == ["", "first"]  # `inner` was never assigned
+    assert is_deferred(partial) and tuple(partial.first.weight.shape) == (2, 2)
+
+    def broken():
+        nn.Linear(2, 2)
+        raise KeyError("config field missing")
+
+    with pytest.raises(KeyError) as plain:
+        deferred_init(broken)
+    assert plain.value.partial_module is None  # no module constructor was running
+
+
 def test_non_callable_module_fn_is_rejected():
     with pytest.raises(TypeError, match=r"deferred_init expects a callable that builds an nn.Module .* got str 'Linear'"):
         deferred_init("Linear")

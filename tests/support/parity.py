@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from explorer import is_fake
+from explorer import is_deferred, is_fake
 
 
 def slots(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -46,3 +46,22 @@ def assert_same_kind_and_layout(where: str, got: torch.Tensor, want: torch.Tenso
     assert got.device == want.device, f"{where}: device {got.device} != {want.device}"
     assert got.shape == want.shape, f"{where}: shape {tuple(got.shape)} != {tuple(want.shape)}"
     assert got.stride() == want.stride(), f"{where}: stride {got.stride()} != {want.stride()}"
+
+
+def assert_module_equals_eager(label: str, module: nn.Module, eager: nn.Module) -> None:
+    """`module` (materialized) holds what eager construction gave: the same submodule classes, every
+    parameter and buffer (duplicates included) bit for bit with eager's type, dtype, device, shape,
+    stride and requires_grad, and one object wherever eager shares one."""
+    assert not is_deferred(module), f"{label}: still deferred"
+    mine, theirs = dict(module.named_modules()), dict(eager.named_modules())
+    assert list(mine) == list(theirs), f"{label}: submodule names differ"
+    for name, sub in mine.items():
+        assert type(sub) is type(theirs[name]), f"{label}: {name!r} is {type(sub).__name__}"
+    expected, actual = slots(eager), slots(module)
+    assert [n for n, _ in actual] == [n for n, _ in expected], f"{label}: parameter/buffer names differ"
+    for (name, want), (_, got) in zip(expected, actual):
+        where = f"{label}: {name}"
+        assert_same_kind_and_layout(where, got, want)
+        assert got.requires_grad == want.requires_grad, f"{where}: requires_grad {got.requires_grad}"
+        assert same_bits(got, want), f"{where}: values differ at {int((got != want).sum())}/{got.numel()} entries"
+    assert tie_groups(actual) == tie_groups(expected), f"{label}: tie groups differ"
