@@ -7,9 +7,10 @@ writes (from the op's schema) so that `InitGraph.closure_of` can later find what
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -134,8 +135,8 @@ class GraphBuilder:
         self._storage_objects: list[torch.UntypedStorage] = []  # keeps storage addresses unique
         self._storage_anchor: dict[int, TensorId] = {}
         # Weak: holding fakes would change what PyTorch does (`.data` detaches twice when the first
-        # result is still referenced elsewhere).
-        self._fakes: list[weakref.ref] = []
+        # result is still referenced elsewhere). Keyed by id() so `unreferenced` can drop one.
+        self._fakes: dict[int, weakref.ref] = {}
         # Fake storages that are views of real tensors from outside: replay aliases the real memory.
         self._external_views: set[int] = set()
 
@@ -170,8 +171,26 @@ class GraphBuilder:
         if type(tensor) is FakeTensor:
             tensor.__class__ = DeferredTensor
         attributes[HANDLE_ATTR] = DeferredHandle(self.graph, tid, version_of(tensor))
-        self._fakes.append(weakref.ref(tensor))
+        self._remember(tensor)
         return tid, (sid if created else None)
+
+    def _remember(self, tensor: FakeTensor) -> None:
+        # A dead entry is harmless: a new fake reusing its id() overwrites it.
+        self._fakes[id(tensor)] = weakref.ref(tensor)
+
+    @contextlib.contextmanager
+    def unreferenced(self, tensors: tuple[torch.Tensor, ...]) -> Iterator[None]:
+        """Drop the weak references to `tensors` for the block, then take them again.
+
+        `torch.utils.swap_tensors` (which `Module._apply` uses on fake parameters: `.to(dtype)`,
+        `.float()` inside a constructor) refuses a tensor that has a weak reference.
+        """
+        dropped = [tensor for tensor in tensors if self._fakes.pop(id(tensor), None) is not None]
+        try:
+            yield
+        finally:
+            for tensor in dropped:
+                self._remember(tensor)
 
     def id_of(self, tensor: FakeTensor, source: SourceLocation | None) -> TensorId:
         """The id of a fake input. Fakes made behind the dispatcher's back (`_make_subclass`), or
@@ -412,12 +431,12 @@ class GraphBuilder:
     def finish(self) -> None:
         """Stamp each live fake with its version now, to catch in-place changes made after recording."""
         with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
-            for reference in self._fakes:
+            for reference in list(self._fakes.values()):
                 tensor = reference()
                 if tensor is not None:
                     self.id_of(tensor, None)  # records a trailing `.data = x`
                     handle_of(tensor).version = version_of(tensor)
-        self._fakes = []
+        self._fakes.clear()
         # `_storage_objects` stay: fake storages hold no memory, and keeping them keeps storage
         # addresses unique for ops recorded after construction (record/extension.py).
 
@@ -431,7 +450,7 @@ class GraphBuilder:
                 if handle is not None and handle.graph is self.graph:
                     self.id_of(value, None)
                     handle_of(value).version = version_of(value)
-        self._fakes = []
+        self._fakes.clear()
 
     def failure(self, func: Any, error: BaseException, source: SourceLocation | None) -> DeferredInitError:
         """The error to raise when an op cannot run under deferred_init."""

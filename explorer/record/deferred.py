@@ -24,6 +24,7 @@ from .lazy import deferred_lazy_modules
 from .modes import RecordingDispatchMode
 from .scope import RecordingScope, recording, recording_graph
 from .source import module_being_built
+from .swaps import swappable_fakes
 from .source import user_location
 
 M = TypeVar("M", bound=nn.Module)
@@ -101,7 +102,8 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         with recording(RecordingScope(graph, reader)), _collector_paused(), fake_mode, \
-                RecordingDispatchMode(builder, reader, fake_mode), deferred_lazy_modules(), recorded_initializers():
+                RecordingDispatchMode(builder, reader, fake_mode), deferred_lazy_modules(), recorded_initializers(), \
+                swappable_fakes(builder):
             module = module_fn(*args, **kwargs)
     except DeferredInitError as error:
         error.graph = error.graph or graph

@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from explorer import deferred_init, is_fake, materialize_module  # imported once, before the forks
 from tests.support.torchvision_hook import declare_torchvision_ops
 
 PARITY_BYTES = 256 << 20
@@ -135,8 +136,6 @@ def _parity(deferred: nn.Module, build: Callable[[], nn.Module]) -> str:
 
 
 def run_one(source: str, name: str, build: Callable[[], nn.Module]) -> ZooRow:
-    from explorer import deferred_init, is_fake, materialize_module
-
     torch.set_num_threads(1)
     row = ZooRow(source, name, "failed")
     try:
@@ -178,7 +177,11 @@ def run_one(source: str, name: str, build: Callable[[], nn.Module]) -> ZooRow:
 
 
 def _child(conn, source: str, name: str, build: Callable[[], nn.Module]) -> None:
-    conn.send(asdict(run_one(source, name, build)))
+    try:
+        row = run_one(source, name, build)
+    except BaseException as error:  # noqa: BLE001 - the runner itself failed: still a row
+        row = ZooRow(source, name, "crashed", kind=failure_kind(error), message=traceback.format_exc()[-2000:])
+    conn.send(asdict(row))
     conn.close()
 
 

@@ -101,3 +101,36 @@ def test_garbage_collector_is_paused_only_while_the_constructor_runs():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class CastsInsideTheConstructor(nn.Module):
+    """What Hugging Face does (`Apertus1p5`, `DeepseekV4`: `Norm(...).to(dtype=torch.float32)`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(4).to(dtype=torch.float32)  # a no-op cast
+        self.low = nn.Linear(4, 4).to(dtype=torch.bfloat16)
+        self.round_trip = nn.Linear(4, 3).half().float()
+        self.tied = nn.Linear(4, 4, bias=False)
+        self.twin = nn.Linear(4, 4, bias=False)
+        self.twin.weight = self.tied.weight
+        self.pair = nn.ModuleList([self.tied, self.twin]).double()  # converts a tied parameter once
+        self.low.weight.data.mul_(2)
+
+
+def test_module_casts_inside_a_constructor_record_and_materialize_as_eager():
+    from explorer import materialize_module
+    from tests.support.parity import assert_module_equals_eager
+
+    torch.manual_seed(3)
+    eager = CastsInsideTheConstructor()
+    torch.manual_seed(3)
+    module = deferred_init(CastsInsideTheConstructor)
+    assert module.low.weight.dtype == torch.bfloat16 and module.tied.weight.dtype == torch.float64
+    assert module.twin.weight is module.tied.weight and isinstance(module.low.weight, nn.Parameter)
+    materialize_module(module)
+    assert_module_equals_eager("CastsInsideTheConstructor", module, eager)
+    assert torch.utils.swap_tensors is ORIGINAL_SWAP_TENSORS  # the patch is undone
+
+
+ORIGINAL_SWAP_TENSORS = torch.utils.swap_tensors
