@@ -1,12 +1,15 @@
-"""`ExplorerWidget`: the module tree, the four tabs, a tensor details pane and the materialize bar.
+"""`ExplorerWidget`: a toolbar (search, overlay, tree toggle), the module tree, the four tabs, a
+tensor details pane and the materialize bar.
 
 Composition only: it keeps one `explorer.inspect` snapshot of the module, turns the tree's checked
-set into a scope for the tabs, routes graph clicks back to the tree and the details pane, and takes
-a fresh snapshot after each materialization.
+set into a scope for the tabs, sends search matches, overlay colours and the open tensor's storage
+sharers to every view, routes graph clicks back to the tree and the details pane, and takes a
+fresh snapshot after each materialization.
 """
 
 from __future__ import annotations
 
+import html
 import threading
 from typing import Any, Callable
 
@@ -15,6 +18,7 @@ from torch import nn
 
 import explorer
 
+from explorer.inspection import SearchError, SearchResult
 from explorer.record.failure import FailureReport, failure_report
 
 from .details import TensorDetails
@@ -23,11 +27,15 @@ from .graph import GraphTab, parse_click
 from .materialize_bar import MaterializeBar
 from .memory_tab import MemoryTab
 from .ops_tab import OpsTab
+from .overlays import OVERLAY_MODES, Overlay, overlay
+from .search_box import SearchBox
 from .tensors_tab import TensorsTab
 from .tree import ModuleTree
 
 TAB_TITLES = ("Tensors", "Ops", "Graph", "Memory")
 GRAPH_TAB = TAB_TITLES.index("Graph")
+OPS_TAB = TAB_TITLES.index("Ops")
+TENSORS_TAB = TAB_TITLES.index("Tensors")
 
 
 class ExplorerWidget(w.VBox):
@@ -61,6 +69,19 @@ class ExplorerWidget(w.VBox):
         self.bar = MaterializeBar(module, self.selected_modules, self.refresh)
         self.summary = w.Label("")
         self.summary.add_class("de-summary")
+        self.search_box = SearchBox(self.step_match)
+        self.search_box.add_class("de-search-box")
+        self.search_result = SearchResult("", False)
+        self.match_index = -1  # the match Enter last jumped to
+        self.overlay_mode = w.Dropdown(options=list(OVERLAY_MODES), value="state", description="colour by",
+                                       layout=w.Layout(width="200px"))
+        self.overlay_mode.add_class("de-overlay")
+        self.legend = w.HTML("")
+        self.legend.add_class("de-overlay-legend")
+        self.overlay: Overlay | None = None
+        self.tree_toggle = w.ToggleButton(value=True, description="tree", icon="sitemap",
+                                          tooltip="show or hide the module tree", layout=w.Layout(width="80px"))
+        self.tree_toggle.add_class("de-tree-toggle-button")
         self.tensor: str | None = None  # the tensor the details pane shows
         # Views are redrawn from the kernel thread (clicks) and the materialize thread (refresh).
         self._views_lock = threading.RLock()
@@ -71,13 +92,22 @@ class ExplorerWidget(w.VBox):
         self.graph_tab.view.observe(self._on_graph_click, names="clicked")
         self.tabs.observe(lambda change: self.graph_tab.set_active(change["new"] == GRAPH_TAB),
                           names="selected_index")
-        tree_box = w.VBox([self.tree], layout=w.Layout(flex="0 0 auto"))
+        self.search_box.observe(lambda _: self.search(self.search_box.query, regex=self.search_box.regex),
+                                names=["query", "regex"])
+        self.overlay_mode.observe(lambda change: self.set_overlay(change["new"]), names="value")
+        self.tree_toggle.observe(self._toggle_tree, names="value")
+        self.tree_box = w.VBox([self.tree], layout=w.Layout(flex="0 1 auto", max_width="40%"))
+        self.tree_box.add_class("de-tree-box")
         main = w.VBox([self.tabs, self.details], layout=w.Layout(flex="1 1 auto", min_width="0"))
         banner = [FailureBanner(self.failure)] if self.failure is not None else []
-        super().__init__([*banner, self.summary, w.HBox([tree_box, main]), self.bar])
+        toolbar = w.HBox([self.search_box, self.overlay_mode, self.legend, self.tree_toggle],
+                         layout=w.Layout(flex_flow="row wrap", align_items="center"))
+        toolbar.add_class("de-toolbar")
+        super().__init__([*banner, self.summary, toolbar, w.HBox([self.tree_box, main]), self.bar])
         self.add_class("de-explorer")
         if self.failure is not None:
             self.bar.disable("construction failed: fix the constructor and build again to materialize")
+        self.set_overlay("state")
         self._update_views()
 
     # -- selection ---------------------------------------------------------------------------------
@@ -95,12 +125,106 @@ class ExplorerWidget(w.VBox):
         return [self.module.get_submodule(path) for path in self.tree.checked]
 
     def show_tensor(self, name: str) -> None:
-        """Open the details pane on tensor `name` and mark its row (and graph node)."""
+        """Open the details pane on tensor `name`, mark its row and graph node, and light up every
+        name sharing its storage (views, ties, `.data` aliases) in the tree, the table and the graph."""
         self.details.show(self.inspection.tensors, self.inspection.storages, name)
         self.tensor = name
         if self.tensors_tab.table.selected != name:
             self.tensors_tab.table.selected = name
+        self._mark_sharers()
         self.graph_tab.update(self.tree.selection.focus(self.tree.checked), name)
+
+    @property
+    def sharers(self) -> list[str]:
+        """Names on the open tensor's storage (itself included); empty when no tensor is open."""
+        return list(self.details.sharers)
+
+    def _mark_sharers(self) -> None:
+        names = self.details.sharers if self.tensor is not None else []
+        tensors = self.inspection.tensors
+        owners = tensors.loc[tensors["name"].isin(names), "module"].tolist()
+        with self.tree.hold_sync():
+            for owner in owners:
+                self.tree.reveal(owner)
+            self.tree.aliases = list(dict.fromkeys(owners))
+        self.tensors_tab.table.highlighted = list(names)
+        self.graph_tab.view.aliases = [f"tensor:{name}" for name in names]
+
+    # -- search --------------------------------------------------------------------------------------
+    def search(self, pattern: str, *, regex: bool = False) -> SearchResult:
+        """Find `pattern` (substring, or regular expression with `regex`) in module paths and classes,
+        tensor names, shapes, strides, dtypes, devices and op names: the tree expands to the matches
+        and marks them, the Tensors and Ops tabs keep only matching rows, graph nodes light up. An
+        empty pattern clears the search. A bad regular expression is reported in the search box."""
+        with self.search_box.hold_sync():
+            if self.search_box.query != pattern:
+                self.search_box.query = pattern
+            if self.search_box.regex != regex:
+                self.search_box.regex = regex
+        try:
+            result = self.inspection.search(pattern, regex=regex)
+        except SearchError as error:
+            self.search_box.counts, self.search_box.error = str(error), True
+            return self.search_result
+        self.search_result, self.match_index = result, -1
+        active = bool(pattern.strip())
+        matched_modules = list(dict.fromkeys(
+            result.modules + self.inspection.tensors.loc[
+                self.inspection.tensors["name"].isin(result.tensors), "module"].tolist()))
+        with self._views_lock:
+            with self.tree.hold_sync():
+                if active:
+                    self.tree.expand(result.reveal)
+                self.tree.matches = matched_modules if active else []
+            self.tensors_tab.set_search(result.tensors if active else None)
+            self.ops_tab.set_search(result.ops if active else None)
+            self.graph_tab.view.highlighted = (
+                [f"module:{m}" for m in result.modules] + [f"tensor:{t}" for t in result.tensors]
+                + [f"op:{o}" for o in result.ops]) if active else []
+        self.search_box.counts, self.search_box.error = (result.counts_text() if active else ""), False
+        return result
+
+    def step_match(self, step: int = 1) -> tuple[str, str] | None:
+        """Go to the next (`step=1`, Enter) or previous (-1, Shift+Enter) match: a module is selected,
+        a tensor opened in the details pane, an op picked in the Ops tab. Returns (kind, key)."""
+        targets = self.search_result.targets()
+        if not targets:
+            return None
+        self.match_index = (self.match_index + step) % len(targets)
+        kind, key = targets[self.match_index]
+        if kind == "module":
+            self.select(key)
+        elif kind == "tensor":
+            self.tree.reveal(self._module_of(key))
+            self.tabs.selected_index = TENSORS_TAB
+            self.show_tensor(key)
+        else:
+            self.tabs.selected_index = OPS_TAB
+            self.ops_tab.table.selected = key
+        self.search_box.counts = f"{self.search_result.counts_text()} — {self.match_index + 1} of {len(targets)}: {key or '(root)'}"
+        return kind, key
+
+    def _module_of(self, tensor: str) -> str:
+        tensors = self.inspection.tensors
+        return str(tensors.loc[tensors["name"] == tensor, "module"].iloc[0])
+
+    # -- overlay -------------------------------------------------------------------------------------
+    def set_overlay(self, mode: str) -> Overlay:
+        """Colour the tree and the graph's modules by `mode` ("state", "bytes", "dtype", "device")."""
+        result = overlay(self.inspection.modules, mode)
+        self.overlay = result
+        if self.overlay_mode.value != mode:
+            self.overlay_mode.value = mode  # observed: comes back here once, cheaply
+        self.tree.colours = result.colours
+        self.graph_tab.view.module_colours = result.colours
+        self.legend.value = "".join(
+            f'<span class="de-overlay-legend-item" data-label="{html.escape(label)}">'
+            f'<span class="de-overlay-legend-swatch" style="background:{colour}"></span>{html.escape(label)}</span>'
+            for label, colour in result.legend)
+        return result
+
+    def _toggle_tree(self, change: dict) -> None:
+        self.tree_box.layout.display = None if change["new"] else "none"
 
     # -- materialization ---------------------------------------------------------------------------
     def materialize_selected(self, wait: bool = False) -> Any:
@@ -123,6 +247,9 @@ class ExplorerWidget(w.VBox):
             self._update_views(stale=True)
             if self.tensor is not None:
                 self.details.show(self.inspection.tensors, self.inspection.storages, self.tensor)
+            self.set_overlay(self.overlay_mode.value)
+            if self.search_box.query:
+                self.search(self.search_box.query, regex=self.search_box.regex)
 
     def close(self) -> None:
         """Close the explorer: stop a running materialization and close every widget model it made

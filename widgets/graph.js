@@ -1,7 +1,8 @@
 // GraphView: shows the Graphviz SVG Python sends, fitted to the view's width, with wheel zoom, drag
 // pan and double-click to fit again.
 // A click on a node or cluster sets `clicked` to its <title> (the graphviz node name), which is
-// the whole contract with Python.
+// the whole contract with Python. Python also sends `highlighted` (search matches) and `aliases`
+// (names sharing the open tensor's storage) as node names, and `module_colours` (the overlay).
 function render({ model, el }) {
   const root = document.createElement("div");
   root.className = "de-graph-root";
@@ -92,16 +93,48 @@ function render({ model, el }) {
     }
   }
 
+  // Search matches and the open tensor's storage sharers get a class; module clusters (and
+  // collapsed module nodes) are filled with the overlay colour Python chose for their path.
+  function markHighlighted() {
+    const matches = new Set(model.get("highlighted"));
+    const aliases = new Set(model.get("aliases"));
+    for (const node of canvas.querySelectorAll("g.node, g.cluster")) {
+      const title = node.querySelector(":scope > title");
+      const name = title ? title.textContent.trim().replace(/^cluster_/, "") : "";
+      node.classList.toggle("de-graph-highlighted", matches.has(name));
+      node.classList.toggle("de-graph-alias", aliases.has(name));
+    }
+  }
+
+  function paintModules() {
+    const colours = model.get("module_colours");
+    for (const node of canvas.querySelectorAll("g.node, g.cluster")) {
+      const title = node.querySelector(":scope > title");
+      const name = title ? title.textContent.trim().replace(/^cluster_/, "") : "";
+      if (!name.startsWith("module:")) continue;
+      const shape = node.querySelector(":scope > polygon, :scope > path");
+      if (!shape) continue;
+      if (shape.dataset.fill === undefined) shape.dataset.fill = shape.getAttribute("fill") || "";
+      const colour = colours[name.slice("module:".length)];
+      shape.setAttribute("fill", colour ? colour + (node.classList.contains("cluster") ? "55" : "") : shape.dataset.fill);
+    }
+  }
+
   function draw() {
     canvas.innerHTML = model.get("svg"); // Graphviz output: escaped labels, no scripts
     moved = false;
     fit();
     markSelected();
+    markHighlighted();
+    paintModules();
   }
 
   draw();
   model.on("change:svg", draw);
   model.on("change:selected", markSelected);
+  model.on("change:highlighted", markHighlighted);
+  model.on("change:aliases", markHighlighted);
+  model.on("change:module_colours", paintModules);
   return () => {  // the view is removed: drop what outlives its element
     window.removeEventListener("mousemove", onMove);
     window.removeEventListener("mouseup", onUp);

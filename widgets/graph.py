@@ -38,6 +38,9 @@ class GraphView(anywidget.AnyWidget):
     svg = traitlets.Unicode("").tag(sync=True)
     clicked = traitlets.Unicode("").tag(sync=True)
     selected = traitlets.Unicode("").tag(sync=True)  # node name drawn highlighted (the open tensor)
+    highlighted = traitlets.List(traitlets.Unicode()).tag(sync=True)  # search matches (node names, no cluster_)
+    aliases = traitlets.List(traitlets.Unicode()).tag(sync=True)  # names sharing the open tensor's storage
+    module_colours = traitlets.Dict().tag(sync=True)  # module path → overlay colour
 
 
 class GraphTab(w.VBox):

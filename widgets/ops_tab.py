@@ -47,6 +47,7 @@ class OpsTab(w.VBox):
         self.table.add_class("de-ops-table")
         self._ops = pd.DataFrame(columns=COLUMNS + ["graph"])
         self._scope: Collection[str] | None = None
+        self._search: set[str] | None = None
         super().__init__([self.kind_filter, self.table])
         self.add_class("de-ops-tab")
 
@@ -55,11 +56,16 @@ class OpsTab(w.VBox):
         self._ops, self._scope = ops, scope
         self._draw()
 
+    def set_search(self, keys: Collection[str] | None) -> None:
+        """Keep only the ops whose "<graph>:<index>" key is in `keys` (search matches); None: no search."""
+        self._search = set(keys) if keys is not None else None
+        self._draw()
+
     def rows(self) -> pd.DataFrame:
-        """The ops rows passing the scope and the kind filter (before sorting)."""
-        return ops_of(self._ops, self._scope, self.kind_filter.value)
+        """The ops rows passing the scope, the search and the kind filter (before sorting), with their `key`."""
+        rows = ops_of(self._ops, self._scope, self.kind_filter.value)
+        rows = rows.assign(key=rows["graph"].astype(str) + ":" + rows["index"].astype(str))
+        return rows if self._search is None else rows[rows["key"].isin(self._search)]
 
     def _draw(self) -> None:
-        rows = self.rows()
-        keys = rows["graph"].astype(str) + ":" + rows["index"].astype(str)
-        self.table.show(rows.assign(key=keys), COLUMNS, key="key", formats={"modules": modules_text})
+        self.table.show(self.rows(), COLUMNS, key="key", formats={"modules": modules_text})

@@ -35,9 +35,11 @@ function render({ model, el }) {
     const keys = model.get("row_keys");
     const colours = model.get("row_colours");
     const selected = model.get("selected");
+    const highlighted = new Set(model.get("highlighted"));
     model.get("rows").forEach((cells, i) => {
       const tr = body.insertRow();
-      tr.className = "de-table-row" + (keys[i] === selected ? " de-table-row-selected" : "");
+      tr.className = "de-table-row" + (keys[i] === selected ? " de-table-row-selected" : "")
+        + (highlighted.has(keys[i]) ? " de-table-row-highlighted" : "");
       tr.dataset.key = keys[i];
       if (colours[i]) tr.style.borderLeft = `4px solid ${colours[i]}`;
       for (const cell of cells) {
@@ -67,7 +69,7 @@ function render({ model, el }) {
     queueMicrotask(() => { pending = false; draw(); });
   };
   draw();
-  for (const name of ["columns", "rows", "row_keys", "row_colours", "selected", "sort_by", "ascending", "caption"]) {
+  for (const name of ["columns", "rows", "row_keys", "row_colours", "selected", "highlighted", "sort_by", "ascending", "caption"]) {
     model.on(`change:${name}`, schedule);
   }
 }

@@ -40,6 +40,7 @@ class DataTable(anywidget.AnyWidget):
     row_keys = traitlets.List(traitlets.Unicode()).tag(sync=True)
     row_colours = traitlets.List(traitlets.Unicode()).tag(sync=True)
     selected = traitlets.Unicode("").tag(sync=True)
+    highlighted = traitlets.List(traitlets.Unicode()).tag(sync=True)  # row keys drawn marked
     sort_by = traitlets.Unicode("").tag(sync=True)
     ascending = traitlets.Bool(True).tag(sync=True)
     caption = traitlets.Unicode("").tag(sync=True)

@@ -1,7 +1,9 @@
 """Tensors tab: the tensors table of the selected modules, filterable and sortable.
 
-Filters (name search, dtype, device, state) and the module scope narrow `inspect(module).tensors`;
-the `DataTable` sorts and draws it. Clicking a row sets `table.selected` to the tensor's name.
+Filters (name search, dtype, device, state), the module scope and the explorer's search (a set of
+names) narrow `inspect(module).tensors`; the `DataTable` sorts and draws it. The core metadata
+columns show by default; the column chooser adds or removes any other column of the table.
+Clicking a row sets `table.selected` to the tensor's name.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from .states import STATE_COLOURS
 from .table import DataTable
 
 ALL = "all"
-COLUMNS = ["name", "kind", "shape", "dtype", "device", "bytes", "state", "tied_with", "closure_ops"]
+# The core metadata, in reading order; the chooser offers every column of the tensors table.
+COLUMNS = ["name", "shape", "stride", "storage_offset", "dtype", "device", "state", "alias_group", "tied_with", "bytes"]
+OPTIONAL_COLUMNS = ["kind", "module", "numel", "contiguous", "requires_grad", "is_view", "storage_id",
+                    "closure_ops", "producer", "last_write", "source", "graph", "tensor_id"]
 
 
 def scoped(frame: pd.DataFrame, scope: Collection[str] | None) -> pd.DataFrame:
@@ -53,12 +58,18 @@ class TensorsTab(w.VBox):
         for control in (self.name_filter, self.dtype_filter, self.device_filter, self.state_filter):
             control.add_class("de-tensors-filter")
             control.observe(lambda _: self._draw(), names="value")
+        self.columns = w.TagsInput(value=list(COLUMNS), allowed_tags=COLUMNS + OPTIONAL_COLUMNS,
+                                   allow_duplicates=False, layout=w.Layout(width="auto"))
+        self.columns.add_class("de-column-chooser")
+        self.columns.observe(lambda _: self._draw(), names="value")
         self.table = DataTable()
         self.table.add_class("de-tensors-table")
-        self._tensors = pd.DataFrame(columns=COLUMNS + ["module"])
+        self._tensors = pd.DataFrame(columns=COLUMNS + OPTIONAL_COLUMNS)
         self._scope: Collection[str] | None = None
-        super().__init__([w.HBox([self.name_filter, self.dtype_filter, self.device_filter, self.state_filter]),
-                          self.table])
+        self._search: set[str] | None = None
+        super().__init__([w.HBox([self.name_filter, self.dtype_filter, self.device_filter, self.state_filter],
+                                 layout=w.Layout(flex_flow="row wrap")),
+                          w.HBox([w.Label("columns"), self.columns]), self.table])
         self.add_class("de-tensors-tab")
 
     def update(self, tensors: pd.DataFrame, scope: Collection[str] | None) -> None:
@@ -76,12 +87,20 @@ class TensorsTab(w.VBox):
                     control.observe(lambda _: self._draw(), names="value")
         self._draw()
 
+    def set_search(self, names: Collection[str] | None) -> None:
+        """Keep only the tensors named in `names` (the explorer's search matches); None: no search."""
+        self._search = set(names) if names is not None else None
+        self._draw()
+
     def rows(self) -> pd.DataFrame:
-        """The tensors table rows passing the scope and the filters (before sorting)."""
-        return filter_tensors(scoped(self._tensors, self._scope), name=self.name_filter.value,
-                              dtype=self.dtype_filter.value, device=self.device_filter.value,
-                              state=self.state_filter.value)
+        """The tensors table rows passing the scope, the search and the filters (before sorting)."""
+        rows = scoped(self._tensors, self._scope)
+        if self._search is not None:
+            rows = rows[rows["name"].isin(self._search)]
+        return filter_tensors(rows, name=self.name_filter.value, dtype=self.dtype_filter.value,
+                              device=self.device_filter.value, state=self.state_filter.value)
 
     def _draw(self) -> None:
-        self.table.show(self.rows(), COLUMNS, key="name", formats={"bytes": bytes_text},
+        columns = [c for c in self.columns.value if c in self._tensors.columns] or ["name"]
+        self.table.show(self.rows(), columns, key="name", formats={"bytes": bytes_text},
                         colour=STATE_COLOURS, colour_by="state")

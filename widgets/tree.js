@@ -27,6 +27,9 @@ function render({ model, el }) {
     const checked = new Set(model.get("checked"));
     const partial = new Set(model.get("partial"));
     const active = model.get("active");
+    const colours = model.get("colours");
+    const matches = new Set(model.get("matches"));
+    const aliases = new Set(model.get("aliases"));
     const rows = [];
     let hiddenBelow = Infinity; // nodes deeper than this are inside a collapsed ancestor
     for (const node of model.get("nodes")) {
@@ -36,7 +39,8 @@ function render({ model, el }) {
       if (node.has_children && !open) hiddenBelow = node.depth;
 
       const row = document.createElement("div");
-      row.className = "de-tree-node" + (node.path === active ? " de-tree-node-active" : "");
+      row.className = "de-tree-node" + (node.path === active ? " de-tree-node-active" : "")
+        + (matches.has(node.path) ? " de-tree-match" : "") + (aliases.has(node.path) ? " de-tree-alias" : "");
       row.dataset.path = node.path;
       row.dataset.state = node.state;
       row.style.paddingLeft = `${node.depth * 14}px`;
@@ -44,6 +48,10 @@ function render({ model, el }) {
       const toggle = cell("de-tree-toggle", node.has_children ? (open ? "▾" : "▸") : "");
       if (node.has_children) toggle.addEventListener("click", () => toggleExpanded(node.path));
       row.appendChild(toggle);
+
+      const swatch = cell("de-tree-swatch", "");
+      swatch.style.background = colours[node.path] || "transparent";
+      row.appendChild(swatch);
 
       const box = document.createElement("input");
       box.type = "checkbox";
@@ -76,7 +84,7 @@ function render({ model, el }) {
     queueMicrotask(() => { pending = false; draw(); });
   };
   draw();
-  for (const name of ["nodes", "checked", "partial", "expanded", "active"]) {
+  for (const name of ["nodes", "checked", "partial", "expanded", "active", "colours", "matches", "aliases"]) {
     model.on(`change:${name}`, schedule);
   }
 }

@@ -61,6 +61,9 @@ class ModuleTree(anywidget.AnyWidget):
     partial = traitlets.List(traitlets.Unicode()).tag(sync=True)
     expanded = traitlets.List(traitlets.Unicode()).tag(sync=True)
     active = traitlets.Unicode("").tag(sync=True)
+    colours = traitlets.Dict().tag(sync=True)  # module path → overlay colour (the row's swatch)
+    matches = traitlets.List(traitlets.Unicode()).tag(sync=True)  # search matches, marked
+    aliases = traitlets.List(traitlets.Unicode()).tag(sync=True)  # modules holding the open tensor's storage
 
     def __init__(self, modules: pd.DataFrame, root_class: str, *, expand_depth: int = 1, **kwargs: Any) -> None:
         self.selection = ModuleSelection(modules["name"].tolist())
@@ -103,7 +106,12 @@ class ModuleTree(anywidget.AnyWidget):
 
     def reveal(self, path: str) -> None:
         """Expand every ancestor of `path` so its row is on screen."""
-        missing = [p for p in reversed(self.selection.ancestors(path)) if p not in self.expanded]
+        self.expand([*reversed(self.selection.ancestors(path))])
+
+    def expand(self, paths: Iterable[str]) -> None:
+        """Expand `paths` (modules with children; others are ignored), keeping what is open."""
+        have = set(self.expanded)
+        missing = [p for p in paths if p not in have and self.selection.children.get(p)]
         if missing:
             self.expanded = [*self.expanded, *missing]
 

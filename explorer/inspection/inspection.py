@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pandas as pd
@@ -10,6 +11,7 @@ from torch import nn
 from .census import take_census
 from .modules import modules_table
 from .ops import ops_table
+from .search import SearchResult, TextIndex
 from .storages import storages_table
 from .summary import summary_text
 from .tensors import tensors_table
@@ -37,6 +39,17 @@ class Inspection:
 
     def __repr__(self) -> str:
         return self.summary()
+
+    @functools.cached_property
+    def text_index(self) -> TextIndex:
+        """The tables as searchable text, built on the first search."""
+        return TextIndex(self.tensors, self.modules, self.ops)
+
+    def search(self, pattern: str, *, regex: bool = False) -> SearchResult:
+        """Modules (path, class), tensors (name, shape, stride, dtype, device) and ops (name) matching
+        `pattern`: a case-insensitive substring, or a regular expression with `regex=True`
+        (SearchError when it does not compile). A module's tensors and ops match with it."""
+        return self.text_index.search(pattern, regex=regex)
 
 
 def inspect(module: nn.Module) -> Inspection:

@@ -36,10 +36,21 @@ def test_unchecking_a_child_drops_its_ancestors_own_tensors(ui):
 def test_cells_are_formatted_and_coloured_by_state(ui):
     ui.select("embed")
     table = ui.tensors_tab.table
-    assert table.columns == ["name", "kind", "shape", "dtype", "device", "bytes", "state", "tied_with", "closure_ops"]
+    assert table.columns == ["name", "shape", "stride", "storage_offset", "dtype", "device", "state", "alias_group",
+                             "tied_with", "bytes"]
     assert table.rows == [
-        ["embed.weight", "parameter", "(10, 4)", "float32", "cpu", "160 B", "fake", "head.weight", "3"]]
+        ["embed.weight", "(10, 4)", "(4, 1)", "0", "float32", "cpu", "fake", "head.weight", "head.weight", "160 B"]]
     assert table.row_colours == [STATE_COLOURS["fake"]]
+
+
+def test_the_column_chooser_adds_and_removes_columns(ui):
+    ui.select("embed")
+    chooser = ui.tensors_tab.columns
+    assert "closure_ops" in chooser.allowed_tags and "producer" in chooser.allowed_tags
+    chooser.value = ["name", "kind", "closure_ops", "producer"]
+    table = ui.tensors_tab.table
+    assert table.columns == ["name", "kind", "closure_ops", "producer"]
+    assert table.rows == [["embed.weight", "parameter", "3", "aten.detach.default"]]
 
 
 def test_name_filter_is_a_case_insensitive_substring(ui):
@@ -69,7 +80,7 @@ def test_header_sort_orders_by_the_raw_values(ui):
     ui.select("blocks.0")
     ui.tensors_tab.table.sort_by = "bytes"  # what clicking the header sends
     ui.tensors_tab.table.ascending = False
-    assert [row[5] for row in ui.tensors_tab.table.rows] == ["128 B", "128 B", "64 B", "32 B", "16 B", "16 B",
+    assert [row[9] for row in ui.tensors_tab.table.rows] == ["128 B", "128 B", "64 B", "32 B", "16 B", "16 B",
                                                               "16 B", "16 B"]
     assert keys(ui)[:2] == ["blocks.0.mlp.0.weight", "blocks.0.mlp.2.weight"]  # stable among equals
 
@@ -77,7 +88,7 @@ def test_header_sort_orders_by_the_raw_values(ui):
 def test_sorting_by_shape_tuples(ui):
     ui.select("blocks.0.mlp")
     ui.tensors_tab.table.sort_by = "shape"
-    assert [row[2] for row in ui.tensors_tab.table.rows] == ["(4,)", "(4, 8)", "(8,)", "(8, 4)"]
+    assert [row[1] for row in ui.tensors_tab.table.rows] == ["(4,)", "(4, 8)", "(8,)", "(8, 4)"]
 
 
 def test_row_click_opens_details_with_the_fake_tensors_metadata(ui, net_pair):

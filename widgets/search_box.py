@@ -1,0 +1,38 @@
+"""`SearchBox`: the explorer's search field (anywidget, `search_box.js`).
+
+The browser sets `query` and `regex` as the user types and sends `{"type": "next"}` /
+`{"type": "previous"}` on Enter / Shift+Enter; whoever owns the box (the explorer) searches and
+writes `counts`. No matching happens in the browser.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import anywidget
+import traitlets
+
+from .front_end import source
+
+
+class SearchBox(anywidget.AnyWidget):
+    """`query`/`regex`: what the user typed; `counts`: the answer line ("3 modules · 12 tensors · 40
+    ops — 2 of 55"); `error`: true when `counts` reports a bad pattern."""
+
+    _esm = source("search_box.js")
+    _css = source("style.css")
+
+    query = traitlets.Unicode("").tag(sync=True)
+    regex = traitlets.Bool(False).tag(sync=True)
+    counts = traitlets.Unicode("").tag(sync=True)
+    error = traitlets.Bool(False).tag(sync=True)
+
+    def __init__(self, on_step: Callable[[int], None], **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._on_step = on_step
+        self.on_msg(self._on_front_end_msg)
+
+    def _on_front_end_msg(self, _widget: object, content: dict, _buffers: object) -> None:
+        step = {"next": 1, "previous": -1}.get(content.get("type"))
+        if step:
+            self._on_step(step)
