@@ -28,6 +28,19 @@ Stable CSS classes (for end-to-end tests and styling):
   memory table; `de-table-row-selected`), `td.de-table-cell`, and `de-table-caption`.
 - filters: `de-tensors-filter` (name text, dtype, device, state), `de-ops-filter` (kind).
 - details pane: `de-details`, title `de-details-title`.
+- toolbar: `de-toolbar`, holding the search box `de-search` (`de-search-input`, `de-search-regex`,
+  `de-search-counts`, plus `de-search-error` on a bad pattern), the overlay dropdown `de-overlay`
+  with its legend `de-overlay-legend` (`de-overlay-legend-item`, `data-label`), the tree toggle
+  `de-tree-toggle-button` and the export bar `de-export` (`de-export-button`, `data-target`
+  graph/table, `data-format`; `de-export-status`).
+- tree extras: `de-tree-swatch` (the overlay colour), `de-tree-match` (a search match),
+  `de-tree-alias` (holds a name on the open tensor's storage); tables: `de-table-row-highlighted`
+  (a name on the open tensor's storage); graph: `de-graph-highlighted` (search match),
+  `de-graph-alias` (storage sharer).
+- details pane extras: `de-sharers-table`, the storage strip `de-storage-strip` with one
+  `de-storage-bar` per name (`data-name`, `data-start`, `data-end` in bytes).
+- compare widget: `de-compare`, `de-compare-summary`, tables `de-compare-modules`,
+  `de-compare-tensors`, `de-compare-changes`.
 - failure banner (a constructor that failed under deferred_init): `de-failure`, holding
   `de-failure-headline`, `tr.de-failure-field` (`data-field`: op, module_chain, source, code,
   reason), `de-failure-text`, `de-failure-traceback-toggle` and `de-failure-traceback`.
@@ -43,7 +56,8 @@ Stable CSS classes (for end-to-end tests and styling):
   `de-status` (plus `de-status-error` after a failure).
 
 Python mirrors of the clicks, for tests and scripts: `ui.select(path)`, `ui.tree.set_checked(path,
-value)`, `ui.show_tensor(name)`, `ui.graph_tab.view.clicked = "<node name>"`,
+value)`, `ui.show_tensor(name)`, `ui.graph_tab.view.clicked = "<node name>"`, `ui.search(pattern,
+regex=False)`, `ui.step_match(±1)`, `ui.set_overlay(mode)`, `ui.export(target, format)`,
 `ui.materialize_selected(wait=True)`, `ui.materialize_all(wait=True)`, `ui.cancel()`.
 Layout in files: selection.py (the checkbox rule), tree.py/tree.js, table.py/table.js (every
 table), tensors_tab.py, details.py, ops_tab.py, graph.py/graph.js, memory_tab.py,
@@ -69,6 +83,7 @@ except ImportError as error:  # the engine works without them; the notebook UI d
         "install them with `pip install deferred-explorer[widgets]`"
     ) from error
 
+from .compare import CompareWidget, compare  # noqa: E402
 from .explorer_widget import ExplorerWidget  # noqa: E402
 from .materialize_bar import MaterializationCancelled  # noqa: E402
 from .states import STATE_COLOURS  # noqa: E402
@@ -98,4 +113,4 @@ def _constructor_ran(error: BaseException) -> bool:
     return getattr(error, "graph", None) is not None or hasattr(error, "deferred_graph")
 
 
-__all__ = ["ExplorerWidget", "MaterializationCancelled", "STATE_COLOURS", "explore"]
+__all__ = ["CompareWidget", "ExplorerWidget", "MaterializationCancelled", "STATE_COLOURS", "compare", "explore"]

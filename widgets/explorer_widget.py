@@ -22,7 +22,9 @@ from explorer.inspection import SearchError, SearchResult
 from explorer.record.failure import FailureReport, failure_report
 
 from .details import TensorDetails
+from .export_bar import ExportBar
 from .failure_banner import FailureBanner
+from .formatting import cell_text
 from .graph import GraphTab, parse_click
 from .materialize_bar import MaterializeBar
 from .memory_tab import MemoryTab
@@ -82,6 +84,8 @@ class ExplorerWidget(w.VBox):
         self.tree_toggle = w.ToggleButton(value=True, description="tree", icon="sitemap",
                                           tooltip="show or hide the module tree", layout=w.Layout(width="80px"))
         self.tree_toggle.add_class("de-tree-toggle-button")
+        self.export_bar = ExportBar(self.export_data)
+        self.export_bar.add_class("de-export-bar")
         self.tensor: str | None = None  # the tensor the details pane shows
         # Views are redrawn from the kernel thread (clicks) and the materialize thread (refresh).
         self._views_lock = threading.RLock()
@@ -100,7 +104,7 @@ class ExplorerWidget(w.VBox):
         self.tree_box.add_class("de-tree-box")
         main = w.VBox([self.tabs, self.details], layout=w.Layout(flex="1 1 auto", min_width="0"))
         banner = [FailureBanner(self.failure)] if self.failure is not None else []
-        toolbar = w.HBox([self.search_box, self.overlay_mode, self.legend, self.tree_toggle],
+        toolbar = w.HBox([self.search_box, self.overlay_mode, self.legend, self.tree_toggle, self.export_bar],
                          layout=w.Layout(flex_flow="row wrap", align_items="center"))
         toolbar.add_class("de-toolbar")
         super().__init__([*banner, self.summary, toolbar, w.HBox([self.tree_box, main]), self.bar])
@@ -222,6 +226,37 @@ class ExplorerWidget(w.VBox):
             f'<span class="de-overlay-legend-swatch" style="background:{colour}"></span>{html.escape(label)}</span>'
             for label, colour in result.legend)
         return result
+
+    # -- export --------------------------------------------------------------------------------------
+    def export(self, target: str, format: str) -> "Path | None":  # noqa: F821
+        """Save the current diagram ("graph": svg, png, html) or the current tab's table ("table":
+        csv, parquet) beside the notebook (`export_bar.folder`), as the export buttons do."""
+        return self.export_bar.export(target, format)
+
+    def export_data(self, target: str, format: str) -> tuple[str, bytes]:
+        """(file name, bytes) of the current diagram or table in `format`."""
+        from explorer.render import export as diagrams
+
+        stem = self.inspection.root_class
+        if target == "graph":
+            arguments = self.graph_tab.graph_arguments()
+            digraph = explorer.op_graph(self.module, **arguments)
+            where = arguments.get("focus") or arguments.get("closure_of") or "all"
+            name = f"{stem}-{where}-graph.{format}"
+            if format == "svg":
+                return name, diagrams.to_svg(digraph).encode()
+            if format == "png":
+                return name, diagrams.to_png(digraph)
+            return name, diagrams.to_html(digraph, title=f"{stem}: {where}").encode()
+        tab = TAB_TITLES[self.tabs.selected_index or 0]
+        table = {"Tensors": self.tensors_tab.table, "Ops": self.ops_tab.table,
+                 "Memory": self.memory_tab.table}.get(tab, self.tensors_tab.table)
+        frame = table.current_frame()
+        name = f"{stem}-{tab.lower() if tab != 'Graph' else 'tensors'}.{format}"
+        if format == "csv":
+            return name, frame.to_csv(index=False).encode()
+        flat = frame.apply(lambda column: column.map(cell_text) if column.dtype == object else column)
+        return name, flat.to_parquet(index=False)
 
     def _toggle_tree(self, change: dict) -> None:
         self.tree_box.layout.display = None if change["new"] else "none"

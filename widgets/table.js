@@ -13,11 +13,12 @@ function render({ model, el }) {
     const sortBy = model.get("sort_by");
     const ascending = model.get("ascending");
     const sortable = model.get("sortable");
-    for (const column of model.get("columns")) {
+    const labels = model.get("labels");
+    model.get("columns").forEach((column, index) => {
       const th = document.createElement("th");
       th.className = "de-table-header";
       th.dataset.column = column;
-      th.textContent = column + (column === sortBy ? (ascending ? " ▲" : " ▼") : "");
+      th.textContent = (labels[index] || column) + (column === sortBy ? (ascending ? " ▲" : " ▼") : "");
       if (sortable) {
         th.addEventListener("click", () => {
           if (model.get("sort_by") === column) {
@@ -30,23 +31,26 @@ function render({ model, el }) {
         });
       }
       head.appendChild(th);
-    }
+    });
     const body = table.createTBody();
     const keys = model.get("row_keys");
     const colours = model.get("row_colours");
     const selected = model.get("selected");
     const highlighted = new Set(model.get("highlighted"));
+    const columns = model.get("columns");
     model.get("rows").forEach((cells, i) => {
       const tr = body.insertRow();
       tr.className = "de-table-row" + (keys[i] === selected ? " de-table-row-selected" : "")
         + (highlighted.has(keys[i]) ? " de-table-row-highlighted" : "");
       tr.dataset.key = keys[i];
       if (colours[i]) tr.style.borderLeft = `4px solid ${colours[i]}`;
-      for (const cell of cells) {
+      cells.forEach((cell, index) => {
         const td = tr.insertCell();
         td.className = "de-table-cell";
+        td.dataset.column = columns[index];
         td.textContent = cell;
-      }
+        td.title = cell; // the whole text, where the cell cuts it
+      });
       tr.addEventListener("click", () => {
         model.set("selected", keys[i]);
         model.save_changes();
@@ -69,7 +73,7 @@ function render({ model, el }) {
     queueMicrotask(() => { pending = false; draw(); });
   };
   draw();
-  for (const name of ["columns", "rows", "row_keys", "row_colours", "selected", "highlighted", "sort_by", "ascending", "caption"]) {
+  for (const name of ["columns", "labels", "rows", "row_keys", "row_colours", "selected", "highlighted", "sort_by", "ascending", "caption"]) {
     model.on(`change:${name}`, schedule);
   }
 }

@@ -36,6 +36,7 @@ class DataTable(anywidget.AnyWidget):
     _css = source("style.css")
 
     columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    labels = traitlets.List(traitlets.Unicode()).tag(sync=True)  # header text per column ("" = its name)
     rows = traitlets.List(traitlets.List()).tag(sync=True)
     row_keys = traitlets.List(traitlets.Unicode()).tag(sync=True)
     row_colours = traitlets.List(traitlets.Unicode()).tag(sync=True)
@@ -52,6 +53,7 @@ class DataTable(anywidget.AnyWidget):
         self.limit = limit
         self.captioned = captioned
         self._frame: pd.DataFrame | None = None
+        self._labels: dict[str, str] = {}
         self._spec: tuple = ((), "", {}, None)
         self.observe(lambda _: self._draw(), names=["sort_by", "ascending"])
 
@@ -64,14 +66,26 @@ class DataTable(anywidget.AnyWidget):
         formats: Mapping[str, Formatter] | None = None,
         colour: Mapping[str, str] | None = None,
         colour_by: str | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         """Display `columns` of `frame`, one row per frame row, keyed by the text of column `key`.
 
-        `colour_by` names a column whose value picks the row's colour from `colour`.
+        `colour_by` names a column whose value picks the row's colour from `colour`; `labels` gives
+        shorter header texts for some columns.
         """
         self._frame = frame
+        self._labels = dict(labels or {})
         self._spec = (tuple(columns), key, dict(formats or {}), (colour_by, dict(colour or {})))
         self._draw()
+
+    def current_frame(self) -> pd.DataFrame:
+        """Every row the table holds (filters applied, not cut to `limit`), sorted as shown, in the
+        shown columns: what an export of "the current table" writes."""
+        columns = list(self._spec[0])
+        frame = self._frame if self._frame is not None else pd.DataFrame(columns=columns)
+        if self.sort_by and self.sort_by in frame.columns:
+            frame = sort_frame(frame, self.sort_by, self.ascending)
+        return frame[[c for c in columns if c in frame.columns]].reset_index(drop=True)
 
     def visible_frame(self) -> pd.DataFrame:
         """The rows on screen, sorted and cut to `limit`, as a frame (what the user sees, unformatted)."""
@@ -88,6 +102,7 @@ class DataTable(anywidget.AnyWidget):
             f"showing {len(shown):,} of {len(full):,} rows (filter to narrow)"
         with self.hold_sync():
             self.columns = list(columns)
+            self.labels = [self._labels.get(column, "") for column in columns]
             self.rows = frame_rows(shown, columns, formats)
             self.row_keys = [str(value) for value in shown[key].tolist()] if len(shown) else []
             self.row_colours = ([colour.get(value, "") for value in shown[colour_by].tolist()]

@@ -19,8 +19,11 @@ from .table import DataTable
 
 ALL = "all"
 # The core metadata, in reading order; the chooser offers every column of the tensors table.
-COLUMNS = ["name", "shape", "stride", "storage_offset", "dtype", "device", "state", "alias_group", "tied_with", "bytes"]
-OPTIONAL_COLUMNS = ["kind", "module", "numel", "contiguous", "requires_grad", "is_view", "storage_id",
+# `alias_group` (every other name on the storage: views, ties, `.data` aliases) is the alias/tie
+# group; `tied_with` (the same tensor object) is its subset and optional.
+COLUMNS = ["name", "shape", "stride", "storage_offset", "dtype", "device", "state", "alias_group", "bytes"]
+LABELS = {"storage_offset": "offset", "alias_group": "alias/tie group", "tied_with": "tied with"}
+OPTIONAL_COLUMNS = ["tied_with", "kind", "module", "numel", "contiguous", "requires_grad", "is_view", "storage_id",
                     "closure_ops", "producer", "last_write", "source", "graph", "tensor_id"]
 
 
@@ -103,4 +106,4 @@ class TensorsTab(w.VBox):
     def _draw(self) -> None:
         columns = [c for c in self.columns.value if c in self._tensors.columns] or ["name"]
         self.table.show(self.rows(), columns, key="name", formats={"bytes": bytes_text},
-                        colour=STATE_COLOURS, colour_by="state")
+                        colour=STATE_COLOURS, colour_by="state", labels=LABELS)

@@ -62,7 +62,7 @@ function render({ model, el }) {
       row.appendChild(box);
 
       const label = cell("de-tree-label", node.label);
-      label.title = node.path || "(root)";
+      label.title = `${node.path || "(root)"}: ${node.class}, ${node.params} parameters, ${node.bytes} on ${node.device}`;
       label.addEventListener("click", () => send({ type: "select", path: node.path }));
       row.appendChild(label);
       row.appendChild(cell("de-tree-class", node.class));

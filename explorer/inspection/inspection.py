@@ -11,6 +11,7 @@ from torch import nn
 from .census import take_census
 from .modules import modules_table
 from .ops import ops_table
+from .diff import InspectionDiff, diff_inspections
 from .search import SearchResult, TextIndex
 from .storages import storages_table
 from .summary import summary_text
@@ -44,6 +45,43 @@ class Inspection:
     def text_index(self) -> TextIndex:
         """The tables as searchable text, built on the first search."""
         return TextIndex(self.tensors, self.modules, self.ops)
+
+    def diff(self, other: "Inspection") -> InspectionDiff:
+        """What changed from this inspection to `other`: modules and tensors added or removed, module
+        classes, and tensor metadata (shape, stride, offset, dtype, device, kind, tie group)."""
+        if not isinstance(other, Inspection):
+            raise TypeError(f"Inspection.diff expects another Inspection, got {type(other).__name__}")
+        return diff_inspections(self.modules, self.tensors, other.modules, other.tensors)
+
+    def to_networkx(self) -> "networkx.DiGraph":  # noqa: F821 - networkx comes with torch
+        """The recorded ops as a directed graph for other tools: nodes "op:<graph>:<index>" (attributes
+        op, kind, source) and "tensor:<name>" or "tensor:#<graph>:<id>" for unnamed intermediates
+        (shape, dtype), edges input → op → output. The names are those `explorer.op_graph` draws."""
+        import networkx
+
+        graph = networkx.DiGraph()
+
+        def tensor_node(graph_index: int, label: str) -> str:  # "#5" is unnamed tensor 5 of that graph
+            return f"tensor:#{graph_index}:{label[1:]}" if label.startswith("#") else f"tensor:{label}"
+
+        for row in self.ops.itertuples(index=False):
+            op = f"op:{row.graph}:{row.index}"
+            graph.add_node(op, type="op", op=row.op, kind=row.kind, source=row.source)
+            for label in row.inputs:
+                graph.add_edge(tensor_node(row.graph, label), op)
+            for label, shape, dtype in zip(row.outputs, row.output_shapes, row.output_dtypes):
+                node = tensor_node(row.graph, label)
+                graph.add_node(node, type="tensor", shape=list(shape), dtype=dtype)
+                graph.add_edge(op, node)
+        for node, data in graph.nodes(data=True):
+            data.setdefault("type", "tensor")  # inputs from outside the recording (module arguments)
+        return graph
+
+    def to_json(self) -> dict:
+        """`to_networkx()` as node-link JSON data (`networkx.node_link_data`): for `json.dump`."""
+        import networkx
+
+        return networkx.node_link_data(self.to_networkx(), edges="links")
 
     def search(self, pattern: str, *, regex: bool = False) -> SearchResult:
         """Modules (path, class), tensors (name, shape, stride, dtype, device) and ops (name) matching

@@ -53,16 +53,17 @@ def _declared(torch) -> bool:  # noqa: ANN001 - the torch module, imported late
 
 
 def declare_torchvision_ops() -> bool:
-    """Make torchvision importable; True when its C extension is missing and schemas were declared.
+    """Make torchvision importable; True when its op schemas are declared (here or by an earlier
+    call), False when the real extension loads or torchvision is not installed.
 
     Idempotent. Call before the first `import torchvision` / `import timm` of the process.
     """
     import torch
 
     global _library
+    extension = _extension_path()  # finding torchvision may itself run the venv's hook, which declares
     if _library is not None or _declared(torch):
         return True
-    extension = _extension_path()
     if extension is None:
         return False  # torchvision not installed: nothing to do
     try:

@@ -14,6 +14,7 @@ from torch import nn
 
 import explorer
 import widgets
+from tests.support.lab import CHROMIUM, CHROMIUM_ARGS
 
 
 class Block(nn.Module):
@@ -85,3 +86,16 @@ def graph_stand_in(monkeypatch: pytest.MonkeyPatch) -> GraphStandIn:
     monkeypatch.setattr(explorer, "op_graph", stand_in, raising=False)
     monkeypatch.setattr(explorer, "render", types.SimpleNamespace(node_kind=node_kind), raising=False)
     return stand_in
+
+
+# -- browser tests (pytest-playwright fixtures, pointed at Debian's Chromium) -------------------------
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
+    """pytest-playwright's launch arguments, pointed at Debian's Chromium."""
+    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
+
+
+@pytest.fixture(scope="session")
+def browser_context_args(browser_context_args: dict) -> dict:
+    """A window tall enough to show the whole widget (tree, graph, details, materialize bar) at once."""
+    return {**browser_context_args, "viewport": {"width": 1400, "height": 1300}}

@@ -1,0 +1,190 @@
+"""The explorer at 7B scale and on a failing constructor, in JupyterLab in Chromium, by clicking.
+
+Each test opens a notebook written here, runs it from the menu, does what a person does (types in
+the search box, picks an overlay, opens a tied weight, reads a failure banner) and then asks the
+kernel in a new cell what the explorer holds: the kernel's answer is the assertion, with checks of
+what the page shows beside it. Screenshots go to build/screenshots/ (the README shows them).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.support.lab import (
+    KERNEL_REPLY_TIMEOUT_MS,
+    REPO,
+    jupyter_server,
+    kernel_answer,
+    run_all_cells,
+    wait_for_widget_or_cell_error,
+    write_notebook,
+)
+
+SCREENSHOTS = REPO / "build" / "screenshots"
+
+LLAMA_7B = '''import transformers, widgets
+config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, tie_word_embeddings=True)
+ui = widgets.explore(transformers.LlamaForCausalLM, config)
+ui'''
+
+FAILING = '''import torch, widgets
+from torch import nn
+
+@torch.library.custom_op("notebook::route_table", mutates_args=())
+def route_table(weight: torch.Tensor) -> torch.Tensor:  # a custom op with no fake kernel
+    return weight.softmax(-1)
+
+class Router(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(64, 8)
+        self.register_buffer("table", route_table(self.gate.weight))
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(100, 64)
+        self.router = Router()
+
+ui = widgets.explore(Model)
+ui'''
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    root, home = tmp_path_factory.mktemp("lab-root"), tmp_path_factory.mktemp("lab-home")
+    write_notebook(root / "llama7b.ipynb", [LLAMA_7B])
+    write_notebook(root / "failing.ipynb", [FAILING])
+    with jupyter_server(root, home) as server:
+        yield server
+
+
+def open_notebook(page: Page, lab: tuple[str, str], name: str) -> None:
+    """Open notebook `name` with the file browser folded away (as a person gives a wide widget room)."""
+    base, token = lab
+    page.goto(f"{base}/lab/tree/{name}?reset&token={token}")  # a fresh workspace: no tabs of earlier tests
+    run_all_cells(page)
+    open_panel = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
+    if open_panel.count():  # the workspace remembers a fold from an earlier test
+        open_panel.click()
+
+
+def screenshot(page: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    view = page.locator(".de-explorer")
+    if view.count():
+        view.first.evaluate("element => element.scrollIntoView({block: 'start'})")
+    page.screenshot(path=str(SCREENSHOTS / name))
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_search_finds_a_deep_module_and_enter_jumps_to_it(lab, page: Page) -> None:
+    try:
+        open_notebook(page, lab, "llama7b.ipynb")
+        wait_for_widget_or_cell_error(page, page.locator(".de-search-input"))
+        search = page.locator(".de-search-input")
+        search.click()
+        search.type("layers.17.mlp.down_proj")
+        expect(page.locator(".de-search-counts")).to_have_text(re.compile(r"^1 module · 1 tensor · 4 ops$"),
+                                                               timeout=KERNEL_REPLY_TIMEOUT_MS)
+        # the tree unfolded down to the match and marked it; the table kept only the matching row
+        row = page.locator('.de-tree-node[data-path="model.layers.17.mlp.down_proj"]')
+        expect(row).to_have_class(re.compile(r"\bde-tree-match\b"), timeout=KERNEL_REPLY_TIMEOUT_MS)
+        expect(page.locator(".de-tensors-table .de-table-row")).to_have_count(1)
+        search.press("Enter")
+        expect(page.locator(".de-search-counts")).to_contain_text("1 of 6: model.layers.17.mlp.down_proj",
+                                                                  timeout=KERNEL_REPLY_TIMEOUT_MS)
+        answer = kernel_answer(page, 'print("search:", ui.search_result.counts_text(), "| selection:", ui.selection)',
+                               "search:")
+        assert answer == "search: 1 module · 1 tensor · 4 ops | selection: ['model.layers.17.mlp.down_proj']"
+    finally:
+        screenshot(page, "search.png")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_overlay_colours_the_tree_by_bytes_with_a_legend(lab, page: Page) -> None:
+    try:
+        open_notebook(page, lab, "llama7b.ipynb")
+        wait_for_widget_or_cell_error(page, page.locator(".de-overlay select"))
+        page.locator(".de-overlay select").select_option("bytes")
+        legend = page.locator(".de-overlay-legend .de-overlay-legend-item")
+        expect(legend.first).to_have_attribute("data-label", re.compile(r" – "), timeout=KERNEL_REPLY_TIMEOUT_MS)
+        root_swatch = page.locator('.de-tree-node[data-path=""] .de-tree-swatch')
+        expect(root_swatch).to_have_css("background-color", "rgb(189, 0, 38)")  # the largest module: darkest
+        answer = kernel_answer(page, 'print("overlay:", ui.overlay.mode, ui.tree.colours[""], len(ui.overlay.legend))',
+                               "overlay:")
+        assert answer == "overlay: bytes #bd0026 6"  # five bins and "no bytes"
+    finally:
+        screenshot(page, "overlay.png")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_opening_a_tied_weight_lights_up_its_twin(lab, page: Page) -> None:
+    try:
+        open_notebook(page, lab, "llama7b.ipynb")
+        wait_for_widget_or_cell_error(page, page.locator(".de-tree-node"))
+        page.locator('.de-tree-node[data-path="lm_head"] .de-tree-label').click()
+        row = page.locator('.de-tensors-table .de-table-row[data-key="lm_head.weight"]')
+        row.click()
+        expect(page.locator(".de-details-title")).to_have_text("lm_head.weight", timeout=KERNEL_REPLY_TIMEOUT_MS)
+        expect(page.locator('.de-tree-node[data-path="model.embed_tokens"]')).to_have_class(
+            re.compile(r"\bde-tree-alias\b"), timeout=KERNEL_REPLY_TIMEOUT_MS)
+        bars = page.locator(".de-storage-strip .de-storage-bar")
+        expect(bars).to_have_count(2)
+        expect(bars.first).to_have_attribute("data-end", "524288000")  # 32000 × 4096 × 4 bytes
+        answer = kernel_answer(page, 'print("sharers:", ui.sharers, ui.tree.aliases)', "sharers:")
+        assert answer == "sharers: ['model.embed_tokens.weight', 'lm_head.weight'] ['model.embed_tokens', 'lm_head']"
+    finally:
+        screenshot(page, "aliasing.png")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_core_columns_fit_without_horizontal_scrolling_at_1400_px(lab, page: Page) -> None:
+    try:
+        open_notebook(page, lab, "llama7b.ipynb")
+        wait_for_widget_or_cell_error(page, page.locator(".de-tensors-table .de-table-row"))
+        headers = page.locator(".de-tensors-table .de-table-header")
+        expect(headers).to_have_count(9)
+        assert [h.strip() for h in headers.all_inner_texts()] == [
+            "name", "shape", "stride", "offset", "dtype", "device", "state", "alias/tie group", "bytes"]
+        wrap = page.locator(".de-tensors-table .de-table-wrap")
+        overflow = wrap.evaluate("element => element.scrollWidth - element.clientWidth")
+        assert overflow <= 0, f"the tensors table scrolls sideways by {overflow} px"
+        viewport_width = page.viewport_size["width"]
+        right = headers.last.evaluate("element => element.getBoundingClientRect().right")
+        assert right <= viewport_width, f"the last column ends at {right} px, past the {viewport_width} px window"
+    finally:
+        screenshot(page, "tensors.png")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_failing_constructor_shows_a_banner_over_what_was_built(lab, page: Page) -> None:
+    try:
+        open_notebook(page, lab, "failing.ipynb")
+        wait_for_widget_or_cell_error(page, page.locator(".de-failure"))
+        headline = page.locator(".de-failure-headline")
+        expect(headline).to_contain_text("deferred_init failed: notebook.route_table.default could not run")
+        expect(page.locator('.de-failure-field[data-field="module_chain"] td')).to_have_text("Model.router(Router)")
+        expect(page.locator('.de-failure-field[data-field="code"] td')).to_have_text(
+            'self.register_buffer("table", route_table(self.gate.weight))')
+        traceback = page.locator(".de-failure-traceback")
+        expect(traceback).to_be_hidden()
+        page.locator(".de-failure-traceback-toggle").click()
+        expect(traceback).to_contain_text("Traceback (most recent call last)", timeout=KERNEL_REPLY_TIMEOUT_MS)
+        # the explorer below shows what was built: the embedding, no router
+        expect(page.locator('.de-tree-node[data-path="embed"]')).to_be_visible()
+        expect(page.locator('.de-tree-node[data-path="router"]')).to_have_count(0)
+        answer = kernel_answer(page, 'print("error:", type(ui.error).__name__, ui.failure.module_chain)', "error:")
+        assert answer == "error: DeferredInitError Model.router(Router)"
+    finally:
+        screenshot(page, "failure.png")

@@ -1,0 +1,68 @@
+"""`widgets.compare(a, b)`: what differs between two models (deferred, partial or eager), as tables.
+
+A summary line and three sortable tables from `Inspection.diff`: modules added, removed or of
+another class; tensors added or removed; and every changed metadata field of the tensors both
+hold (shape, stride, offset, dtype, device, kind, tie group). Typical use: a model before and
+after a config change, or Hugging Face's model against a refactor, both built deferred.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import ipywidgets as w
+from torch import nn
+
+import explorer
+from explorer.inspection import Inspection
+from explorer.inspection.diff import InspectionDiff
+
+from .formatting import cell_text
+from .table import DataTable
+
+Comparable = Union[nn.Module, Inspection]
+
+
+def _inspection(subject: Comparable, side: str) -> Inspection:
+    if isinstance(subject, Inspection):
+        return subject
+    if isinstance(subject, nn.Module):
+        return explorer.inspect(subject)
+    raise TypeError(f"compare: {side} must be an nn.Module or an Inspection, got {type(subject).__name__}")
+
+
+class CompareWidget(w.VBox):
+    """`diff` holds the differences; `modules_table`, `tensors_table`, `changes_table` show them."""
+
+    def __init__(self, before: Comparable, after: Comparable, *, labels: tuple[str, str] = ("before", "after")) -> None:
+        self.before, self.after = _inspection(before, "before"), _inspection(after, "after")
+        self.diff: InspectionDiff = self.before.diff(self.after)
+        self.summary = w.HTML(f"<b>{labels[0]}</b> ({self.before.root_class}) → <b>{labels[1]}</b> "
+                              f"({self.after.root_class}): {self.diff.summary()}")
+        self.summary.add_class("de-compare-summary")
+        self.modules_table = DataTable()
+        self.modules_table.add_class("de-compare-modules")
+        self.modules_table.show(self.diff.modules.assign(name=self.diff.modules["name"].replace("", "(root)")),
+                                ["name", "change", "before", "after"], key="name")
+        self.tensors_table = DataTable()
+        self.tensors_table.add_class("de-compare-tensors")
+        self.tensors_table.show(self.diff.tensors, ["name", "change", "kind", "shape", "dtype"], key="name")
+        changes = self.diff.tensor_changes
+        self.changes_table = DataTable()
+        self.changes_table.add_class("de-compare-changes")
+        self.changes_table.show(changes.assign(key=changes["name"] + ":" + changes["field"],
+                                               before=changes["before"].map(cell_text),
+                                               after=changes["after"].map(cell_text)),
+                                ["name", "field", "before", "after"], key="key")
+        super().__init__([
+            self.summary,
+            w.Label("modules added, removed or of another class"), self.modules_table,
+            w.Label("tensors added or removed"), self.tensors_table,
+            w.Label("tensors whose metadata changed"), self.changes_table,
+        ])
+        self.add_class("de-compare")
+
+
+def compare(before: Comparable, after: Comparable, *, labels: tuple[str, str] = ("before", "after")) -> CompareWidget:
+    """A widget listing what differs between `before` and `after` (modules or inspections)."""
+    return CompareWidget(before, after, labels=labels)
