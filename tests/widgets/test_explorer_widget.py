@@ -47,7 +47,8 @@ def test_refuses_what_is_not_a_module():
 
 
 def test_tabs_and_public_names():
-    assert widgets.__all__ == ["ExplorerWidget", "MaterializationCancelled", "STATE_COLOURS", "explore"]
+    assert widgets.__all__ == ["CompareWidget", "ExplorerWidget", "MaterializationCancelled", "STATE_COLOURS", "compare",
+                               "explore"]
     ui = widgets.explore(nn.Linear, 2, 2)
     assert [ui.tabs.get_title(i) for i in range(4)] == ["Tensors", "Ops", "Graph", "Memory"]
     assert "de-materialize-button" in ui.bar.selected_button._dom_classes
