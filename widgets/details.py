@@ -56,9 +56,10 @@ def storage_strip_html(views: pd.DataFrame, storage_bytes: int, selected: str) -
         bars.append(
             f'<div class="de-storage-bar{mark}" data-name="{html.escape(row.name)}" '
             f'data-start="{row.start_byte}" data-end="{row.end_byte}">'
-            f'<div class="de-storage-bar-fill" style="left:{left:.3f}%;width:{max(width, 0.5):.3f}%"></div>'
             f'<span class="de-storage-bar-label">{html.escape(row.name)} · bytes {row.start_byte:,}–{row.end_byte:,}'
-            "</span></div>"
+            '</span><div class="de-storage-bar-track">'
+            f'<div class="de-storage-bar-fill" style="left:{left:.3f}%;width:{max(width, 0.5):.3f}%"></div>'
+            "</div></div>"
         )
     head = f'<div class="de-storage-strip-title">storage: {exact_bytes_text(storage_bytes)}, {len(views)} names</div>'
     return head + "".join(bars)

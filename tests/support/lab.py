@@ -188,3 +188,27 @@ def kernel_answer(page: Page, code: str, marker: str) -> str:
     answer = page.locator(".jp-OutputArea-output", has_text=marker)
     answer.last.wait_for(timeout=KERNEL_REPLY_TIMEOUT_MS)
     return answer.last.inner_text().strip()
+
+
+def wait_for_idle_kernel(base: str, token: str, timeout_s: float = NOTEBOOK_RUN_TIMEOUT_MS / 1000) -> None:
+    """Wait until the server reports a kernel session whose kernel is idle (asked through Jupyter's
+    REST API, so it works whatever the page looks like: Notebook 7 has no status bar)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=2) as response:
+                sessions = json.loads(response.read())
+            if any(s.get("kernel", {}).get("execution_state") == "idle" for s in sessions):
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"no idle kernel within {timeout_s:.0f} s")
+
+
+def run_all_cells_notebook7(page: Page, base: str, token: str) -> None:
+    """Notebook 7's Run ▸ Run All Cells, once its kernel is up and idle."""
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=NOTEBOOK_RUN_TIMEOUT_MS)
+    wait_for_idle_kernel(base, token)
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()

@@ -20,6 +20,7 @@ from tests.support.lab import (
     jupyter_server,
     kernel_answer,
     run_all_cells,
+    run_all_cells_notebook7,
     wait_for_widget_or_cell_error,
     write_notebook,
 )
@@ -55,11 +56,22 @@ ui = widgets.explore(Model)
 ui'''
 
 
+COMPARE = '''import transformers, widgets, explorer
+small = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)
+grouped = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=8, vocab_size=32000)  # grouped-query attention
+view = widgets.compare(explorer.deferred_init(transformers.LlamaForCausalLM, small),
+                       explorer.deferred_init(transformers.LlamaForCausalLM, grouped), labels=("MHA", "GQA"))
+view'''
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     root, home = tmp_path_factory.mktemp("lab-root"), tmp_path_factory.mktemp("lab-home")
     write_notebook(root / "llama7b.ipynb", [LLAMA_7B])
     write_notebook(root / "failing.ipynb", [FAILING])
+    write_notebook(root / "compare.ipynb", [COMPARE])
     with jupyter_server(root, home) as server:
         yield server
 
@@ -188,3 +200,77 @@ def test_a_failing_constructor_shows_a_banner_over_what_was_built(lab, page: Pag
         assert answer == "error: DeferredInitError Model.router(Router)"
     finally:
         screenshot(page, "failure.png")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_export_buttons_download_the_diagram_and_the_table(lab, page: Page) -> None:
+    try:
+        open_notebook(page, lab, "llama7b.ipynb")
+        wait_for_widget_or_cell_error(page, page.locator(".de-export-button"))
+        page.locator('.de-tree-node[data-path="lm_head"] .de-tree-label').click()
+        expect(page.locator('.de-tree-node[data-path="lm_head"] .de-tree-checkbox')).to_be_checked(
+            timeout=KERNEL_REPLY_TIMEOUT_MS)
+        with page.expect_download(timeout=KERNEL_REPLY_TIMEOUT_MS) as svg_download:
+            page.locator('.de-export-button[data-target="graph"][data-format="svg"]').click()
+        assert svg_download.value.suggested_filename == "LlamaForCausalLM-lm_head-graph.svg"
+        svg = open(svg_download.value.path()).read()
+        assert "<title>tensor:model.embed_tokens.weight</title>" in svg  # lm_head's weight, tied: drawn once
+        with page.expect_download(timeout=KERNEL_REPLY_TIMEOUT_MS) as csv_download:
+            page.locator('.de-export-button[data-target="table"][data-format="csv"]').click()
+        lines = open(csv_download.value.path()).read().splitlines()
+        assert lines[0] == "name,shape,stride,storage_offset,dtype,device,state,alias_group,bytes"
+        assert lines[1].startswith("lm_head.weight,\"(32000, 4096)\",\"(4096, 1)\",0,float32,cpu,fake,")
+        expect(page.locator(".de-export-status")).to_contain_text("saved explorer_exports/LlamaForCausalLM-tensors.csv")
+        answer = kernel_answer(page, 'print("saved:", [p.name for p in ui.export_bar.saved])', "saved:")
+        assert answer == "saved: ['LlamaForCausalLM-lm_head-graph.svg', 'LlamaForCausalLM-tensors.csv']"
+    finally:
+        screenshot(page, "export.png")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_compare_lists_what_a_config_change_did(lab, page: Page) -> None:
+    try:
+        open_notebook(page, lab, "compare.ipynb")
+        wait_for_widget_or_cell_error(page, page.locator(".de-compare-summary"))
+        expect(page.locator(".de-compare-summary")).to_have_text(
+            "MHA (LlamaForCausalLM) → GQA (LlamaForCausalLM): 64 tensors changed (shape)")
+        rows = page.locator(".de-compare-changes .de-table-row")
+        expect(rows).to_have_count(64)
+        expect(rows.first).to_have_attribute("data-key", "model.layers.0.self_attn.k_proj.weight:shape")
+        expect(rows.first.locator(".de-table-cell").nth(3)).to_have_text("(1024, 4096)")
+        answer = kernel_answer(page, 'print("changed:", view.diff.tensor_changes["name"].nunique())', "changed:")
+        assert answer == "changed: 64"
+    finally:
+        screenshot(page, "compare.png")
+
+
+@pytest.fixture(scope="module")
+def notebook7(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    root, home = tmp_path_factory.mktemp("nb7-root"), tmp_path_factory.mktemp("nb7-home")
+    write_notebook(root / "llama7b.ipynb", [LLAMA_7B])
+    with jupyter_server(root, home, app="notebook") as server:
+        yield server
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_explorer_works_in_notebook_7(notebook7, page: Page) -> None:
+    base, token = notebook7
+    try:
+        page.goto(f"{base}/notebooks/llama7b.ipynb?token={token}")
+        run_all_cells_notebook7(page, base, token)
+        wait_for_widget_or_cell_error(page, page.locator(".de-tree-node"))
+        page.locator('.de-tree-node[data-path="lm_head"] .de-tree-label').click()
+        expect(page.locator('.de-tree-node[data-path="lm_head"] .de-tree-checkbox')).to_be_checked(
+            timeout=KERNEL_REPLY_TIMEOUT_MS)
+        search = page.locator(".de-search-input")
+        search.click()
+        search.type("embed_tokens")
+        expect(page.locator(".de-search-counts")).to_have_text("1 module · 1 tensor · 4 ops",
+                                                               timeout=KERNEL_REPLY_TIMEOUT_MS)
+        answer = kernel_answer(page, 'print("nb7:", ui.selection, ui.search_result.tensors)', "nb7:")
+        assert answer == "nb7: ['lm_head'] ['model.embed_tokens.weight']"
+    finally:
+        screenshot(page, "notebook7.png")

@@ -45,7 +45,7 @@ OUT = Path("build/zoo")
 class ZooRow:
     source: str  # timm | transformers
     name: str
-    status: str  # parity | materialized | fails-eagerly | failed | timeout | crashed
+    status: str  # parity | materialized | fails-on-meta | failed | timeout | crashed
     kind: str = ""  # failure kind: the exception type and its first words
     message: str = ""
     bytes: int = 0
@@ -150,7 +150,7 @@ def run_one(source: str, name: str, build: Callable[[], nn.Module]) -> ZooRow:
             with torch.device("meta"):
                 build()
         except Exception as meta_error:  # noqa: BLE001
-            row.status = "fails-eagerly"
+            row.status = "fails-on-meta"
             row.kind = failure_kind(meta_error)
         return row
     row.bytes, row.tensors = _storage_bytes(module)
@@ -233,7 +233,7 @@ def run_all(entries: list[tuple[str, str, Callable[[], nn.Module]]], jobs: int, 
 
 def report(rows: list[ZooRow]) -> str:
     """Markdown: counts by source and status, then failures grouped by kind with their models."""
-    statuses = ["parity", "materialized", "fails-eagerly", "failed", "timeout", "crashed"]
+    statuses = ["parity", "materialized", "fails-on-meta", "failed", "timeout", "crashed"]
     lines = ["| source | models | " + " | ".join(statuses) + " |", "|---" * (len(statuses) + 2) + "|"]
     by_source = defaultdict(Counter)
     for row in rows:
@@ -241,7 +241,7 @@ def report(rows: list[ZooRow]) -> str:
     for source, counts in sorted(by_source.items()):
         cells = " | ".join(str(counts.get(s, 0)) for s in statuses)
         lines.append(f"| {source} | {sum(counts.values())} | {cells} |")
-    for status in ("failed", "timeout", "crashed", "fails-eagerly"):
+    for status in ("failed", "timeout", "crashed", "fails-on-meta"):
         groups = defaultdict(list)
         for row in rows:
             if row.status == status:
