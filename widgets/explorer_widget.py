@@ -27,6 +27,7 @@ from .failure_banner import FailureBanner
 from .formatting import cell_text
 from .graph import GraphTab, parse_click
 from .materialize_bar import MaterializeBar
+from .materialize_preview import MaterializePreview, preview
 from .memory_tab import MemoryTab
 from .ops_tab import OpsTab
 from .overlays import OVERLAY_MODES, Overlay, overlay
@@ -68,7 +69,7 @@ class ExplorerWidget(w.VBox):
         self.tabs = w.Tab(children=[self.tensors_tab, self.ops_tab, self.graph_tab, self.memory_tab],
                           titles=list(TAB_TITLES))
         self.tabs.add_class("de-tabs")
-        self.bar = MaterializeBar(module, self.selected_modules, self.refresh)
+        self.bar = MaterializeBar(module, self.selected_modules, self.refresh, preview=self.materialize_preview)
         self.summary = w.Label("")
         self.summary.add_class("de-summary")
         self.search_box = SearchBox(self.step_match)
@@ -270,6 +271,13 @@ class ExplorerWidget(w.VBox):
         """Materialize the whole module (background thread unless `wait`)."""
         return self.bar.materialize_all(wait=wait)
 
+    def materialize_preview(self, what: str = "selection", device: str | None = None) -> MaterializePreview:
+        """What materializing the selection (`what="selection"`) or the "whole module" on `device`
+        (default: the bar's) would do: tensors, bytes, whether it fits, expected time."""
+        scope = set(self.tree.checked) if what == "selection" else None
+        return preview(self.inspection.tensors, scope, what=what, device=device or self.bar.device.value,
+                       throughput=self.bar.throughput)
+
     def cancel(self) -> None:
         """Cancel a running materialization; the module keeps its previous state."""
         self.bar.cancel()
@@ -314,6 +322,8 @@ class ExplorerWidget(w.VBox):
         self.ops_tab.update(inspection.ops, scope)
         self.memory_tab.update(inspection.tensors, inspection.modules, inspection.storages, scope, roots)
         self.graph_tab.update(self.tree.selection.focus(checked), self.tensor, stale=stale)
+        if self.bar.preview_of is not None:  # absent while __init__ builds the views
+            self.bar.update_preview("selection" if checked else "whole module")
 
     def _on_row_selected(self, change: dict) -> None:
         if change["new"] and change["new"] != self.tensor:

@@ -11,6 +11,7 @@ and can deliver the Cancel click; `wait=True` runs it on the caller's thread ins
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 import ipywidgets as w
@@ -21,9 +22,11 @@ from torch import nn
 import explorer
 
 from .formatting import bytes_text
+from .materialize_preview import MaterializePreview
 
 
 _STEP_NAMES = {"rng": "generator jump", "replay": "replay"}
+THROUGHPUT_MIN_BYTES = 16 << 20  # a materialization this large sets the preview's bytes per second
 
 
 class MaterializationCancelled(Exception):
@@ -53,11 +56,16 @@ class MaterializeBar(w.VBox):
     running = traitlets.Bool(False)
     steps = traitlets.List(traitlets.Unicode())
 
+    # Bytes per second of the last materialization in this process (the preview's time estimate).
+    throughput: float | None = None
+
     def __init__(self, module: nn.Module, selected_modules: Callable[[], list[nn.Module]],
-                 on_done: Callable[[], None]) -> None:
+                 on_done: Callable[[], None],
+                 preview: Callable[[str, str], MaterializePreview] | None = None) -> None:
         self.module = module
         self.selected_modules = selected_modules
         self.on_done = on_done
+        self.preview_of = preview  # (what: "selection" | "whole module", device) → preview
         self.device = w.Dropdown(options=target_devices(), value="cpu", description="device",
                                  layout=w.Layout(width="180px"))
         self.device.add_class("de-device")
@@ -83,9 +91,24 @@ class MaterializeBar(w.VBox):
         self.step.add_class("de-step")
         self.status = w.Label("")
         self.status.add_class("de-status")
-        self.selected_button.on_click(lambda _: self.materialize_selected())
-        self.all_button.on_click(lambda _: self.materialize_all())
+        self.preview = w.Label("")
+        self.preview.add_class("de-preview")
+        self.confirm_button = w.Button(description="Confirm", button_style="danger", layout=w.Layout(width="auto"))
+        self.confirm_button.add_class("de-confirm-button")
+        self.keep_button = w.Button(description="Don't", layout=w.Layout(width="auto"))
+        self.keep_button.add_class("de-confirm-cancel")
+        self.confirm_text = w.Label("")
+        self.confirm_text.add_class("de-confirm-text")
+        self.confirm_box = w.HBox([self.confirm_text, self.confirm_button, self.keep_button],
+                                  layout=w.Layout(display="none"))
+        self.confirm_box.add_class("de-confirm")
+        self._pending: tuple | None = None  # the click waiting for confirmation
+        self.selected_button.on_click(lambda _: self.click("selection"))
+        self.all_button.on_click(lambda _: self.click("whole module"))
         self.cancel_button.on_click(lambda _: self.cancel())
+        self.confirm_button.on_click(lambda _: self.confirm())
+        self.keep_button.on_click(lambda _: self._hide_confirmation("not materialized"))
+        self.device.observe(lambda _: self.update_preview(), names="value")
         self.error: BaseException | None = None
         self.disabled_reason = ""
         self._cancel = threading.Event()
@@ -94,11 +117,48 @@ class MaterializeBar(w.VBox):
         super().__init__([
             w.HBox([self.device, self.rng, self.selected_button, self.all_button, self.cancel_button],
                    layout=w.Layout(flex_flow="row wrap")),
+            self.preview,
+            self.confirm_box,
             w.HBox([self.progress, self.progress_text]),
             self.step,
             self.status,
         ])
         self.add_class("de-materialize-bar")
+
+    # -- before a click does anything ----------------------------------------------------------------
+    def update_preview(self, what: str = "selection") -> MaterializePreview | None:
+        """Say what "Materialize selected" (or the whole module) would do on the chosen device."""
+        if self.preview_of is None:
+            return None
+        result = self.preview_of(what, self.device.value)
+        self.preview.value = result.text()
+        return result
+
+    def click(self, what: str) -> threading.Thread | None:
+        """A button click: materialize at once, or first ask when the preview says it is large
+        (over CONFIRM_ABOVE_BYTES) or does not fit the device's free memory."""
+        result = self.update_preview(what) if self.preview_of is not None else None
+        if result is not None and result.needs_confirmation:
+            self._pending = (what,)
+            reason = "does not fit the free memory" if not result.fits else "is large"
+            self.confirm_text.value = f"{result.text()}. This {reason}: materialize anyway?"
+            self.confirm_box.layout.display = None
+            return None
+        return self.materialize_selected() if what == "selection" else self.materialize_all()
+
+    def confirm(self) -> threading.Thread | None:
+        """The user confirmed the pending click."""
+        if self._pending is None:
+            return None
+        (what,) = self._pending
+        self._hide_confirmation("")
+        return self.materialize_selected() if what == "selection" else self.materialize_all()
+
+    def _hide_confirmation(self, message: str) -> None:
+        self._pending = None
+        self.confirm_box.layout.display = "none"
+        if message:
+            self._set_status(message, error=False)
 
     def disable(self, reason: str) -> None:
         """Turn materializing off for good (e.g. the constructor failed), saying why in the status."""
@@ -172,6 +232,7 @@ class MaterializeBar(w.VBox):
         self.step.value = "  |  ".join(self._step_texts)
 
     def _run(self, check_fn: Callable[[nn.Module], bool] | None, what: str, device: str, rng: str) -> None:
+        started = time.perf_counter()
         try:
             explorer.materialize_module(self.module, check_fn=check_fn, device=device, rng=rng,
                                         progress=self._progress, on_step=self._step)
@@ -182,6 +243,9 @@ class MaterializeBar(w.VBox):
             self.error = error
             self._finish(f"materialization failed ({type(error).__name__}): {error}", error=True)
             return
+        elapsed = time.perf_counter() - started
+        if self.total_bytes >= THROUGHPUT_MIN_BYTES and elapsed > 0:  # small ones measure overheads
+            MaterializeBar.throughput = self.total_bytes / elapsed
         if self.total == 0:
             message = f"nothing to materialize in the {what}: no fake tensors left"
         else:

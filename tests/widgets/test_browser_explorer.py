@@ -230,6 +230,31 @@ def test_export_buttons_download_the_diagram_and_the_table(lab, page: Page) -> N
 
 @pytest.mark.browser
 @pytest.mark.slow
+def test_the_bar_says_what_materializing_will_do_and_asks_before_a_big_one(lab, page: Page) -> None:
+    try:
+        open_notebook(page, lab, "llama7b.ipynb")
+        wait_for_widget_or_cell_error(page, page.locator(".de-preview"))
+        expect(page.locator(".de-preview")).to_contain_text(
+            re.compile(r"^whole module: 293 tensors, 24\.6 GiB on cpu — (fits|does NOT fit) \([\d.]+ GiB free\)"))
+        page.locator('.de-tree-node[data-path="lm_head"] .de-tree-label').click()
+        expect(page.locator(".de-preview")).to_contain_text("selection: 1 tensor, 500.0 MiB on cpu",
+                                                            timeout=KERNEL_REPLY_TIMEOUT_MS)
+        page.locator(".de-materialize-all").click()  # 24.6 GiB: above the confirmation threshold
+        confirm = page.locator(".de-confirm")
+        expect(confirm).to_be_visible(timeout=KERNEL_REPLY_TIMEOUT_MS)
+        expect(page.locator(".de-confirm-text")).to_contain_text("materialize anyway?")
+        page.locator(".de-confirm-cancel").click()
+        expect(confirm).to_be_hidden(timeout=KERNEL_REPLY_TIMEOUT_MS)
+        expect(page.locator(".de-status")).to_have_text("not materialized")
+        answer = kernel_answer(page, 'import explorer; print("deferred:", explorer.is_deferred(ui.module))',
+                               "deferred:")
+        assert answer == "deferred: True"
+    finally:
+        screenshot(page, "preview.png")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
 def test_compare_lists_what_a_config_change_did(lab, page: Page) -> None:
     try:
         open_notebook(page, lab, "compare.ipynb")

@@ -231,8 +231,16 @@ def run_all(entries: list[tuple[str, str, Callable[[], nn.Module]]], jobs: int, 
     return [done[(s, n)] for s, n, _ in entries if (s, n) in done]
 
 
-def report(rows: list[ZooRow]) -> str:
-    """Markdown: counts by source and status, then failures grouped by kind with their models."""
+def timm_families() -> dict[str, str]:
+    """timm model name → the timm module (family) that defines it."""
+    import timm
+
+    return {name: module for module in timm.list_modules() for name in timm.list_models(module=module)}
+
+
+def report(rows: list[ZooRow], families: dict[str, str] | None = None) -> str:
+    """Markdown: counts by source and status, then by timm family (when `families` maps timm model
+    names to their module), then failures grouped by kind with their models."""
     statuses = ["parity", "materialized", "fails-on-meta", "failed", "timeout", "crashed"]
     lines = ["| source | models | " + " | ".join(statuses) + " |", "|---" * (len(statuses) + 2) + "|"]
     by_source = defaultdict(Counter)
@@ -241,6 +249,16 @@ def report(rows: list[ZooRow]) -> str:
     for source, counts in sorted(by_source.items()):
         cells = " | ".join(str(counts.get(s, 0)) for s in statuses)
         lines.append(f"| {source} | {sum(counts.values())} | {cells} |")
+    if families:
+        by_family = defaultdict(Counter)
+        for row in rows:
+            if row.source == "timm":
+                by_family[families.get(row.name, "?")][row.status] += 1
+        lines += ["", "### timm by family", "", "| family | models | " + " | ".join(statuses) + " |",
+                  "|---" * (len(statuses) + 2) + "|"]
+        for family, counts in sorted(by_family.items()):
+            cells = " | ".join(str(counts.get(s, 0)) for s in statuses)
+            lines.append(f"| {family} | {sum(counts.values())} | {cells} |")
     for status in ("failed", "timeout", "crashed", "fails-on-meta"):
         groups = defaultdict(list)
         for row in rows:
@@ -273,7 +291,7 @@ def main() -> None:
     if args.match:
         entries = [e for e in entries if re.search(args.match, e[1])]
     rows = run_all(entries, args.jobs, args.out)
-    text = report(rows)
+    text = report(rows, timm_families() if args.only in (None, "timm") else None)
     (args.out / "report.md").write_text(text)
     print(text)
 
