@@ -95,13 +95,14 @@ class ExplorerWidget(w.VBox):
         self.tensors_tab.table.observe(self._on_row_selected, names="selected")
         self.memory_tab.table.observe(self._on_memory_row, names="selected")
         self.graph_tab.view.observe(self._on_graph_click, names="clicked")
+        self.graph_tab.on_crumb = self.select
         self.tabs.observe(lambda change: self.graph_tab.set_active(change["new"] == GRAPH_TAB),
                           names="selected_index")
         self.search_box.observe(lambda _: self.search(self.search_box.query, regex=self.search_box.regex),
                                 names=["query", "regex"])
         self.overlay_mode.observe(lambda change: self.set_overlay(change["new"]), names="value")
         self.tree_toggle.observe(self._toggle_tree, names="value")
-        self.tree_box = w.VBox([self.tree], layout=w.Layout(flex="0 1 auto", max_width="40%"))
+        self.tree_box = w.VBox([self.tree], layout=w.Layout(flex="0 0 auto"))
         self.tree_box.add_class("de-tree-box")
         main = w.VBox([self.tabs, self.details], layout=w.Layout(flex="1 1 auto", min_width="0"))
         banner = [FailureBanner(self.failure)] if self.failure is not None else []
@@ -335,6 +336,9 @@ class ExplorerWidget(w.VBox):
             return
         try:
             kind, key = parse_click(name)
+            if kind == "module" and self.graph_tab.is_folded(name):  # "Class ×N": draw the N modules
+                self.graph_tab.unfold(name)
+                return
             handlers: dict[str, Callable[[str], None]] = {"module": self.select, "tensor": self._graph_tensor}
             if kind in handlers:
                 handlers[kind](key)

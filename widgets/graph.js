@@ -13,12 +13,46 @@ function render({ model, el }) {
   viewport.appendChild(canvas);
   const legend = document.createElement("div");
   legend.className = "de-graph-legend";
-  root.append(viewport, legend);
+  const controls = document.createElement("div");
+  controls.className = "de-graph-controls";
+  const fitButton = document.createElement("button");
+  fitButton.className = "de-graph-fit jupyter-button";
+  fitButton.textContent = "fit";
+  fitButton.title = "show the whole drawing (labels may be too small to read)";
+  const readableButton = document.createElement("button");
+  readableButton.className = "de-graph-readable jupyter-button";
+  readableButton.textContent = "readable";
+  readableButton.title = "zoom so node labels are readable, from the top left";
+  const scaleLabel = document.createElement("span");
+  scaleLabel.className = "de-graph-scale";
+  controls.append(fitButton, readableButton, scaleLabel);
+  root.append(controls, viewport, legend);
   el.appendChild(root);
 
   let scale = 1, x = 0, y = 0;
   let moved = false; // the user zoomed or panned: stop refitting on resize
-  const apply = () => { canvas.style.transform = `translate(${x}px, ${y}px) scale(${scale})`; };
+  const apply = () => {
+    canvas.style.transform = `translate(${x}px, ${y}px) scale(${scale})`;
+    const px = labelPixels();
+    scaleLabel.textContent = `zoom ${Math.round(scale * 100)}%` + (px ? ` · labels ${px.toFixed(1)} px` : "");
+    root.dataset.scale = String(scale);
+    root.dataset.labelPx = px ? px.toFixed(2) : "";
+  };
+
+  // Screen pixels of the smallest node label at the current scale (SVG units are points).
+  function labelPixels() {
+    const svg = canvas.querySelector("svg");
+    if (!svg) return 0;
+    let smallest = Infinity;
+    for (const text of canvas.querySelectorAll("g.node text")) {
+      const size = parseFloat(text.getAttribute("font-size"));
+      if (size && size < smallest) smallest = size;
+    }
+    if (smallest === Infinity) return 0;
+    const box = svg.viewBox && svg.viewBox.baseVal;
+    const unit = box && box.width ? svg.width.baseVal.value / box.width : 1; // px per SVG unit at scale 1
+    return smallest * unit * scale;
+  }
 
   viewport.addEventListener("wheel", (event) => {
     event.preventDefault();
@@ -49,22 +83,47 @@ function render({ model, el }) {
   const onUp = () => { setTimeout(() => { drag = null; }, 0); };
   window.addEventListener("mousemove", onMove);
   window.addEventListener("mouseup", onUp);
-  viewport.addEventListener("dblclick", () => { moved = false; fit(); });
+  viewport.addEventListener("dblclick", () => { moved = true; fit(); });
+  fitButton.addEventListener("click", () => { moved = true; fit(); });
+  readableButton.addEventListener("click", () => { moved = true; readable(); });
   // The view may be drawn while its tab is still hidden (no size yet): fit once it gets a size.
-  const resize = new ResizeObserver(() => { if (!moved) fit(); });
+  const resize = new ResizeObserver(() => { if (!moved) readable(); });
   resize.observe(viewport);
 
-  // Drawing as wide as the view (never enlarged); a tall one is read by dragging down, since
-  // shrinking 32 layers to the view's height leaves nothing legible. A hidden viewport has no
-  // size yet: keep scale 1 then.
+  // "fit": the whole drawing in the view (never enlarged), however small its labels get.
   function fit() {
+    const svg = canvas.querySelector("svg");
+    scale = 1; x = 0; y = 0;
+    if (svg && viewport.clientWidth && viewport.clientHeight) {
+      const width = svg.width.baseVal.value, height = svg.height.baseVal.value;
+      if (width && height) scale = Math.min(1, viewport.clientWidth / width, viewport.clientHeight / height);
+    }
+    apply();
+  }
+
+  // The first view: as wide as the view allows, but never so small that node labels drop under
+  // `min_label_px` (Python's choice); the rest is reached by dragging. A hidden viewport has no
+  // size yet: keep scale 1 then.
+  function readable() {
     const svg = canvas.querySelector("svg");
     scale = 1; x = 0; y = 0;
     if (svg && viewport.clientWidth) {
       const width = svg.width.baseVal.value;
-      if (width) scale = Math.min(1, viewport.clientWidth / width);
+      const atOne = labelPixels(); // scale is 1 here
+      const floor = atOne ? model.get("min_label_px") / atOne : 1;
+      if (width) scale = Math.max(Math.min(1, viewport.clientWidth / width), Math.min(1, floor));
     }
     apply();
+    // Start where the drawing starts: the first nodes, not the empty corner of a large cluster.
+    const origin = canvas.getBoundingClientRect();
+    let left = Infinity, top = Infinity;
+    for (const node of canvas.querySelectorAll("g.node")) {
+      const box = node.getBoundingClientRect();
+      if (!box.width) continue;
+      left = Math.min(left, box.left - origin.left);
+      top = Math.min(top, box.top - origin.top);
+    }
+    if (left !== Infinity) { x = 12 - left; y = 12 - top; apply(); }
   }
 
   viewport.addEventListener("click", (event) => {
@@ -82,7 +141,7 @@ function render({ model, el }) {
   const hint = document.createElement("span");
   hint.className = "de-graph-legend-hint";
   hint.textContent =
-    "click a module: select it · click a tensor: open it · wheel: zoom · drag: pan · double-click: fit";
+    "click a module: select it · a \"×N\" node: unfold it · a tensor: open it · wheel: zoom · drag: pan · double-click: fit";
   legend.appendChild(hint);
 
   function markSelected() {
@@ -123,7 +182,7 @@ function render({ model, el }) {
   function draw() {
     canvas.innerHTML = model.get("svg"); // Graphviz output: escaped labels, no scripts
     moved = false;
-    fit();
+    readable();
     markSelected();
     markHighlighted();
     paintModules();

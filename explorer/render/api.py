@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Iterable, Union
 
 import graphviz
 from torch import nn
@@ -16,6 +16,7 @@ from .op_view import OpViewOptions, op_diagram
 from .scene import Scene, graph_scene, module_scene
 
 Drawable = Union[nn.Module, InitGraph, BaseException]
+RANKDIRS = ("LR", "TB")
 
 
 def _scene(subject: Drawable) -> Scene:
@@ -43,9 +44,10 @@ def op_layout(
     edge_labels: bool = True,
     fold_repeats: bool = True,
     legend: bool = True,
+    unfold: Iterable[str] = (),
 ) -> Diagram:
     """What `op_graph` draws, as plain data (nodes with styles and clusters, edges): for tests and widgets."""
-    options = OpViewOptions(depth, focus, closure_of, max_nodes, edge_labels, fold_repeats, legend)
+    options = OpViewOptions(depth, focus, closure_of, max_nodes, edge_labels, fold_repeats, legend, frozenset(unfold))
     return op_diagram(_scene(subject), options)
 
 
@@ -59,6 +61,8 @@ def op_graph(
     edge_labels: bool = True,
     fold_repeats: bool = True,
     legend: bool = True,
+    unfold: Iterable[str] = (),
+    rankdir: str = "LR",
 ) -> graphviz.Digraph:
     """The recorded construction of `subject` as a diagram: ops and tensors, one cluster per module.
 
@@ -71,7 +75,9 @@ def op_graph(
 
     - `depth`: modules deeper than this (root = 0) are collapsed into one summary node each (path,
       class, ops, tensors, bytes); identical collapsed siblings are drawn once as "Class ×N" unless
-      `fold_repeats=False`. The focused module is never collapsed.
+      `fold_repeats=False`; `unfold` names modules whose repeated children are drawn one by one
+      (what clicking "Class ×N" asks for). The focused module is never collapsed.
+    - `rankdir`: "LR" (left to right, the default) or "TB" (top to bottom).
     - `focus`: a module path; draws that module's tensors, the ops in their closures, and the other
       named tensors those ops read.
     - `closure_of`: a tensor's qualified name (or "#<graph>:<tensor id>"); draws exactly the ops
@@ -83,9 +89,13 @@ def op_graph(
     Raises ValueError for an unknown focus path or tensor name, or both given; TypeError for a
     subject of another type. `to_svg(op_graph(m))` needs the Graphviz `dot` program.
     """
+    if rankdir not in RANKDIRS:
+        raise ValueError(f"op_graph: rankdir must be one of {', '.join(RANKDIRS)}, got {rankdir!r}")
     diagram = op_layout(subject, depth=depth, focus=focus, closure_of=closure_of, max_nodes=max_nodes,
-                        edge_labels=edge_labels, fold_repeats=fold_repeats, legend=legend)
-    return to_digraph(diagram, name="op_graph")
+                        edge_labels=edge_labels, fold_repeats=fold_repeats, legend=legend, unfold=unfold)
+    digraph = to_digraph(diagram, name="op_graph")
+    digraph.graph_attr["rankdir"] = rankdir
+    return digraph
 
 
 def module_layout(module: nn.Module, *, depth: int | None = None, fold_repeats: bool = True,

@@ -29,7 +29,10 @@ def _label(title: str, lines: list[str], small: bool = True) -> str:
 
 
 def _node_statement(node: DiagramNode) -> str:
-    statement = f"{dot_id(node.name)} [label={_label(node.title, node.lines)} {_attributes(STYLES[node.style])}"
+    # The style as an SVG class ("node de-style-repeated-modules"): viewers can find folded nodes.
+    css_class = "de-style-" + node.style.replace(" ", "-")
+    statement = (f"{dot_id(node.name)} [label={_label(node.title, node.lines)} {_attributes(STYLES[node.style])}"
+                 f" class={esc_string(css_class)}")
     if node.tooltip:
         statement += f" tooltip={esc_string(node.tooltip)}"
     return statement + "]"

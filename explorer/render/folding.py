@@ -59,8 +59,11 @@ def _signature(scene: Scene, summary: Summary, structure: list[tuple[str, str]])
     return scene.module_classes.get(summary.path), tuple(op_part), tuple(mark_part), tuple(structure)
 
 
-def fold_siblings(scene: Scene, summaries: dict[str, Summary], level: int) -> dict[str, str]:
-    """Summary path → the path of the summary that draws it (itself unless folded into a sibling)."""
+def fold_siblings(scene: Scene, summaries: dict[str, Summary], level: int,
+                  unfold: frozenset[str] = frozenset()) -> dict[str, str]:
+    """Summary path → the path of the summary that draws it (itself unless folded into a sibling).
+
+    Children of a module in `unfold` are never folded (the user expanded "Class ×N")."""
     structure: dict[str, list[tuple[str, str]]] = {path: [] for path in summaries}
     for path, cls in scene.module_classes.items():
         anchor = collapsed_into(path, level)
@@ -68,7 +71,8 @@ def fold_siblings(scene: Scene, summaries: dict[str, Summary], level: int) -> di
             structure[anchor].append((path[len(anchor):], cls))
     groups: dict[tuple, list[str]] = {}
     for path, summary in summaries.items():
-        key = (parent_of(path), _signature(scene, summary, structure[path])) if is_repeat_slot(path) else path
+        foldable = is_repeat_slot(path) and parent_of(path) not in unfold
+        key = (parent_of(path), _signature(scene, summary, structure[path])) if foldable else path
         groups.setdefault(key, []).append(path)
     drawn_by: dict[str, str] = {}
     for paths in groups.values():

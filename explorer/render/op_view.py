@@ -42,6 +42,7 @@ class OpViewOptions:
     edge_labels: bool = True
     fold_repeats: bool = True
     legend: bool = True
+    unfold: frozenset[str] = frozenset()
 
 
 # -- 4. edges (steps 1 to 3 live in scope.py and folding.py) ----------------------------------------
@@ -67,7 +68,7 @@ def op_diagram(scene: Scene, options: OpViewOptions) -> Diagram:
     scope = select_scope(scene, options.focus, options.closure_of)
     level = collapse_level(scene, options.depth, options.focus)
     order = _chronological_order(scene, scope)
-    placement = _placement(scene, order.elements, level, options.fold_repeats)
+    placement = _placement(scene, order.elements, level, options.fold_repeats, options.unfold)
     naming = _node_names(order.elements, placement)
     edges = _edges(scene, scope, order.anchors, naming)
 
@@ -120,7 +121,8 @@ class Placement(NamedTuple):
     drawn_by: dict[str, str]  # collapsed module path → the path whose node stands for it (folds)
 
 
-def _placement(scene: Scene, order: list[Element], level: int | None, fold_repeats: bool) -> Placement:
+def _placement(scene: Scene, order: list[Element], level: int | None, fold_repeats: bool,
+               unfold: frozenset[str] = frozenset()) -> Placement:
     """Which elements disappear into a collapsed module's summary node, and which repeats fold."""
     summaries: dict[str, Summary] = {}
     hidden_in: list[str | None] = []
@@ -134,7 +136,7 @@ def _placement(scene: Scene, order: list[Element], level: int | None, fold_repea
             if anchor is not None:
                 summaries.setdefault(anchor, Summary(anchor)).ops.append(element)
         hidden_in.append(anchor)
-    drawn_by = fold_siblings(scene, summaries, level) if fold_repeats else {p: p for p in summaries}
+    drawn_by = fold_siblings(scene, summaries, level, unfold) if fold_repeats else {p: p for p in summaries}
     return Placement(hidden_in, summaries, drawn_by)
 
 

@@ -17,6 +17,7 @@ from playwright.sync_api import Page, expect
 from tests.support.lab import (
     KERNEL_REPLY_TIMEOUT_MS,
     REPO,
+    graph_node,
     jupyter_server,
     kernel_answer,
     run_all_cells,
@@ -251,6 +252,36 @@ def test_the_bar_says_what_materializing_will_do_and_asks_before_a_big_one(lab, 
         assert answer == "deferred: True"
     finally:
         screenshot(page, "preview.png")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_graph_opens_readable_and_unfolds_repeated_layers_on_click(lab, page: Page) -> None:
+    try:
+        open_notebook(page, lab, "llama7b.ipynb")
+        wait_for_widget_or_cell_error(page, page.locator(".de-tree-node"))
+        page.locator(".de-tabs .lm-TabBar-tab", has_text=re.compile(r"^\s*Graph\s*$")).click()
+        folded = graph_node(page, "module:model.layers.0")
+        expect(folded).to_contain_text("LlamaDecoderLayer ×32")
+        root = page.locator(".de-graph-root")
+        expect(root).to_have_attribute("data-label-px", re.compile(r"^\d"), timeout=KERNEL_REPLY_TIMEOUT_MS)
+        assert float(root.get_attribute("data-label-px")) >= 9.0  # the first view can be read
+        folded.click()
+        last_layer = page.locator(".de-graph g.node > title", has_text=re.compile(r"^module:model\.layers\.31$"))
+        expect(last_layer).to_have_count(1, timeout=KERNEL_REPLY_TIMEOUT_MS)  # redrawn with 32 layer nodes
+        page.locator(".de-graph-rankdir button", has_text="top → down").click()
+        expect(page.locator(".de-graph-status")).to_contain_text("whole module, depth 2",
+                                                                 timeout=KERNEL_REPLY_TIMEOUT_MS)
+        before = float(root.get_attribute("data-scale"))
+        page.locator(".de-graph-fit").click()
+        assert float(root.get_attribute("data-scale")) < before  # everything in view: smaller
+        page.locator(".de-graph-readable").click()
+        assert float(root.get_attribute("data-label-px")) >= 9.0
+        answer = kernel_answer(page, 'print("graph:", sorted(ui.graph_tab.unfolded), ui.graph_tab.rankdir.value)',
+                               "graph:")
+        assert answer == "graph: ['model.layers'] TB"
+    finally:
+        screenshot(page, "graph.png")
 
 
 @pytest.mark.browser

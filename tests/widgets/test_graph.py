@@ -104,3 +104,28 @@ def test_real_diagram_node_titles_select_what_they_name(ui):
     assert ui.tensors_tab.table.selected == "blocks.0.attn.weight"
     ui.graph_tab.view.clicked = "cluster_module:blocks.0.mlp"
     assert ui.tree.active == "blocks.0.mlp"
+
+
+def test_clicking_a_folded_node_unfolds_the_repeats_instead_of_selecting(ui):
+    open_graph_tab(ui)
+    ui.graph_tab.depth.value = 1  # blocks.0 and blocks.1 collapse, and fold into "Block ×2"
+    assert ui.graph_tab.folded == {"module:blocks.0"}
+    assert ui.graph_tab.status.value == 'whole module, depth 1; click a "×N" node to unfold it'
+    ui.graph_tab.view.clicked = "module:blocks.0"  # what graph.js sends for the "Block ×2" node
+    assert ui.graph_tab.unfolded == {"blocks"} and ui.graph_tab.folded == set()
+    assert "<title>module:blocks.1</title>" in ui.graph_tab.view.svg
+    assert ui.tree.checked == []  # unfolding selected nothing
+    ui.graph_tab.view.clicked = "module:blocks.1"  # now a plain summary node: selects
+    assert ui.tree.active == "blocks.1"
+
+
+def test_direction_and_breadcrumb(ui, graph_stand_in):
+    open_graph_tab(ui)
+    ui.graph_tab.rankdir.value = "TB"
+    assert graph_stand_in.calls[-1] == {"focus": None, "depth": 2, "rankdir": "TB"}
+    ui.select("blocks.0.mlp")
+    crumbs = ui.graph_tab.breadcrumb.children
+    assert [c.description for c in crumbs] == ["(root)", "blocks", "0", "mlp"]
+    assert [c.tooltip for c in crumbs] == ["(root)", "blocks", "blocks.0", "blocks.0.mlp"]
+    crumbs[1].click()  # what clicking "blocks" in the breadcrumb does
+    assert ui.tree.active == "blocks" and graph_stand_in.calls[-1]["focus"] == "blocks"

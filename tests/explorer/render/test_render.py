@@ -77,8 +77,8 @@ def svg_tree(digraph) -> ET.Element:
 
 
 def svg_nodes(root: ET.Element) -> dict[str, ET.Element]:
-    """SVG node groups by their <title> (the node name)."""
-    return {g.find(f"{SVG}title").text: g for g in root.iter(f"{SVG}g") if g.get("class") == "node"}
+    """SVG node groups by their <title> (the node name); their class is "node de-style-<style>"."""
+    return {g.find(f"{SVG}title").text: g for g in root.iter(f"{SVG}g") if "node" in (g.get("class") or "").split()}
 
 
 def fill_of(group: ET.Element) -> str:
@@ -459,3 +459,13 @@ def test_exports_svg_png_html_and_dot(tmp_path):
 def test_public_names_are_exported_from_the_package():
     assert explorer.op_graph is op_graph and explorer.module_graph is module_graph
     assert explorer.node_kind is node_kind
+
+
+def test_svg_nodes_carry_their_style_as_a_class_and_unfold_draws_repeats_one_by_one(llama):
+    nodes = svg_nodes(svg_tree(op_graph(llama, depth=2)))
+    assert nodes["module:model.layers.0"].get("class") == "node de-style-repeated-modules"
+    assert "module:model.layers.1" not in nodes
+    unfolded = svg_nodes(svg_tree(op_graph(llama, depth=2, unfold=["model.layers"], rankdir="TB")))
+    assert unfolded["module:model.layers.1"].get("class") == "node de-style-module"  # a collapsed summary
+    with pytest.raises(ValueError, match="op_graph: rankdir must be one of LR, TB, got 'RL'"):
+        op_graph(llama, rankdir="RL")
