@@ -80,7 +80,7 @@ def all_cases() -> dict[str, Callable[..., dict]]:
     import importlib
 
     found = dict(cases.CASES)
-    for module in ("table_cases", "inspection_cases", "widget_cases"):
+    for module in ("table_cases", "inspection_cases", "widget_cases", "browser_cases"):
         try:
             found.update(importlib.import_module(module).CASES)
         except ModuleNotFoundError as error:
@@ -336,6 +336,15 @@ def bench_inspection(report: Report, reps: int) -> None:
         lambda r: statistics.median(r["first_paint"]), reps=reps)
     row("ExplorerWidget(llama-7b) tree click re-render", "widget_timings", 0.5,
         lambda r: statistics.median(r["select"]), reps=reps)
+    scale_reps = max(3, reps // 3)
+    row("explorer search on llama-70b (kernel, first search: index built)", "scale_timings", 0.3,
+        lambda r: statistics.median(r["first_search"]), reps=scale_reps)
+    row("explorer search on llama-70b (kernel, later searches)", "scale_timings", 0.3,
+        lambda r: statistics.median(r["search"]), reps=scale_reps)
+    row("explorer overlay switch on llama-70b (kernel)", "scale_timings", 0.3,
+        lambda r: statistics.median(r["overlay"]), reps=scale_reps)
+    row("explorer first paint in Chromium, Run → tree visible (llama-7b)", "browser_first_paint", 3.0,
+        lambda r: r["median"], reps=3)
 
 
 # -- profiles -------------------------------------------------------------------------------------

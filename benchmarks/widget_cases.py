@@ -102,7 +102,48 @@ def main() -> None:
         print("select with the Graph tab open: not measured (this engine has no explorer.op_graph yet)")
 
 
-CASES = {"widget_timings": widget_timings}
+LLAMA_70B = dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                 num_key_value_heads=8, vocab_size=32000)
+
+
+def scale_timings(reps: int = 5) -> dict:
+    """Seconds for the explorer's search and overlay switch on a Llama-2-70B architecture, kernel
+    side (the JSON of every state update included, as in `widget_timings`).
+
+    search: typing a module path ("layers.17.mlp.down_proj"), a regex over 80 layers, a dtype; the
+    first search of a fresh explorer builds the text index and is reported apart. overlay: switching
+    the tree and graph colours to bytes, dtype, device and back to state.
+    """
+    _SerializingComm.install()
+    import transformers
+
+    import explorer
+    import widgets
+
+    model = explorer.deferred_init(transformers.LlamaForCausalLM, transformers.LlamaConfig(**LLAMA_70B))
+    queries = [("layers.17.mlp.down_proj", False), (r"layers\.\d*7\.self_attn\.(q|k)_proj$", True), ("float32", False)]
+    first_search, search, overlay = [], [], []
+    sizes = {}
+    for _ in range(reps):
+        gc.collect()
+        ui = widgets.ExplorerWidget(model)
+        sizes = {"modules": len(ui.inspection.modules), "tensors": len(ui.inspection.tensors),
+                 "ops": len(ui.inspection.ops)}
+        for index, (pattern, regex) in enumerate(queries):
+            start = time.perf_counter()
+            result = ui.search(pattern, regex=regex)
+            (first_search if index == 0 else search).append(time.perf_counter() - start)
+            assert not result.empty, pattern
+        ui.search("")
+        for mode in ("bytes", "dtype", "device", "state"):
+            start = time.perf_counter()
+            ui.set_overlay(mode)
+            overlay.append(time.perf_counter() - start)
+        ui.close()
+    return {"first_search": first_search, "search": search, "overlay": overlay, **sizes}
+
+
+CASES = {"widget_timings": widget_timings, "scale_timings": scale_timings}
 
 
 if __name__ == "__main__":

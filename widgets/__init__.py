@@ -47,13 +47,17 @@ Stable CSS classes (for end-to-end tests and styling):
 - graph: `de-graph` (the SVG view; inside it `de-graph-viewport`, `de-graph-canvas`, graphviz
   `g.node` / `g.cluster` with a `<title>` holding the node name, the open tensor's node marked
   `de-graph-selected`, mouse hints `de-graph-legend`; the colour legend is part of the SVG),
-  controls `de-graph-depth`, `de-graph-closure`, status `de-graph-status`.
+  controls `de-graph-depth`, `de-graph-closure`, `de-graph-rankdir` (left → right / top → down),
+  the breadcrumb `de-graph-breadcrumb` of `de-graph-crumb` buttons, status `de-graph-status`; in
+  the view `de-graph-fit`, `de-graph-readable` and `de-graph-scale`, and on `de-graph-root` the
+  attributes `data-scale` and `data-label-px` (screen height of the smallest node label).
 - memory: `de-memory-totals`, `de-dry-run-button`, `de-dry-run-status`, `de-dry-run-output`,
   `de-plan-button`, `de-plan-status`.
 - materialize bar: `de-materialize-bar`, `de-device` and `de-rng` (dropdowns: target device, RNG
   mode eager/fast), `de-materialize-button` (both buttons; `de-materialize-selected`,
   `de-materialize-all` tell them apart), `de-cancel-button`, `de-progress`, `de-progress-text`,
-  `de-status` (plus `de-status-error` after a failure).
+  `de-status` (plus `de-status-error` after a failure), the preview line `de-preview` and the
+  confirmation `de-confirm` (`de-confirm-text`, `de-confirm-button`, `de-confirm-cancel`).
 
 Python mirrors of the clicks, for tests and scripts: `ui.select(path)`, `ui.tree.set_checked(path,
 value)`, `ui.show_tensor(name)`, `ui.graph_tab.view.clicked = "<node name>"`, `ui.search(pattern,

@@ -1,11 +1,13 @@
-"""End to end in a real browser: JupyterLab runs the quickstart notebook, a person clicks the widget.
+"""End to end in a real browser: JupyterLab (and Notebook 7) runs the quickstart notebook, a person
+clicks the widget.
 
 What a user does, driven by Playwright in Debian's Chromium: open notebooks/quickstart.ipynb in
-JupyterLab, Run All Cells from the menu, pick the `classifier` module in the explorer widget's
+JupyterLab or in Notebook 7, Run All Cells from the menu, pick the `classifier` module in the explorer widget's
 tree, open the Graph tab and click the `classifier.weight` node, press "Materialize selected",
 then ask the kernel in a new cell what it saw: which modules are still deferred, what the widget
 has selected and which tensor it opened. The kernel's answer (not the widget's own text) is the
-assertion. A screenshot of what the person saw goes to build/screenshots/quickstart.png.
+assertion. A screenshot of what the person saw goes to build/screenshots/quickstart.png
+(quickstart-notebook7.png for Notebook 7).
 The CSS classes used are the ones `widgets/__init__.py` documents as stable.
 
 Chromium comes from Debian (`make test` installs it); Playwright cannot download browsers here.
@@ -26,6 +28,7 @@ from tests.support.lab import (
     graph_node,
     jupyter_server,
     run_all_cells,
+    run_all_cells_notebook7,
     run_new_cell,
     wait_for_widget_or_cell_error,
 )
@@ -34,22 +37,28 @@ NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
 SCREENSHOT = REPO / "build" / "screenshots" / "quickstart.png"
 
 
-@pytest.fixture(scope="session")
-def lab_notebook_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """JupyterLab serving a copy of the quickstart notebook; yields the notebook's URL."""
-    root, home = tmp_path_factory.mktemp("lab-root"), tmp_path_factory.mktemp("lab-home")
+@pytest.fixture(scope="module", params=["lab", "notebook"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """JupyterLab or Notebook 7 serving a copy of the quickstart notebook; yields (app, base URL, token)."""
+    root, home = tmp_path_factory.mktemp(f"{request.param}-root"), tmp_path_factory.mktemp(f"{request.param}-home")
     shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
-    with jupyter_server(root, home) as (base, token):
-        yield f"{base}/lab/tree/{NOTEBOOK.name}?token={token}"
+    with jupyter_server(root, home, app=request.param) as (base, token):
+        yield request.param, base, token
 
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_tree_pick_graph_click_and_materialize_reach_the_kernel(lab_notebook_url: str, page: Page) -> None:
+def test_tree_pick_graph_click_and_materialize_reach_the_kernel(server: tuple[str, str, str], page: Page) -> None:
+    app, base, token = server
+    screenshot = SCREENSHOT if app == "lab" else SCREENSHOT.with_name("quickstart-notebook7.png")
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     try:
-        page.goto(lab_notebook_url)
-        run_all_cells(page)
+        if app == "lab":
+            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
+            run_all_cells(page)
+        else:
+            page.goto(f"{base}/notebooks/{NOTEBOOK.name}?token={token}")
+            run_all_cells_notebook7(page, base, token)
 
         # The notebook's own cells assert that `classifier` is still fake when the widget appears.
         wait_for_widget_or_cell_error(page, page.locator(".de-tree-node"))
@@ -87,4 +96,4 @@ def test_tree_pick_graph_click_and_materialize_reach_the_kernel(lab_notebook_url
         explorer_view = page.locator(".de-explorer")
         if explorer_view.count():  # show the widget from its top, the kernel's answer below it
             explorer_view.first.evaluate("element => element.scrollIntoView({block: 'start'})")
-        page.screenshot(path=str(SCREENSHOT))
+        page.screenshot(path=str(screenshot))
