@@ -13,12 +13,13 @@ from .errors import DeferredInitError, MaterializationError
 
 # Read-only views of the recording; imported after the engine, which they read.
 from .inspection import Inspection, inspect  # noqa: E402
-from .record.deferred import deferred_init
+from .record.deferred import DeferredBlock, deferred, deferred_init, deferred_roots
 from .record.fake import is_fake
 from .render import module_graph, node_kind, op_graph  # noqa: E402
 from .replay.materialize import is_deferred, materialize_module, materialize_tensor
 
 __all__ = [
+    "DeferredBlock",
     "DeferredInitError",
     "DevicePlanError",
     "DryRun",
@@ -27,7 +28,9 @@ __all__ = [
     "Inspection",
     "MaterializationError",
     "MemoryPlan",
+    "deferred",
     "deferred_init",
+    "deferred_roots",
     "dry_run",
     "inspect",
     "is_deferred",

@@ -6,7 +6,8 @@ import contextlib
 import gc
 import threading
 import weakref
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 import torch
 from torch import nn
@@ -94,6 +95,27 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
         )
     graph = InitGraph()
     graph.rng_start["cpu"] = torch.get_rng_state()
+    with _recording_into(graph) as session:
+        module = module_fn(*args, **kwargs)
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"deferred_init: {getattr(module_fn, '__qualname__', module_fn)!r} returned "
+            f"{'a Tensor' if isinstance(module, torch.Tensor) else type(module).__name__}, not an nn.Module"
+        )
+    _finish(session, [module])
+    return module
+
+
+class _Session(NamedTuple):
+    builder: GraphBuilder
+    reader: Callable[[FakeTensor], torch.Tensor]
+    fake_mode: FakeTensorMode
+
+
+@contextlib.contextmanager
+def _recording_into(graph: InitGraph) -> Iterator[_Session]:
+    """Every tensor op in the block is recorded into `graph` on fake tensors; on failure the error
+    gets the partial graph and the module being built (see `deferred_init`)."""
     builder = GraphBuilder(graph)
 
     def reader(fake: FakeTensor) -> torch.Tensor:
@@ -104,7 +126,7 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
         with recording(RecordingScope(graph, reader)), _collector_paused(), fake_mode, \
                 RecordingDispatchMode(builder, reader, fake_mode), deferred_lazy_modules(), recorded_initializers(), \
                 swappable_fakes(builder):
-            module = module_fn(*args, **kwargs)
+            yield _Session(builder, reader, fake_mode)
     except DeferredInitError as error:
         error.graph = error.graph or graph
         error.partial_module = module_being_built(error.__traceback__)
@@ -116,14 +138,106 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
         except AttributeError:
             pass
         raise
-    if not isinstance(module, nn.Module):
-        raise TypeError(
-            f"deferred_init: {getattr(module_fn, '__qualname__', module_fn)!r} returned "
-            f"{'a Tensor' if isinstance(module, torch.Tensor) else type(module).__name__}, not an nn.Module"
-        )
-    builder.finish()
+
+
+def _finish(session: _Session, roots: list[nn.Module]) -> None:
+    """Close the recording: stamp live fakes, and let later ops on them record (record/extension.py)."""
+    graph = session.builder.graph
+    session.builder.finish()
     graph.finished = True
     graph.constructor_ops = len(graph.ops)
-    graph.root = weakref.ref(module)
-    graph.recorder = Recorder(builder, reader, fake_mode, threading.RLock())
-    return module
+    graph.root = weakref.ref(roots[-1]) if roots else None
+    graph.recorder = Recorder(session.builder, session.reader, session.fake_mode, threading.RLock())
+    for root in roots:
+        _LIVE_ROOTS.add(root)
+
+
+# Modules built by deferred_init / deferred() that are still alive (for notebooks' status views).
+_LIVE_ROOTS: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+def deferred_roots() -> list[nn.Module]:
+    """The live modules built by `deferred_init` or inside `deferred()` (whole models, not their
+    submodules), whether or not they are still deferred."""
+    return list(_LIVE_ROOTS)
+
+
+@dataclass
+class DeferredBlock:
+    """What a `with explorer.deferred() as block:` built: `modules`, the top-level modules holding
+    deferred tensors, in the order they were created (filled when the block ends), and `graph`, the
+    shared recording."""
+
+    graph: InitGraph
+    modules: list[nn.Module] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[DeferredBlock]:
+    """Run a block of ordinary code under deferred initialization.
+
+    Every tensor and module the block creates is fake and recorded, as inside `deferred_init`:
+    `with explorer.deferred() as block: model = LlamaForCausalLM(config)` gives a deferred `model`.
+    Modules built in the block share one recording, and each materializes on its own: only the ops
+    its own tensors need are replayed, with eager's random numbers from the RNG state at the start
+    of the block (which the block does not advance). The modes, patches and garbage collector are
+    restored when the block ends, also when it raises (the error then carries the partial graph,
+    as in `deferred_init`). Raises DeferredInitError when nested in another deferred scope.
+    """
+    if recording_graph() is not None:
+        raise DeferredInitError(
+            "explorer.deferred cannot be nested: a deferred_init or deferred block is already recording; "
+            "what you build here is already deferred"
+        )
+    graph = InitGraph()
+    graph.rng_start["cpu"] = torch.get_rng_state()
+    block = DeferredBlock(graph)
+    created: list[weakref.ref] = []
+    with _recording_into(graph) as session, _tracking_modules(created):
+        yield block
+    block.modules = [module for module in _top_level(created) if _holds_fakes_of(module, graph)]
+    _finish(session, block.modules)
+
+
+@contextlib.contextmanager
+def _tracking_modules(created: list[weakref.ref]) -> Iterator[None]:
+    """While the block runs, remember every module constructed (weakly), undone on any exit.
+
+    Note: wraps `nn.Module.__init__`, which every module's `super().__init__()` reaches; only inside
+    `deferred()` blocks.
+    """
+    original = nn.Module.__init__
+
+    def tracking_init(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        created.append(weakref.ref(self))
+
+    nn.Module.__init__ = tracking_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.__init__ = original  # type: ignore[method-assign]
+
+
+def _holds_fakes_of(module: nn.Module, graph: InitGraph) -> bool:
+    """Whether `module` holds a tensor recorded into `graph` (parameterless modules, and those a
+    library made at import time inside the block, are not what the block built)."""
+    for tensor in [*module.parameters(), *module.buffers()]:
+        handle = handle_of(tensor)
+        if handle is not None and handle.graph is graph:
+            return True
+    return False
+
+
+def _top_level(created: list[weakref.ref]) -> list[nn.Module]:
+    """The live modules that are no other live module's submodule, in creation order."""
+    alive = [module for module in (reference() for reference in created) if module is not None]
+    inner: set[int] = set()
+    for module in alive:
+        inner.update(id(sub) for name, sub in module.named_modules(remove_duplicate=False) if name)
+    roots, seen = [], set()
+    for module in alive:
+        if id(module) not in inner and id(module) not in seen:
+            seen.add(id(module))
+            roots.append(module)
+    return roots
