@@ -1,5 +1,9 @@
 """deferred-explorer notebook UI: explore a module built under `explorer.deferred_init`.
 
+    %load_ext widgets          # the notebook extension: %%deferred, %deferred_status, rich display
+    %%deferred                 # a cell whose modules and tensors are all deferred
+    model = LlamaForCausalLM(config)
+
     import widgets
     ui = widgets.explore(transformers.LlamaForCausalLM, config)   # deferred_init + widget
     ui                                                            # display it
@@ -89,6 +93,7 @@ except ImportError as error:  # the engine works without them; the notebook UI d
 
 from .compare import CompareWidget, compare  # noqa: E402
 from .explorer_widget import ExplorerWidget  # noqa: E402
+from .extension import load_ipython_extension, unload_ipython_extension  # noqa: E402
 from .materialize_bar import MaterializationCancelled  # noqa: E402
 from .states import STATE_COLOURS  # noqa: E402
 

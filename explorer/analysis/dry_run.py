@@ -80,6 +80,12 @@ class DryRun:
             f"outputs: {shapes}"
         )
 
+    def _repr_html_(self) -> str:
+        """Rich display in notebooks (the text repr stays for terminals)."""
+        from ..render.rich import dry_run_html  # render reads this package: imported when displayed
+
+        return dry_run_html(self)
+
     def __repr__(self) -> str:
         return self.summary()
 

@@ -122,6 +122,12 @@ class MemoryPlan:
 
         return materialize_module(module, device=self, rng=rng, progress=progress)
 
+    def _repr_html_(self) -> str:
+        """Rich display in notebooks (the text repr stays for terminals)."""
+        from ..render.rich import memory_plan_html  # render reads this package: imported when displayed
+
+        return memory_plan_html(self)
+
     def __repr__(self) -> str:
         per_rank = f", per rank of {self.world_size}" if self.world_size != 1 else ""
         lines = [f"MemoryPlan ({len(self.device_map)} entries{per_rank})"]

@@ -38,6 +38,12 @@ class Inspection:
         """A few lines for the terminal: sizes, fake/materialized/real bytes, dtypes, devices, ops."""
         return summary_text(self.root_class, self.tensors, self.modules, self.ops, self.storages)
 
+    def _repr_html_(self) -> str:
+        """Rich display in notebooks (the text repr stays for terminals)."""
+        from ..render.rich import inspection_html  # render reads this package: imported when displayed
+
+        return inspection_html(self)
+
     def __repr__(self) -> str:
         return self.summary()
 

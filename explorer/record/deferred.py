@@ -25,6 +25,7 @@ from .lazy import deferred_lazy_modules
 from .modes import RecordingDispatchMode
 from .scope import RecordingScope, recording, recording_graph
 from .source import module_being_built
+from .seeding import seeding_moves_the_start
 from .swaps import swappable_fakes
 from .source import user_location
 
@@ -125,7 +126,7 @@ def _recording_into(graph: InitGraph) -> Iterator[_Session]:
     try:
         with recording(RecordingScope(graph, reader)), _collector_paused(), fake_mode, \
                 RecordingDispatchMode(builder, reader, fake_mode), deferred_lazy_modules(), recorded_initializers(), \
-                swappable_fakes(builder):
+                swappable_fakes(builder), seeding_moves_the_start(graph):
             yield _Session(builder, reader, fake_mode)
     except DeferredInitError as error:
         error.graph = error.graph or graph

@@ -67,3 +67,22 @@ def test_blocks_do_not_nest():
     with pytest.raises(DeferredInitError, match="deferred_init cannot be nested"):
         with deferred():
             explorer.deferred_init(nn.Linear, 2, 2)
+
+
+def test_seeding_before_the_first_random_op_moves_the_start_and_later_is_refused(restore_rng):
+    with deferred():
+        torch.manual_seed(3)  # a %%deferred cell that starts by seeding
+        seeded = nn.Linear(4, 3)
+    materialize_module(seeded)
+    torch.manual_seed(3)
+    assert_module_equals_eager("seeded", seeded, nn.Linear(4, 3))
+    torch.manual_seed(11)
+    state = torch.get_rng_state()
+    with pytest.raises(DeferredInitError, match=r"torch.manual_seed\(5\) was called while recording, after 2 random "
+                                                r"ops had been recorded; .* Seed before deferred_init / the deferred block"):
+        with deferred():
+            nn.Linear(4, 3)
+            torch.manual_seed(5)
+    assert torch.equal(torch.get_rng_state(), state)  # the refused seed changed nothing
+    assert torch.manual_seed is torch.random.manual_seed and torch.manual_seed.__name__ == "manual_seed"
+    assert torch.manual_seed.__qualname__ == "manual_seed"  # the original function is back

@@ -1,0 +1,41 @@
+"""Rich HTML display of Inspection, MemoryPlan and DryRun: what a notebook shows for a cell's value."""
+
+from __future__ import annotations
+
+from torch import nn
+
+import explorer
+
+
+def model() -> nn.Module:
+    return explorer.deferred_init(lambda: nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4)))
+
+
+def test_inspection_shows_the_summary_and_the_first_rows_of_each_table():
+    html = explorer.inspect(model())._repr_html_()
+    assert "Sequential: 108 parameters, 4 names (4 parameters, 0 buffers) on 4 storages, 432 B" in html
+    assert "<h4>tensors (4)</h4>" in html and "<h4>modules (3)</h4>" in html and "<h4>ops (12)</h4>" in html
+    assert "<td>0.weight</td>" in html and "<td>(8, 8)</td>" in html and "<td>aten.uniform_.default</td>" in html
+    assert repr(explorer.inspect(model())).startswith("Sequential: 108 parameters")  # terminals keep text
+
+
+def test_memory_plan_shows_a_bar_per_device():
+    html = explorer.plan_devices(model(), {"cpu": "1KB"})._repr_html_()
+    assert '<tr class="de-rich-device" data-device="cpu"><td>cpu</td><td>432 B of 1000 B</td>' in html
+    assert 'style="width:69.1px"' in html and "43.2%" in html
+
+
+def test_dry_run_shows_shapes_bytes_and_flops_per_module():
+    html = explorer.dry_run(model(), (2, 8))._repr_html_()
+    assert "<b>Sequential dry run</b>: 384 FLOPs, peak activations 96 B" in html
+    assert "<td>[(2, 4)]</td>" in html and "<td>128</td>" in html
+
+
+def test_text_is_escaped():
+    class Odd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.add_module("<b>x</b>", nn.Linear(2, 2))
+
+    html = explorer.inspect(explorer.deferred_init(Odd))._repr_html_()
+    assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html
