@@ -9,6 +9,7 @@ what the page shows beside it. Screenshots go to build/screenshots/ (the README 
 from __future__ import annotations
 
 import re
+import shutil
 from typing import Iterator
 
 import pytest
@@ -73,6 +74,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     write_notebook(root / "llama7b.ipynb", [LLAMA_7B])
     write_notebook(root / "failing.ipynb", [FAILING])
     write_notebook(root / "compare.ipynb", [COMPARE])
+    shutil.copy(REPO / "notebooks" / "magic.ipynb", root / "magic.ipynb")
     with jupyter_server(root, home) as server:
         yield server
 
@@ -300,6 +302,26 @@ def test_compare_lists_what_a_config_change_did(lab, page: Page) -> None:
         assert answer == "changed: 64"
     finally:
         screenshot(page, "compare.png")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_magic_notebook_shows_the_explorer_of_a_deferred_cell(lab, page: Page) -> None:
+    try:
+        open_notebook(page, lab, "magic.ipynb")
+        # the %%deferred cell's value is the explorer of `model`
+        wait_for_widget_or_cell_error(page, page.locator(".de-tree-node"))
+        expect(page.locator('.de-tree-node[data-path=""] .de-tree-class')).to_have_text("LlamaForCausalLM")
+        expect(page.locator(".de-rich-module-tree").first).to_contain_text("LlamaForCausalLM:")  # `model` displayed
+        expect(page.locator(".de-rich-tensor").first).to_contain_text("fake (no storage)")
+        expect(page.locator(".jp-OutputArea-output", has_text="equals eager construction bit for bit")).to_be_visible(
+            timeout=KERNEL_REPLY_TIMEOUT_MS)
+        page.locator('.de-tree-node[data-path="lm_head"] .de-tree-label').first.click()
+        answer = kernel_answer(page, 'print("magic:", type(model).__name__, explorer.is_deferred(model.lm_head), '
+                                     'list(_3.selection))', "magic:")
+        assert answer == "magic: LlamaForCausalLM True ['lm_head']"
+    finally:
+        screenshot(page, "magic.png")
 
 
 @pytest.fixture(scope="module")
