@@ -114,16 +114,17 @@ function render({ model, el }) {
       if (width) scale = Math.max(Math.min(1, viewport.clientWidth / width), Math.min(1, floor));
     }
     apply();
-    // Start where the drawing starts: the first nodes, not the empty corner of a large cluster.
+    // Start where the drawing starts: the node nearest its top-left corner, not the empty corner of
+    // a large cluster.
     const origin = canvas.getBoundingClientRect();
-    let left = Infinity, top = Infinity;
+    let best = null;
     for (const node of canvas.querySelectorAll("g.node")) {
       const box = node.getBoundingClientRect();
       if (!box.width) continue;
-      left = Math.min(left, box.left - origin.left);
-      top = Math.min(top, box.top - origin.top);
+      const left = box.left - origin.left, top = box.top - origin.top;
+      if (!best || left + top < best.left + best.top) best = { left, top };
     }
-    if (left !== Infinity) { x = 12 - left; y = 12 - top; apply(); }
+    if (best) { x = 12 - best.left; y = 12 - best.top; apply(); }
   }
 
   viewport.addEventListener("click", (event) => {
