@@ -125,6 +125,29 @@ def version_of(tensor: torch.Tensor) -> int | None:
         return None
 
 
+# Note: [Default dtype at record time]
+# A factory op called without `dtype` (torch.empty, linspace, scalar_tensor, randn...) takes
+# torch.get_default_dtype() at the moment it runs. Constructors change it while they run
+# (Hugging Face's `from_config(config, dtype=torch.bfloat16)` sets it around __init__), and replay
+# runs later under whatever default is current then. So an op whose schema has a keyword-only
+# `dtype` left unset is recorded with the dtype its output actually had; for ops whose dtype
+# follows their inputs (sums, new_empty, _to_copy) that is the same computation.
+@functools.lru_cache(maxsize=None)
+def _takes_dtype(func: Any) -> bool:
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(a.name == "dtype" and a.kwarg_only for a in schema.arguments)
+
+
+def _first_tensor_dtype(out: Any) -> torch.dtype | None:
+    if isinstance(out, torch.Tensor):
+        return out.dtype
+    if isinstance(out, (list, tuple)):
+        for item in out:
+            if isinstance(item, torch.Tensor):
+                return item.dtype
+    return None
+
+
 class GraphBuilder:
     """Appends ops to one graph; keeps the only references from storages to ids."""
 
@@ -303,6 +326,10 @@ class GraphBuilder:
         ref_kwargs = (
             {k: self._ref(v, inputs, externals, func, source, written) for k, v in kwargs.items()} if kwargs else {}
         )
+        if kwargs.get("dtype") is None and _takes_dtype(func):
+            dtype = _first_tensor_dtype(out)
+            if dtype is not None:  # see note [Default dtype at record time]
+                ref_kwargs["dtype"] = dtype
         index = len(self.graph.ops)  # after any synthetic alias ops that _ref appended
         written_tids, resizes = self._written_tensors(facts, args, kwargs)
 

@@ -134,3 +134,47 @@ def test_module_casts_inside_a_constructor_record_and_materialize_as_eager():
 
 
 ORIGINAL_SWAP_TENSORS = torch.utils.swap_tensors
+
+
+class ChangesTheDefaultDtype(nn.Module):
+    """A constructor that builds under another default dtype, as `from_config(dtype=...)` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            self.proj = nn.Linear(4, 3)
+            self.register_buffer("steps", torch.linspace(0, 1, 5))
+            self.register_buffer("scale", torch.scalar_tensor(0.5))
+        finally:
+            torch.set_default_dtype(previous)
+        self.after = nn.Linear(3, 2)  # float32 again
+
+
+def test_factory_ops_keep_the_default_dtype_of_the_moment_they_were_recorded(restore_rng):
+    from explorer import materialize_module
+    from tests.support.parity import assert_module_equals_eager
+
+    torch.manual_seed(5)
+    eager = ChangesTheDefaultDtype()
+    torch.manual_seed(5)
+    module = deferred_init(ChangesTheDefaultDtype)
+    assert module.proj.weight.dtype == module.steps.dtype == torch.float64 and module.after.weight.dtype == torch.float32
+    materialize_module(module)
+    assert_module_equals_eager("ChangesTheDefaultDtype", module, eager)
+
+
+def test_transformers_from_config_with_a_dtype_matches_eager(restore_rng):
+    transformers = pytest.importorskip("transformers")
+    from explorer import materialize_module
+    from tests.support.parity import assert_module_equals_eager
+
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=50)
+    torch.manual_seed(0)
+    eager = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    module = deferred_init(transformers.AutoModelForCausalLM.from_config, config, dtype=torch.bfloat16)
+    materialize_module(module)
+    assert_module_equals_eager("from_config(bfloat16)", module, eager)
