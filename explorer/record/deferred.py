@@ -94,9 +94,7 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
             "deferred_init cannot be nested: it was called while another deferred_init is building a "
             "module; build the inner module directly, it is already deferred"
         )
-    graph = InitGraph()
-    graph.rng_start["cpu"] = torch.get_rng_state()
-    with _recording_into(graph) as session:
+    with _recording_into() as session:
         module = module_fn(*args, **kwargs)
     if not isinstance(module, nn.Module):
         raise TypeError(
@@ -114,9 +112,12 @@ class _Session(NamedTuple):
 
 
 @contextlib.contextmanager
-def _recording_into(graph: InitGraph) -> Iterator[_Session]:
-    """Every tensor op in the block is recorded into `graph` on fake tensors; on failure the error
-    gets the partial graph and the module being built (see `deferred_init`)."""
+def _recording_into() -> Iterator[_Session]:
+    """Every tensor op in the block is recorded, on fake tensors, into a new graph that starts from
+    the RNG state now; on failure the error gets the partial graph and the module being built (see
+    `deferred_init`)."""
+    graph = InitGraph()
+    graph.rng_start["cpu"] = torch.get_rng_state()
     builder = GraphBuilder(graph)
 
     def reader(fake: FakeTensor) -> torch.Tensor:
@@ -190,13 +191,11 @@ def deferred() -> Iterator[DeferredBlock]:
             "explorer.deferred cannot be nested: a deferred_init or deferred block is already recording; "
             "what you build here is already deferred"
         )
-    graph = InitGraph()
-    graph.rng_start["cpu"] = torch.get_rng_state()
-    block = DeferredBlock(graph)
     created: list[weakref.ref] = []
-    with _recording_into(graph) as session, _tracking_modules(created):
+    with _recording_into() as session, _tracking_modules(created):
+        block = DeferredBlock(session.builder.graph)
         yield block
-    block.modules = [module for module in _top_level(created) if _holds_fakes_of(module, graph)]
+    block.modules = [module for module in _top_level(created) if _holds_fakes_of(module, block.graph)]
     _finish(session, block.modules)
 
 
