@@ -6,6 +6,7 @@ materialize); `inspection/` (tables), `render/` (diagrams) and `analysis/` (dry 
 FX export) only read the graph; `distributed.py` hands materialization to FSDP2/DTensor.
 """
 
+from ._version import __version__
 from .analysis.dry_run import DryRun, DryRunError, dry_run  # noqa: E402
 from .analysis.fx_export import InitProgram, to_fx  # noqa: E402
 from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices  # noqa: E402
@@ -19,6 +20,7 @@ from .render import module_graph, node_kind, op_graph  # noqa: E402
 from .replay.materialize import is_deferred, materialize_module, materialize_tensor
 
 __all__ = [
+    "__version__",
     "DeferredBlock",
     "DeferredInitError",
     "DevicePlanError",
