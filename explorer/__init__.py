@@ -10,7 +10,7 @@ from ._version import __version__
 from .analysis.dry_run import DryRun, DryRunError, dry_run  # noqa: E402
 from .analysis.fx_export import InitProgram, to_fx  # noqa: E402
 from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices  # noqa: E402
-from .errors import DeferredInitError, MaterializationError
+from .errors import DeferredInitError, MaterializationError, NoDataError
 
 # Read-only views of the recording; imported after the engine, which they read.
 from .inspection import Inspection, inspect  # noqa: E402
@@ -30,6 +30,7 @@ __all__ = [
     "Inspection",
     "MaterializationError",
     "MemoryPlan",
+    "NoDataError",
     "deferred",
     "deferred_init",
     "deferred_roots",

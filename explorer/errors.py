@@ -25,6 +25,19 @@ class DeferredInitError(RuntimeError):
         self.partial_module: object | None = None
 
 
+class NoDataError(DeferredInitError):
+    """Code asked a deferred (fake) tensor, or its storage, for bytes it does not have.
+
+    Raised outside a recording by the ways foreign code reads memory (`data_ptr()`, `numpy()`,
+    `np.asarray`, `__dlpack__`, a storage's items), e.g. from `safetensors.torch.save_file`; the message
+    names the tensor and the call. `call` is that call, as the message spells it.
+    """
+
+    def __init__(self, message: str, graph: object | None = None, *, call: str) -> None:
+        super().__init__(message, graph, reason=f"{call} needs bytes a deferred tensor does not have")
+        self.call = call
+
+
 class MaterializationError(RuntimeError):
     """Replaying recorded ops into real tensors failed; the module was left unchanged."""
 

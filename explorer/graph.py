@@ -92,11 +92,28 @@ class ExternalTensor:
 
     `version` is None for inference tensors, which have no version counter to check. `fresh`: a
     constant `torch.tensor([...])` made inside the constructor, which nobody else can change.
+    `as_read`: (storage, dtype, shape, stride, offset) when it was read, for plain strided tensors;
+    see note [External tensors are kept as read] in record/builder.py.
     """
 
     tensor: torch.Tensor
     version: int | None
     fresh: bool = False
+    as_read: tuple | None = None
+
+    def described(self) -> tuple[torch.dtype, tuple[int, ...], torch.device]:
+        """(dtype, shape, device) as read, without making a tensor (safe inside a recording)."""
+        if self.as_read is None:
+            return self.tensor.dtype, tuple(self.tensor.shape), self.tensor.device
+        storage, dtype, shape, _, _ = self.as_read
+        return dtype, shape, storage.device
+
+    def value(self) -> torch.Tensor:
+        """The tensor as the recording read it: its memory, with the dtype and layout it had then."""
+        if self.as_read is None:
+            return self.tensor
+        storage, dtype, shape, stride, offset = self.as_read
+        return torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, shape, stride)
 
 
 @dataclass(slots=True)
@@ -157,6 +174,31 @@ class OpNode:
         return self.name or str(self.func)
 
 
+@dataclass(frozen=True)
+class RngRestart:
+    """Where eager's generator state before random op `position` of a stream comes from, when it is
+    not the state after the stream's previous op (see note [Eager's generator after construction]
+    in record/rng_ledger.py).
+
+    Exactly one form: `base` jumped over `jump` draws (the real generator's state when the op was
+    recorded, plus the draws deferred random ops took since the last reseed, which eager would
+    have taken and the real generator did not); or the state after random op `after_position` of
+    stream `after_key` of `after_graph` (another graph, or an earlier part of this one), when the
+    real generator had not moved since that op and a draw count in between is not known in advance;
+    or `unknown`, the reason no state can be given.
+    """
+
+    base: torch.Tensor | None = None
+    jump: int = 0
+    after_graph: "InitGraph | None" = None
+    after_key: str = "cpu"
+    after_position: int = -1
+    unknown: str = ""  # why eager's state here cannot be known (the op that needs it is refused)
+    # False when eager code set the generator's cached normal sample while draws were owed: eager's
+    # cached value is then unknown, and an op reading it (normal_ below 16 elements) is refused.
+    cache_known: bool = True
+
+
 class OpRecorder(Protocol):
     """Records one more op into a finished graph (implemented by `record.extension.Recorder`)."""
 
@@ -167,6 +209,10 @@ class ReplayMemory(Protocol):
     """What replays of one graph keep between calls (implemented by `replay.ReplayState`)."""
 
     lock: threading.RLock
+
+    def forget_states(self, key: str, position: int) -> None:
+        """Drop generator states cached for positions >= `position` of stream `key` (a restart was
+        recorded there: they no longer follow)."""
 
 
 @dataclass
@@ -180,6 +226,9 @@ class InitGraph:
     externals: list[ExternalTensor] = field(default_factory=list)
     rng_start: dict[str, torch.Tensor | None] = field(default_factory=dict)  # generator key → state
     random_streams: dict[str, list[OpIndex]] = field(default_factory=dict)  # key → random ops in order
+    # key → position → where eager's state before that random op comes from, where it does not
+    # continue from the previous op (position 0: rng_start, unless a restart is there).
+    rng_restarts: dict[str, dict[int, RngRestart]] = field(default_factory=dict)
     finished: bool = False
     root: "weakref.ReferenceType[nn.Module] | None" = None  # the module deferred_init returned
     # Filled by materialization (`replay.ReplayState`): what replay already produced, weakly, so

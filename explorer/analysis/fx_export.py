@@ -138,7 +138,7 @@ class _Builder:
         node = self._externals.get(index)
         if node is None:
             name = f"_external_{index}"
-            tensor = self.graph.externals[index].tensor
+            tensor = self.graph.externals[index].value()
             self.constants[name] = tensor
             node = self._externals[index] = self.fx_graph.get_attr(name)
             node.meta["val"] = self.mode.from_tensor(tensor)

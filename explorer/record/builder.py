@@ -33,6 +33,7 @@ from ..graph import (
 from ..naming import dtype_name
 from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, handle_of
 from .generators import capture_start_state, stream_key
+from . import rng_ledger
 from .initializers import INITIALIZER_OPS
 from .source import building_modules
 
@@ -124,6 +125,17 @@ def version_of(tensor: torch.Tensor) -> int | None:
     except RuntimeError:
         return None
 
+
+# Note: [External tensors are kept as read]
+# A real tensor the recording reads (a module argument, a tensor made before deferred_init, an
+# `nn.Parameter(ext)` the constructor wrapped) is kept twice: the object itself, whose version
+# counter tells in-place writes made later (replay refuses them, replay/preflight.py), and its
+# storage with the dtype and layout it had when read, which is what replay reads. What happens to
+# the caller's object afterwards — `.data = x`, `torch.utils.swap_tensors`, a module cast such as
+# `model.double()` converting a real parameter the constructor read — then cannot change what
+# replay reads, as it could not change what eager construction read. (A detached alias would do
+# both, but below autograd, where recording runs, `detach` does not share the version counter.)
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 # Note: [Default dtype at record time]
 # A factory op called without `dtype` (torch.empty, linspace, scalar_tensor, randn...) takes
@@ -265,7 +277,13 @@ class GraphBuilder:
         return tid
 
     def _external(self, tensor: torch.Tensor, func: Any) -> int:
-        self.graph.externals.append(ExternalTensor(tensor, version_of(tensor), func in _LIFTS))
+        """Keep a real argument for replay as it is now; see note [External tensors are kept as read]."""
+        fresh = func in _LIFTS
+        as_read = None
+        if not fresh and type(tensor) in _PLAIN_TENSORS and tensor.layout == torch.strided and not tensor.is_quantized:
+            as_read = (tensor.untyped_storage(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()),
+                       tensor.storage_offset())
+        self.graph.externals.append(ExternalTensor(tensor, version_of(tensor), fresh, as_read))
         return len(self.graph.externals) - 1
 
     # -- ops ---------------------------------------------------------------------------------
@@ -331,6 +349,7 @@ class GraphBuilder:
             if dtype is not None:  # see note [Default dtype at record time]
                 ref_kwargs["dtype"] = dtype
         index = len(self.graph.ops)  # after any synthetic alias ops that _ref appended
+        stream = self._random_stream(func, args, kwargs, out, index, source) if facts.random else None
         written_tids, resizes = self._written_tensors(facts, args, kwargs)
 
         output_ids: list[TensorId] = []
@@ -349,7 +368,7 @@ class GraphBuilder:
                 reads=_contents_read(inputs, written_tids, aliases_only, facts.overwrites_self),
                 externals=tuple(externals), writes=writes, creates=tuple(created), aliases_only=aliases_only,
                 random=facts.random, source=source, overwrites=overwrites,
-                stream=self._random_stream(func, args, kwargs, out, index) if facts.random else None,
+                stream=stream,
                 resizes=resizes, inference=torch.is_inference_mode_enabled(),
             )
         )
@@ -384,19 +403,32 @@ class GraphBuilder:
             self.graph.writers[sid].append(index)
         return writes
 
-    def _random_stream(self, func: Any, args: tuple, kwargs: dict, out: Any, index: OpIndex) -> tuple[str, int] | None:
-        """(generator key, position) of a random op in its device's stream; None on meta."""
+    def _random_stream(self, func: Any, args: tuple, kwargs: dict, out: Any, index: OpIndex,
+                       source: SourceLocation | None) -> tuple[str, int] | None:
+        """(generator key, position) of a random op in its device's stream; None on meta. An op
+        recorded after construction starts where eager's generator would be (note [Eager's
+        generator after construction]); raises DeferredInitError where that cannot be known."""
         device = self._random_device(func, args, kwargs, out)
         if device is None or device.type == "meta":
             return None
         key = _stream_keys.get(device)
         if key is None:
             key = _stream_keys[device] = stream_key(device)
-        if key not in self.graph.rng_start:
-            self.graph.rng_start[key] = capture_start_state(key)
-        positions = self.graph.random_streams.setdefault(key, [])
+        graph = self.graph
+        if key not in graph.rng_start:
+            graph.rng_start[key] = capture_start_state(key)
+        positions = graph.random_streams.setdefault(key, [])
+        position = len(positions)
+        where = f"{func} at {source or '<unknown source>'}"
+        if graph.finished and key == rng_ledger.KEY:
+            restart = rng_ledger.restart_for(graph, key, position, torch.default_generator.get_state(), where)
+            if restart is not None:
+                graph.rng_restarts.setdefault(key, {})[position] = restart
+                if graph.replay_state is not None:  # a materialization may have guessed this state
+                    graph.replay_state.forget_states(key, position)
         positions.append(index)
-        return key, len(positions) - 1
+        rng_ledger.note_draw(graph, key, position)
+        return key, position
 
     def before_write(self, func: Any, args: tuple, kwargs: dict, source: SourceLocation | None) -> dict[int, TensorId]:
         """Called before an op that writes some of its arguments runs; returns the ids of the fakes

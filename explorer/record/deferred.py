@@ -17,6 +17,7 @@ from ..errors import DeferredInitError
 from ..graph import InitGraph
 from ..replay.replay import Replay
 from ..replay.routing import DeviceRouting, is_available
+from . import rng_ledger
 from .builder import GraphBuilder
 from .extension import Recorder
 from .fake import handle_of
@@ -116,8 +117,12 @@ def _recording_into() -> Iterator[_Session]:
     """Every tensor op in the block is recorded, on fake tensors, into a new graph that starts from
     the RNG state now; on failure the error gets the partial graph and the module being built (see
     `deferred_init`)."""
+    rng_ledger.install_reseed_hooks()
     graph = InitGraph()
-    graph.rng_start["cpu"] = torch.get_rng_state()
+    graph.rng_start["cpu"] = torch.default_generator.get_state()
+    restart = rng_ledger.start_of(graph, "cpu", graph.rng_start["cpu"], str(user_location(1)))
+    if restart is not None:  # eager's generator is past the draws of earlier deferred recordings
+        graph.rng_restarts["cpu"] = {0: restart}
     builder = GraphBuilder(graph)
 
     def reader(fake: FakeTensor) -> torch.Tensor:
@@ -130,10 +135,12 @@ def _recording_into() -> Iterator[_Session]:
                 swappable_fakes(builder), seeding_moves_the_start(graph):
             yield _Session(builder, reader, fake_mode)
     except DeferredInitError as error:
+        rng_ledger.forget(graph)
         error.graph = error.graph or graph
         error.partial_module = module_being_built(error.__traceback__)
         raise
     except BaseException as error:
+        rng_ledger.forget(graph)
         try:
             error.deferred_graph = graph
             error.partial_module = module_being_built(error.__traceback__)
@@ -175,8 +182,14 @@ class DeferredBlock:
 
 
 @contextlib.contextmanager
-def deferred() -> Iterator[DeferredBlock]:
+def deferred(model: nn.Module | None = None) -> Iterator[DeferredBlock]:
     """Run a block of ordinary code under deferred initialization.
+
+    `deferred(model)` extends `model`'s own recording instead of starting one: model surgery
+    (`model.resize_token_embeddings(n)`, swapping in new layers, copying between old and new
+    tensors) mixes new modules with the model's fakes freely, and materializing gives what the same
+    code gives on the eager model. Random ops in it start where eager's generator would be (note
+    [Eager's generator after construction]); `torch.manual_seed` in it is a reseed like any other.
 
     Every tensor and module the block creates is fake and recorded, as inside `deferred_init`:
     `with explorer.deferred() as block: model = LlamaForCausalLM(config)` gives a deferred `model`.
@@ -192,11 +205,64 @@ def deferred() -> Iterator[DeferredBlock]:
             "what you build here is already deferred"
         )
     created: list[weakref.ref] = []
+    if model is not None:
+        graph = _recording_of(model)
+        with _recording_onto(graph) as session, _tracking_modules(created):
+            block = DeferredBlock(graph)
+            yield block
+        block.modules = [module for module in _top_level(created) if _holds_fakes_of(module, graph)]
+        # `old.weight.data = new.weight.data` (Hugging Face's resize) swapped storages behind the
+        # dispatcher: stamp every tensor of the model now, so materialization sees the new layout.
+        session.builder.settle([tensor for root in (model, *block.modules)
+                                for tensor in (*root.parameters(), *root.buffers())])
+        session.builder.finish()
+        return
     with _recording_into() as session, _tracking_modules(created):
         block = DeferredBlock(session.builder.graph)
         yield block
     block.modules = [module for module in _top_level(created) if _holds_fakes_of(module, block.graph)]
     _finish(session, block.modules)
+
+
+def _recording_of(model: nn.Module) -> InitGraph:
+    """The finished recording `model`'s deferred tensors belong to (for `deferred(model)`)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"explorer.deferred(model) expects an nn.Module, got {type(model).__name__}")
+    graphs = {id(handle.graph): handle.graph for tensor in [*model.parameters(), *model.buffers()]
+              if (handle := handle_of(tensor)) is not None}
+    if not graphs:
+        raise DeferredInitError(
+            f"explorer.deferred(model): this {type(model).__name__} holds no deferred tensor (built eagerly, "
+            "or already materialized); run the code directly, or use `with explorer.deferred():` for new modules"
+        )
+    if len(graphs) > 1:
+        raise DeferredInitError(
+            f"explorer.deferred(model): this {type(model).__name__} holds tensors of {len(graphs)} deferred "
+            "recordings; extend one submodule at a time"
+        )
+    graph = next(iter(graphs.values()))
+    if graph.recorder is None:
+        raise DeferredInitError("explorer.deferred(model): the model's recording has not finished")
+    return graph
+
+
+@contextlib.contextmanager
+def _recording_onto(graph: InitGraph) -> Iterator[_Session]:
+    """Every tensor op in the block is recorded into `graph`, a finished recording, after its ops.
+
+    As `_recording_into`, without a new start state: the block's random ops are ops recorded after
+    construction, and a reseed in it is heard by the ledger (record/rng_ledger.py)."""
+    recorder = graph.recorder
+    assert isinstance(recorder, Recorder)
+    session = _Session(recorder.builder, recorder.read_value, recorder.fake_mode)
+    try:
+        with recorder.lock, recording(RecordingScope(graph, session.reader)), _collector_paused(), \
+                session.fake_mode, RecordingDispatchMode(session.builder, session.reader, session.fake_mode), \
+                deferred_lazy_modules(), recorded_initializers(), swappable_fakes(session.builder):
+            yield session
+    except DeferredInitError as error:
+        error.graph = error.graph or graph
+        raise
 
 
 @contextlib.contextmanager

@@ -16,6 +16,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten
 
+from ..naming import dtype_name
+from .no_data import DeferredStorage, named_tensors_of, no_data_error
 from .scope import active_scope, outside_recording, recording_graph
 
 if TYPE_CHECKING:
@@ -58,17 +60,45 @@ class DeferredTensor(FakeTensor):
     __str__ = __repr__
 
     def numpy(self, *, force: bool = False):  # noqa: ANN201 - numpy is optional for users
-        """Inside deferred_init: the true values (as eager construction has them). Outside: an error,
-        since a fake tensor has no data until it is materialized."""
+        """Inside the deferred_init that made it: the true values (as eager construction has them).
+        Elsewhere: NoDataError, since a fake tensor has no data until it is materialized."""
+        return self._values_for_numpy("Tensor.numpy()", force)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None):  # noqa: ANN204 - np.asarray / np.array
+        """As `Tensor.__array__` (`numpy()`, then `dtype`). numpy 2's `copy` is accepted and ignored:
+        the values are computed afresh, so there is no memory to share or to copy."""
+        array = self._values_for_numpy("numpy.asarray(tensor) (Tensor.__array__)", False)
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def _values_for_numpy(self, call: str, force: bool):  # noqa: ANN202
         handle = handle_of(self)
         scope = active_scope()
         if handle is None or scope is None or scope.graph is not handle.graph:
-            raise RuntimeError(
-                "this is a fake tensor (no storage): call explorer.materialize_tensor(t).numpy() to get values"
-            )
+            raise no_data_error(call, describe(self), handle.graph if handle is not None else None)
         real = scope.read_value(self)
         with outside_recording():
             return real.numpy(force=force)
+
+    def data_ptr(self) -> int:
+        """0 inside a recording (fake mode's answer: no memory); outside one, NoDataError, since the
+        caller means to read bytes (`safetensors.torch.save_file` does)."""
+        self._refuse_bytes_outside_recording("Tensor.data_ptr()")
+        return super().data_ptr()
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D105 - np.from_dlpack, torch.from_dlpack
+        self._refuse_bytes_outside_recording("Tensor.__dlpack__() (from_dlpack)")
+        return super().__dlpack__(*args, **kwargs)
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The storage, as a `DeferredStorage` that refuses to hand out bytes outside a recording
+        (see note [Deferred storages] in record/no_data.py)."""
+        handle = handle_of(self)
+        return DeferredStorage.adopt(super().untyped_storage(), handle.graph if handle is not None else None)
+
+    def _refuse_bytes_outside_recording(self, call: str) -> None:
+        if active_scope() is None:
+            handle = handle_of(self)
+            raise no_data_error(call, describe(self), handle.graph if handle is not None else None)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         """Pickling (`pickle`, `torch.save`) is refused with the fix: a fake has no data, and the
@@ -129,16 +159,25 @@ def _copy_keeping_storage(tensor: torch.Tensor, memo: dict[Any, Any]) -> torch.T
 
 def describe(tensor: torch.Tensor) -> str:
     """'parameter 'layers.0.weight' (shape (4, 3), float32)': the tensor's name in the module
-    deferred_init returned when it is still there, else its shape and dtype."""
-    layout = f"shape {tuple(tensor.shape)}, {str(tensor.dtype).replace('torch.', '')}"
+    deferred_init returned when it is still there; 'an alias of parameter ...' for a view with the
+    same layout (what `state_dict()` and `.data` hand out); else its shape and dtype."""
+    layout = f"shape {tuple(tensor.shape)}, {dtype_name(tensor.dtype)}"
     handle = handle_of(tensor)
-    root = handle.graph.root() if handle is not None and handle.graph.root is not None else None
-    if root is not None:
-        for kind, named in (("parameter", root.named_parameters), ("buffer", root.named_buffers)):
-            for name, candidate in named(remove_duplicate=False):
-                if candidate is tensor:
-                    return f"{kind} {name!r} ({layout})"
+    named = named_tensors_of(handle.graph if handle is not None else None)
+    for kind, name, candidate in named:
+        if candidate is tensor:
+            return f"{kind} {name!r} ({layout})"
+    for kind, name, candidate in named:
+        if _same_view(candidate, tensor):
+            return f"an alias of {kind} {name!r} ({layout})"
     return f"a deferred tensor ({layout})"
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same storage, dtype, shape, stride and offset: one is an alias of the other."""
+    return (torch.Tensor.untyped_storage(a)._cdata == torch.Tensor.untyped_storage(b)._cdata
+            and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+            and a.storage_offset() == b.storage_offset())
 
 
 def _recorder_of(args: tuple, kwargs: dict) -> Any:

@@ -39,7 +39,8 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
                 "Seed before deferred_init / the deferred block (or before the first random op)"
             )
         generator = original(seed)
-        graph.rng_start["cpu"] = torch.get_rng_state()
+        graph.rng_start["cpu"] = torch.default_generator.get_state()
+        graph.rng_restarts.clear()  # the seed, not earlier deferred recordings, now decides the start
         for key in list(graph.rng_start):
             if key != "cpu":
                 graph.rng_start[key] = capture_start_state(key)

@@ -6,6 +6,7 @@ module chain is only computed when an error message needs it.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import re
@@ -18,6 +19,7 @@ from ..graph import SourceLocation
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _EXPLORER_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # all of explorer/, not only record/
+_CONTEXTLIB_FILE = contextlib.__file__
 _ASSIGNMENT = re.compile(r"self\.(\w+)\s*(?::[^=]*)?=")
 
 
@@ -28,7 +30,8 @@ def _is_library_code(code: CodeType) -> bool:
     known = _library_code.get(code)
     if known is None:
         filename = code.co_filename
-        known = _library_code[code] = filename.startswith(_TORCH_DIR) or filename.startswith(_EXPLORER_DIR)
+        known = _library_code[code] = (filename.startswith(_TORCH_DIR) or filename.startswith(_EXPLORER_DIR)
+                                       or filename == _CONTEXTLIB_FILE)  # `with explorer.deferred():`
     return known
 
 

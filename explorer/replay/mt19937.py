@@ -193,3 +193,25 @@ def jump_state(state: torch.Tensor, draws: int) -> torch.Tensor:
     raw[_LEFT].view(np.int32)[0] = N + 1 - total
     raw[_NEXT].view(np.uint64)[0] = total
     return jumped
+
+
+_CACHE = slice(24 + 8 * N, STATE_BYTES)  # the cached normal samples (see the layout note)
+
+
+def draws_between(before: torch.Tensor, after: torch.Tensor, limit: int) -> int | None:
+    """How many 32-bit draws lead from CPU generator state `before` to `after`: None when `after`
+    is not reached within `limit` draws, or when the cached normal samples differ (draws alone do
+    not explain the change). Costs a few microseconds per 624 draws of distance."""
+    first, last = before.numpy(), after.numpy()
+    if not np.array_equal(first[_CACHE], last[_CACHE]):
+        return None
+    consumed_before = N + 1 - int(first[_LEFT].view(np.int32)[0])
+    consumed_after = N + 1 - int(last[_LEFT].view(np.int32)[0])
+    block = first[_WORDS].view(np.uint64).astype(np.uint32)
+    target = last[_WORDS].view(np.uint64).astype(np.uint32)
+    for blocks in range(limit // N + 2):
+        if np.array_equal(block, target):
+            distance = N * blocks + consumed_after - consumed_before
+            return distance if 0 <= distance <= limit else None
+        block = extend(block, 2 * N)[N:]
+    return None

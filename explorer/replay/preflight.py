@@ -13,9 +13,8 @@ from .routing import DeviceRouting, describe_absence, is_available
 
 
 def describe_external(graph: InitGraph, index: int) -> str:
-    tensor = graph.externals[index].tensor
-    dtype = dtype_name(tensor.dtype)
-    return f"external tensor {dtype}{list(tensor.shape)} on {tensor.device}"
+    dtype, shape, device = graph.externals[index].described()
+    return f"external tensor {dtype_name(dtype)}{list(shape)} on {device}"
 
 
 def target_names(names: dict[TensorId, str], tids: Sequence[TensorId]) -> str:

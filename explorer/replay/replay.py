@@ -23,6 +23,7 @@ from ..graph import ExternalRef, InitGraph, OpIndex, StorageId, TensorId, Tensor
 from ..record.generators import stream_key
 from ..record.scope import outside_recording
 from .fills import ParallelFills
+from .mt19937 import draws_between
 from .preflight import check_replayable, target_names
 from .real_memory import alias_on, as_recorded_kind, storage_moved
 from .rng import RngSession, RngStreams
@@ -39,10 +40,14 @@ class ReplayState:
     """What replays of one graph keep between calls: RNG states and produced tensors (weakly)."""
 
     def __init__(self, graph: InitGraph) -> None:
-        self.streams = RngStreams(graph)
+        self.streams = RngStreams(graph, eager_state_after)
         self.results: dict[tuple, weakref.WeakValueDictionary] = {}
         self.anchors: dict[tuple, weakref.WeakValueDictionary] = {}
         self.lock = threading.RLock()
+
+    def forget_states(self, key: str, position: int) -> None:
+        with self.lock:
+            self.streams.forget_from(key, position)
 
     @staticmethod
     def of(graph: InitGraph) -> "ReplayState":
@@ -138,7 +143,7 @@ class Replay:
         if isinstance(value, ExternalRef):
             real = self._externals.get(value.index)
             if real is None:
-                tensor = self.graph.externals[value.index].tensor
+                tensor = self.graph.externals[value.index].value()
                 real = self._externals[value.index] = tensor.to(self.routing.exec_device(tensor.device))
             return real
         if isinstance(value, torch.device):
@@ -290,3 +295,33 @@ class Replay:
                     real = alias_on(moved[info.storage], info.shape, info.stride, info.storage_offset, info.dtype)
             results[tid] = as_recorded_kind(real, fake)
         return [results[tid] for tid in tids]
+
+
+def eager_state_after(graph: InitGraph, key: str, position: int) -> torch.Tensor:
+    """Eager's generator state right after random op `position` of `graph`'s stream `key` (where a
+    later recording continues; note [Eager's generator after construction]). The generator is
+    given back as it was."""
+    routing = DeviceRouting(exact=((key, torch.device(key)),), by_type=(), default=None, rng="eager")
+    replay = Replay(graph, routing, remember=False)
+    with outside_recording(), RngSession(replay.state.streams, "eager", replay.run_scratch) as rng:
+        return rng.state_before(key, position + 1)
+
+
+# Measuring a draw count runs the op on scratch and walks the sequence: bounded (about a second).
+MEASURED_DRAWS_LIMIT = 1 << 26
+
+
+def eager_draw_count(graph: InitGraph, key: str, position: int) -> int | None:
+    """The 32-bit draws random op `position` of `graph`'s CPU stream took in eager construction,
+    measured by running it from eager's state (for ops whose count depends on their values, such
+    as trunc_normal_'s rejection sampling); None when it touches the cached normal sample or its
+    distance passes `MEASURED_DRAWS_LIMIT`."""
+    routing = DeviceRouting(exact=((key, torch.device(key)),), by_type=(), default=None, rng="eager")
+    replay = Replay(graph, routing, remember=False)
+    # Private states: the op's successor may be about to get a restart, which the graph's cached
+    # states (ReplayState.streams) must not have guessed before it exists.
+    streams = RngStreams(graph, eager_state_after)
+    with outside_recording(), RngSession(streams, "eager", replay.run_scratch) as rng:
+        before = rng.state_before(key, position)
+        after = rng.state_before(key, position + 1)
+    return draws_between(before, after, MEASURED_DRAWS_LIMIT)

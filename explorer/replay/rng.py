@@ -27,7 +27,8 @@ from typing import Callable, Literal, get_args
 
 import torch
 
-from ..graph import InitGraph, OpIndex
+from ..errors import MaterializationError
+from ..graph import InitGraph, OpIndex, RngRestart
 from ..record.generators import default_generator
 from .draws import draw_count
 from .mt19937 import jump_state
@@ -37,6 +38,9 @@ from .mt19937 import jump_state
 # its position alone (reproducible, independent of order, not eager's values).
 RngMode = Literal["eager", "fast"]
 RNG_MODES: tuple[RngMode, ...] = get_args(RngMode)
+
+# (graph, stream key, position) → eager's generator state right after that random op of that graph.
+StateAfter = Callable[[InitGraph, str, int], torch.Tensor]
 
 # Replays move the process-wide default generators: one at a time.
 GENERATOR_LOCK = threading.RLock()
@@ -61,8 +65,9 @@ class JumpStats:
 class RngStreams:
     """Per-graph cache of generator states before each random op (state k = before the k-th op)."""
 
-    def __init__(self, graph: InitGraph) -> None:
+    def __init__(self, graph: InitGraph, state_after: StateAfter | None = None) -> None:
         self.graph = graph
+        self._state_after = state_after
         self._states: dict[str, dict[int, torch.Tensor]] = {}
         self._known: dict[str, list[int]] = {}  # cached positions of each stream, sorted
         self._draws: dict[str, list[int | None]] = {}
@@ -70,12 +75,65 @@ class RngStreams:
         self.jumps = JumpStats()
 
     def cache(self, key: str) -> dict[int, torch.Tensor]:
-        """States of stream `key` by position; position 0 is the state when deferred_init started."""
+        """States of stream `key` by position; position 0 is the state when deferred_init started
+        (unless a restart says otherwise: `restarts`)."""
         states = self._states.get(key)
         if states is None:
-            states = self._states[key] = {0: self.graph.rng_start[key]}
-            self._known[key] = [0]
+            if 0 in self.restarts(key):
+                states, self._known[key] = {}, []
+            else:
+                states, self._known[key] = {0: self.graph.rng_start[key]}, [0]
+            self._states[key] = states
         return states
+
+    def forget_from(self, key: str, position: int) -> None:
+        """Drop cached states at positions >= `position` of stream `key`."""
+        states = self._states.get(key)
+        if states is None:
+            return
+        for stale in [p for p in states if p >= position]:
+            del states[stale]
+        self._known[key] = [p for p in self._known[key] if p < position]
+
+    def restarts(self, key: str) -> dict[int, RngRestart]:
+        """Positions of stream `key` whose state does not follow from the previous op (note
+        [Eager's generator after construction]), and where each state comes from."""
+        return self.graph.rng_restarts.get(key, {})
+
+    def _check_cache_readers(self, key: str, position: int) -> None:
+        """Refuse to reach op `position` from a restart whose cached normal sample is not eager's
+        when an op from there to `position` may read it (draw count unknown: normal_ below 16
+        elements, and ops run on scratch)."""
+        restarts = self.restarts(key)
+        start = max((p for p in restarts if p <= position), default=None)
+        if start is None or restarts[start].cache_known:
+            return
+        ops = self.graph.random_streams.get(key, [])
+        for index in range(start, min(position + 1, len(ops))):
+            if self.draws(key, index) is None:
+                op = self.graph.ops[ops[index]]
+                raise MaterializationError(
+                    f"{op.label} (recorded at {op.source or 'an unknown line'}) may read the CPU "
+                    "generator's cached normal sample, and eager code set that sample (a torch.randn "
+                    "or normal_ of fewer than 16 elements, or torch.set_rng_state) while the generator "
+                    "owed deferred draws, so eager's value of it is not known here. Call "
+                    "torch.manual_seed(...) before recording this op, or materialize before those eager draws"
+                )
+
+    def _restart_state(self, key: str, position: int) -> torch.Tensor:
+        restart = self.restarts(key)[position]
+        if restart.unknown:
+            raise MaterializationError(restart.unknown)
+        if restart.after_graph is not None:
+            if self._state_after is None:
+                raise MaterializationError(f"random op {position} of the {key} stream continues another "
+                                           "recording, which this replay cannot reach")
+            state = self._state_after(restart.after_graph, restart.after_key, restart.after_position)
+        else:
+            assert restart.base is not None
+            state = self._jump(restart.base, restart.jump) if restart.jump else restart.base
+        self.remember(key, position, state)
+        return state
 
     def remember(self, key: str, position: int, state: torch.Tensor) -> None:
         cache = self.cache(key)
@@ -99,11 +157,21 @@ class RngStreams:
         jumping over ops of known draw count and running the others (`run_scratch(key, p, state)`
         returns the state after op p)."""
         cache = self.cache(key)
+        self._check_cache_readers(key, position)
         if position in cache:
             return cache[position]
-        known = self._known.setdefault(key, [0])
-        at = known[bisect.bisect_right(known, position) - 1]
-        state, pending = cache[at], 0
+        known = self._known[key]
+        found = bisect.bisect_right(known, position)
+        at = known[found - 1] if found else -1
+        restart = max((p for p in self.restarts(key) if at < p <= position), default=None)
+        if restart is not None:
+            at = restart
+            state = self._restart_state(key, restart)
+        elif at < 0:
+            raise AssertionError(f"stream {key} has neither a start state nor a restart at 0")
+        else:
+            state = cache[at]
+        pending = 0
         while at < position:
             count = self.draws(key, at)
             if count is not None:
@@ -214,6 +282,9 @@ class RngSession:
 
     def after_random_op(self, key: str, position: int) -> None:
         if self.mode == "fast" and (key, position) not in self.eager_anyway:
+            return
+        if position + 1 in self.streams.restarts(key):
+            self._position.pop(key, None)  # the next op starts elsewhere
             return
         self._position[key] = position + 1
         cache = self.streams.cache(key)
