@@ -458,6 +458,16 @@ class GraphBuilder:
                 else:
                     what = "a real tensor"
                 dtype = dtype_name(tensor.dtype)
+                if self.graph.finished:
+                    raise DeferredInitError(
+                        f"{func} writes values of a deferred model into {what} ({dtype}{list(tensor.shape)} "
+                        f"on {tensor.device}) at {source or '<unknown source>'}; the deferred tensors have no "
+                        "values yet, and writing eager's into a tensor made outside the model's recording "
+                        "cannot be deferred. Run this code inside `with explorer.deferred(model): ...` "
+                        "(new modules and tensors are then recorded with the model's: model surgery), or "
+                        "materialize the model first (explorer.materialize_module)",
+                        self.graph,
+                    )
                 raise DeferredInitError(
                     f"{func} writes in place into {what} from outside the constructor ({dtype}"
                     f"{list(tensor.shape)} on {tensor.device}) while building {building_modules(2)} at "

@@ -27,6 +27,7 @@ from .modes import RecordingDispatchMode
 from .scope import RecordingScope, recording, recording_graph
 from .source import module_being_built
 from .seeding import seeding_moves_the_start
+from .surgery import install_surgery_hooks
 from .swaps import swappable_fakes
 from .source import user_location
 
@@ -159,6 +160,7 @@ def _finish(session: _Session, roots: list[nn.Module]) -> None:
     graph.recorder = Recorder(session.builder, session.reader, session.fake_mode, threading.RLock())
     for root in roots:
         _LIVE_ROOTS.add(root)
+    install_surgery_hooks(deferred)
 
 
 # Modules built by deferred_init / deferred() that are still alive (for notebooks' status views).

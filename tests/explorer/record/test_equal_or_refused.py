@@ -253,6 +253,36 @@ def test_resize_token_embeddings_inside_deferred_model_equals_eager():
     assert_same_bytes(model, eager)
 
 
+@pytest.mark.parametrize("mean_resizing", [False, True], ids=["init-weights", "mean-resizing"])
+def test_resize_token_embeddings_on_a_deferred_model_equals_eager_without_a_block(mean_resizing):
+    from transformers import LlamaForCausalLM
+
+    config = tiny_llama_config()
+    torch.manual_seed(0)
+    eager = LlamaForCausalLM(copy.deepcopy(config))
+    eager.resize_token_embeddings(300, mean_resizing=mean_resizing)
+    torch.manual_seed(0)
+    model = deferred_init(LlamaForCausalLM, copy.deepcopy(config))
+    model.resize_token_embeddings(300, mean_resizing=mean_resizing)
+    assert explorer.is_deferred(model.model.embed_tokens.weight) and explorer.is_deferred(model.lm_head.weight)
+    materialize_module(model)
+    assert_same_bytes(model, eager)
+
+
+def test_surgery_outside_the_models_recording_is_refused_with_the_way_out():
+    torch.manual_seed(0)
+    model = deferred_init(two_linears)
+    bigger = nn.Linear(8, 12)  # eager: outside any recording
+    with pytest.raises(DeferredInitError) as error, torch.no_grad():
+        bigger.weight[:8].copy_(model[1].weight)
+    message = str(error.value)
+    assert message.startswith("aten.copy_.default writes values of a deferred model into a real tensor "
+                              "(float32[8, 8] on cpu) at ")
+    assert "Run this code inside `with explorer.deferred(model): ...`" in message
+    assert message.endswith("or materialize the model first (explorer.materialize_module)")
+    assert explorer.is_deferred(model)
+
+
 def test_a_layer_replaced_inside_deferred_model_takes_values_from_the_old_one_as_eager_does():
     def surgery(model: nn.Module) -> None:
         bigger = nn.Linear(8, 12)
