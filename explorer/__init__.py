@@ -10,7 +10,8 @@ from ._version import __version__
 from .analysis.dry_run import DryRun, DryRunError, dry_run  # noqa: E402
 from .analysis.fx_export import InitProgram, to_fx  # noqa: E402
 from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices  # noqa: E402
-from .errors import DeferredInitError, MaterializationError, NoDataError
+from .errors import CheckpointError, DeferredInitError, MaterializationError, NoDataError
+from .record.checkpoint_load import load_checkpoint
 
 # Read-only views of the recording; imported after the engine, which they read.
 from .inspection import Inspection, inspect  # noqa: E402
@@ -21,6 +22,7 @@ from .replay.materialize import is_deferred, materialize_module, materialize_ten
 
 __all__ = [
     "__version__",
+    "CheckpointError",
     "DeferredBlock",
     "DeferredInitError",
     "DevicePlanError",
@@ -38,6 +40,7 @@ __all__ = [
     "inspect",
     "is_deferred",
     "is_fake",
+    "load_checkpoint",
     "materialize_module",
     "materialize_tensor",
     "module_graph",

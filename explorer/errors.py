@@ -57,3 +57,11 @@ class DistributedMaterializationError(MaterializationError):
                  f"{', '.join(map(str, ranks))}"]
         lines += [f"  rank {r}: {message}" if r >= 0 else f"  {message}" for r, message in sorted(failures.items())]
         super().__init__("\n".join(lines))
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be read or does not fit the module: the message names the file and key.
+
+    Raised before anything is loaded or recorded, so the module is left as it was.
+    """
+

@@ -1,0 +1,167 @@
+"""Checkpoint reads as recorded ops: a tensor read from a safetensors file under deferred init is a
+fake whose producer is `explorer::read_safetensors(path, key, shape, dtype)`.
+
+Loaders open a file with `safetensors.safe_open` and ask it for a tensor (`get_tensor`, or
+`get_slice(key)[...]`, which is how Hugging Face's `from_pretrained` reads); inside a deferred
+scope those two calls read only the header (shape, dtype) and return a fake made by a read op. What
+the loader then does with it (`.to(dtype)`, renames, concatenations, transposes, `setattr` into the
+model) is recorded like any op, so the closure of one layer reaches only that layer's reads, and
+materializing reads just those tensors' bytes. Nothing is read while recording.
+
+Note: [safe_open is wrapped where loaders imported it] `safe_open` is a class compiled in Rust, so
+its methods cannot be patched; the name is replaced, inside deferred scopes only (restored on every
+exit), in the modules listed in `_SAFE_OPEN_HOMES` that are imported (loaders bind it at import:
+`from safetensors import safe_open`). Re-check the list on library upgrades.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any, Iterator
+
+import torch
+
+from ..errors import MaterializationError
+from . import initializers  # noqa: F401 - defines the `explorer` op namespace this extends
+from .scope import recording_graph
+
+_LIBRARY = torch.library.Library("explorer", "FRAGMENT")
+_LIBRARY.define("read_safetensors(str path, str key, SymInt[] shape, ScalarType dtype, *, Device? device=None) -> Tensor")
+
+
+def read_tensor(path: str, key: str, shape: list[int], dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
+    """The tensor `key` of safetensors file `path`, checked against what was recorded: a file that
+    lost the key, or holds it with another shape or dtype, raises MaterializationError naming both."""
+    try:
+        with _original_safe_open()(path, framework="pt") as handle:
+            if key not in handle.keys():
+                raise MaterializationError(f"checkpoint {path} no longer holds {key!r} (it did when recorded)")
+            tensor = handle.get_tensor(key)
+    except MaterializationError:
+        raise
+    except Exception as error:  # safetensors raises its own SafetensorError, and OSError
+        raise MaterializationError(f"reading {key!r} from checkpoint {path} failed: {type(error).__name__}: {error}") from error
+    if list(tensor.shape) != list(shape) or tensor.dtype != dtype:
+        raise MaterializationError(
+            f"checkpoint {path} holds {key!r} as {tensor.dtype} {list(tensor.shape)}, but it was recorded as "
+            f"{dtype} {list(shape)}: the file changed since; record again (deferred_init) to use it"
+        )
+    return tensor if device is None or torch.device(device).type == "cpu" else tensor.to(device)
+
+
+_LIBRARY.impl("read_safetensors", read_tensor, "CompositeExplicitAutograd")
+_LIBRARY.impl("read_safetensors",
+              lambda path, key, shape, dtype, device=None: torch.empty(shape, dtype=dtype, device="meta"), "Meta")
+
+READ_SAFETENSORS = torch.ops.explorer.read_safetensors.default
+
+_ORIGINAL: dict[str, Any] = {}
+
+
+def _original_safe_open() -> Any:
+    if "safe_open" not in _ORIGINAL:
+        import safetensors
+
+        _ORIGINAL["safe_open"] = safetensors.safe_open
+    return _ORIGINAL["safe_open"]
+
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+
+
+class RecordedSlice:
+    """`safe_open(...).get_slice(key)` under deferred init: metadata from the header; indexing it
+    records a read of the whole tensor, then the indexing itself."""
+
+    def __init__(self, opened: "RecordedSafeOpen", key: str, inner: Any) -> None:
+        self._opened, self._key, self._inner = opened, key, inner
+
+    def get_shape(self) -> list[int]:
+        return self._inner.get_shape()
+
+    def get_dtype(self) -> str:
+        return self._inner.get_dtype()
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        tensor = self._opened.get_tensor(self._key)
+        return tensor if index is Ellipsis or index == slice(None) else tensor[index]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class RecordedSafeOpen:
+    """`safetensors.safe_open` inside a deferred scope: the header is read now, tensors are read ops."""
+
+    def __init__(self, filename: Any, framework: str = "pt", device: Any = "cpu", **kwargs: Any) -> None:
+        self._path = os.path.abspath(os.fspath(filename))
+        self._device = torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+        self._inner = _original_safe_open()(filename, framework=framework, device="cpu", **kwargs)
+
+    def __enter__(self) -> "RecordedSafeOpen":
+        self._inner.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._inner.__exit__(*exc)
+
+    def keys(self) -> list[str]:
+        return self._inner.keys()
+
+    def metadata(self) -> Any:
+        return self._inner.metadata()
+
+    def get_slice(self, key: str) -> RecordedSlice:
+        return RecordedSlice(self, key, self._inner.get_slice(key))
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        if recording_graph() is None:  # the handle outlived the scope: read for real
+            return self._inner.get_tensor(key).to(self._device)
+        header = self._inner.get_slice(key)
+        dtype = _DTYPES.get(header.get_dtype())
+        if dtype is None:
+            raise NotImplementedError(f"deferred reads of {header.get_dtype()} tensors ({key!r} in {self._path})")
+        return READ_SAFETENSORS(self._path, key, list(header.get_shape()), dtype, device=self._device)
+
+    def get_tensors(self) -> dict[str, torch.Tensor]:
+        return {key: self.get_tensor(key) for key in self.keys()}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+_HF_SYNC_LOAD = "HF_DEACTIVATE_ASYNC_LOAD"
+
+# Modules that bind `safe_open` at import (see the note).
+_SAFE_OPEN_HOMES = ("safetensors", "safetensors.torch", "transformers.modeling_utils",
+                    "diffusers.models.model_loading_utils", "accelerate.utils.modeling")
+
+
+@contextlib.contextmanager
+def recorded_checkpoint_reads() -> Iterator[None]:
+    """Inside the block, safetensors reads are recorded ops (undone on any exit)."""
+    original = _original_safe_open()
+    patched = []
+    for name in _SAFE_OPEN_HOMES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "safe_open", None) is original:
+            module.safe_open = RecordedSafeOpen
+            patched.append(module)
+    # Hugging Face reads in worker threads, where no recording runs: load in the recording thread.
+    async_load = os.environ.get(_HF_SYNC_LOAD)
+    os.environ[_HF_SYNC_LOAD] = "1"
+    try:
+        yield
+    finally:
+        for module in patched:
+            module.safe_open = original
+        if async_load is None:
+            os.environ.pop(_HF_SYNC_LOAD, None)
+        else:
+            os.environ[_HF_SYNC_LOAD] = async_load

@@ -1,0 +1,178 @@
+"""Checkpoint reads under deferred init are recorded ops: nothing is read while recording, and
+materializing reads the bytes and equals eager loading bit for bit."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+import explorer
+from explorer import CheckpointError, MaterializationError, deferred_init, load_checkpoint, materialize_module
+from explorer.record.fake import handle_of
+
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_config(tie: bool) -> "transformers.LlamaConfig":
+    return transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, vocab_size=256, tie_word_embeddings=tie)
+
+
+def saved_llama(directory, dtype: torch.dtype, sharded: bool, tie: bool = False):  # noqa: ANN001, ANN201
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(tiny_config(tie)).to(dtype).save_pretrained(
+        directory, max_shard_size="100KB" if sharded else "5GB")
+    return directory
+
+
+def assert_same(module: nn.Module, reference: nn.Module) -> None:
+    for kind in ("named_parameters", "named_buffers"):
+        got, want = dict(getattr(module, kind)()), dict(getattr(reference, kind)())
+        assert list(got) == list(want)
+        different = [name for name in want if got[name].dtype != want[name].dtype or not torch.equal(got[name], want[name])]
+        assert different == []
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded", "sharded", "tie"),
+    [
+        (torch.float32, torch.float32, False, False),
+        (torch.bfloat16, torch.float32, True, False),
+        (torch.float32, torch.bfloat16, True, False),
+        (torch.float32, torch.float32, False, True),
+        (torch.bfloat16, "auto", True, True),
+    ],
+    ids=["single-file", "sharded-bf16-to-float32", "sharded-float32-to-bf16", "tied-embeddings", "sharded-auto-tied"],
+)
+def test_from_pretrained_under_deferred_init_is_all_read_ops_and_materializes_as_eager_loading(
+        tmp_path, saved, loaded, sharded, tie):
+    directory = saved_llama(tmp_path, saved, sharded, tie)
+    torch.manual_seed(1)
+    eager = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=loaded)
+    rng = torch.get_rng_state()
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, directory, dtype=loaded)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(explorer.is_fake(tensor) for tensor in model.state_dict(keep_vars=True).values())
+    graph = handle_of(model.lm_head.weight).graph
+    reads = [op for op in graph.ops if op.label == "explorer.read_safetensors.default"]
+    assert len(reads) == len(eager.state_dict()) - tie
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tie
+    materialize_module(model)
+    assert_same(model, eager)
+
+
+def test_recording_reads_no_tensor_bytes_and_materializing_reads_them(tmp_path):
+    file = tmp_path / "w.safetensors"
+    save_file({"weight": torch.ones(4, 4), "bias": torch.ones(4)}, str(file))
+    model = deferred_init(nn.Linear, 4, 4)
+    load_checkpoint(model, file)
+    rewrite_data(file, lambda data: bytes(len(data)))  # zeros, same header: only a later read sees them
+    materialize_module(model)
+    assert torch.equal(model.weight, torch.zeros(4, 4)) and torch.equal(model.bias, torch.zeros(4))
+
+
+def rewrite_data(file, change) -> None:  # noqa: ANN001
+    raw = file.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    file.write_bytes(raw[: 8 + length] + change(raw[8 + length:]))
+
+
+def test_a_truncated_checkpoint_fails_naming_file_and_key_and_leaves_the_module_deferred(tmp_path):
+    file = tmp_path / "w.safetensors"
+    save_file({"weight": torch.ones(4, 4), "bias": torch.ones(4)}, str(file))
+    model = deferred_init(nn.Linear, 4, 4)
+    load_checkpoint(model, file)
+    rewrite_data(file, lambda data: data[:10])
+    with pytest.raises(MaterializationError) as error:
+        materialize_module(model)
+    message = str(error.value)
+    assert f"from checkpoint {file} failed" in message and ("'weight'" in message or "'bias'" in message)
+    assert explorer.is_deferred(model.weight) and explorer.is_deferred(model.bias)
+
+
+def test_a_checkpoint_rewritten_with_another_shape_is_refused_as_changed_since_recording(tmp_path):
+    file = tmp_path / "w.safetensors"
+    save_file({"weight": torch.ones(4, 4), "bias": torch.ones(4)}, str(file))
+    model = deferred_init(nn.Linear, 4, 4)
+    load_checkpoint(model, file)
+    save_file({"weight": torch.ones(2, 8), "bias": torch.ones(4)}, str(file))
+    with pytest.raises(MaterializationError, match=(
+            rf"checkpoint {file} holds 'weight' as torch.float32 \[2, 8\], but it was recorded as torch.float32 "
+            r"\[4, 4\]: the file changed since; record again")):
+        materialize_module(model)
+    assert explorer.is_deferred(model.weight)
+
+
+def test_load_checkpoint_makes_the_overwritten_init_dead_and_equals_load_state_dict(tmp_path):
+    torch.manual_seed(5)
+    source = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4)).to(torch.bfloat16)
+    save_file(source.state_dict(), str(tmp_path / "w.safetensors"))
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+    eager.load_state_dict(source.state_dict())
+    model = deferred_init(lambda: nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4)))
+    load_checkpoint(model, tmp_path / "w.safetensors")
+    graph = handle_of(model[0].weight).graph
+    closure = graph.closure_of([handle_of(model[0].weight).tensor_id], skip_dead_writes=True)
+    assert [graph.ops[i].label for i in closure if graph.ops[i].random] == []  # the uniform_ init is dead
+    materialize_module(model)
+    assert_same(model, eager)
+
+
+def test_load_checkpoint_reads_a_sharded_directory(tmp_path):
+    directory = saved_llama(tmp_path, torch.bfloat16, sharded=True)
+    eager = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    model = deferred_init(transformers.LlamaForCausalLM, tiny_config(False))
+    load_checkpoint(model, directory)
+    materialize_module(model)
+    assert_same(model, eager)
+
+
+def test_load_checkpoint_with_missing_or_unexpected_keys_names_them_and_loads_nothing(tmp_path):
+    file = tmp_path / "w.safetensors"
+    save_file({"weight": torch.ones(4, 4), "extra": torch.ones(1)}, str(file))
+    model = deferred_init(nn.Linear, 4, 4)
+    graph = handle_of(model.weight).graph
+    ops = len(graph.ops)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(model, file)
+    assert str(error.value) == (f"{file} does not fit Linear: missing 1 key(s): bias; unexpected 1 key(s): extra "
+                                "(strict=False loads the keys both have)")
+    assert len(graph.ops) == ops
+    load_checkpoint(model, file, strict=False)
+    materialize_module(model)
+    assert torch.equal(model.weight, torch.ones(4, 4))
+
+
+def test_load_checkpoint_names_a_missing_shard_and_a_foreign_file(tmp_path):
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"weight": "gone.safetensors"}}))
+    with pytest.raises(CheckpointError, match=r"model.safetensors.index.json names shard gone.safetensors, which is not in"):
+        load_checkpoint(deferred_init(nn.Linear, 4, 4), tmp_path)
+    foreign = tmp_path / "notes.safetensors"
+    foreign.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=rf"{foreign}: not a readable safetensors file"):
+        load_checkpoint(deferred_init(nn.Linear, 4, 4), foreign)
+
+
+def test_load_checkpoint_into_an_eager_module_is_load_state_dict(tmp_path):
+    save_file({"weight": torch.full((4, 4), 2.0), "bias": torch.ones(4)}, str(tmp_path / "w.safetensors"))
+    module = load_checkpoint(nn.Linear(4, 4), tmp_path / "w.safetensors")
+    assert torch.equal(module.weight, torch.full((4, 4), 2.0)) and not explorer.is_fake(module.weight)
+
+
+def test_load_checkpoint_into_a_partly_materialized_module_reads_the_real_part_now(tmp_path):
+    torch.manual_seed(5)
+    source = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    save_file(source.state_dict(), str(tmp_path / "w.safetensors"))
+    model = deferred_init(lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)))
+    materialize_module(model[0])
+    load_checkpoint(model, tmp_path / "w.safetensors")
+    assert not explorer.is_fake(model[0].weight) and explorer.is_fake(model[1].weight)
+    assert torch.equal(model[0].weight, source[0].weight)
+    materialize_module(model)
+    assert_same(model, source)
