@@ -12,6 +12,7 @@ import os
 import resource
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 MB = 1024 * 1024
@@ -27,6 +28,9 @@ CONFIGS: dict[str, dict[str, int]] = {
     # the 70B shapes with 4 layers: for profiling layers[0] with its RNG catch-up at 1/20 the cost
     "llama-70b-4l": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=4,
                          num_attention_heads=64, num_key_value_heads=8, vocab_size=32000),
+    # a 0.92B-parameter Llama: the checkpoint benchmark's bf16 sharded checkpoint
+    "llama-0.9b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=18,
+                       num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=4, vocab_size=100),
     "quick-7b": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
@@ -309,6 +313,56 @@ def trunc_normal_rss(layers: int, width: int) -> dict:
     return {"growth": peak - before, "model_bytes": sum(p.numel() * 4 for p in model.parameters())}
 
 
+# -- 4c. a checkpoint under deferred init --------------------------------------------------------
+def make_checkpoint(config: str, directory: str) -> dict:
+    """A bf16 sharded `save_pretrained` checkpoint of `config` (made once, then reused)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    if (Path(directory) / "model.safetensors.index.json").is_file():
+        return {"made": False}
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    LlamaForCausalLM(llama_config(config)).save_pretrained(directory, max_shard_size="500MB")
+    return {"made": True}
+
+
+def checkpoint_rss(directory: str, layer: int) -> dict:
+    """RSS growth of `deferred_init(from_pretrained, bf16 checkpoint, dtype=float32)`, of materializing
+    one decoder layer (and whether it equals eager loading), and what is left after release_module."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    import explorer
+
+    gc.collect()
+    before = rss_bytes()
+    with RssSampler() as sampler:
+        model = explorer.deferred_init(LlamaForCausalLM.from_pretrained, directory, dtype=torch.float32)
+        recorded = sampler.peak
+    target = model.model.layers[layer]
+    layer_bytes = sum(t.numel() * t.element_size() for t in target.state_dict().values())
+    gc.collect()
+    before_layer = rss_bytes()
+    with RssSampler() as sampler:
+        explorer.materialize_module(target)
+        materialized = sampler.peak
+    digest = hashlib.blake2b(b"".join(t.contiguous().view(torch.uint8).numpy().tobytes()
+                                      for t in target.state_dict().values())).hexdigest()
+    released = None
+    if hasattr(explorer, "release_module"):
+        explorer.release_module(target)
+        gc.collect()
+        released = rss_bytes() - before_layer
+    del model, target
+    gc.collect()
+    eager = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32).model.layers[layer]
+    expected = hashlib.blake2b(b"".join(t.contiguous().view(torch.uint8).numpy().tobytes()
+                                        for t in eager.state_dict().values())).hexdigest()
+    return {"record_growth": recorded - before, "layer_growth": materialized - before_layer,
+            "layer_bytes": layer_bytes, "equal": digest == expected, "released_left": released}
+
+
 # -- 5. sharded materialization: each rank draws only its rows -----------------------------------
 def _shard_rank(rank: int, world: int, config: str, init_file: str, out: Any) -> None:
     """One gloo rank: deferred_init, then time fully_shard_deferred (each decoder layer, then root)."""
@@ -531,4 +585,6 @@ CASES = {
     "rng_jump_time": rng_jump_time,
     "shard_time": shard_time,
     "trunc_normal_rss": trunc_normal_rss,
+    "make_checkpoint": make_checkpoint,
+    "checkpoint_rss": checkpoint_rss,
 }

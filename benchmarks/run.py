@@ -302,6 +302,32 @@ def bench_trunc_normal(report: Report) -> None:
                    verdict(growth <= 150)))
 
 
+def bench_checkpoint(report: Report, config: str, timeout: float) -> None:
+    """A bf16 sharded checkpoint loaded as float32 under deferred_init: recording ≤ 150 MB; one
+    decoder layer ≤ 1.25 × its bytes + 100 MB and equal to eager from_pretrained; release ≤ 100 MB left."""
+    directory = str(ROOT / "build" / "bench-checkpoints" / config)
+    name = f"{config} bf16 sharded checkpoint, from_pretrained(dtype=float32) under deferred_init"
+    try:
+        run_child("make_checkpoint", timeout, config=config, directory=directory)
+        r = run_child("checkpoint_rss", timeout, directory=directory, layer=0)
+    except ChildError as error:
+        report.error(name, "≤ 150 MB", error)
+        return
+    growth = r["record_growth"] / MB
+    report.add(Row(f"{name}: RSS growth while recording", f"{growth:.1f} MB", "—", "—", "≤ 150 MB",
+                   verdict(growth <= 150)))
+    layer, size = r["layer_growth"] / MB, r["layer_bytes"] / MB
+    limit = 1.25 * size + 100
+    report.add(Row(f"{config} `model.layers[0]` from that checkpoint: RSS growth, equal to eager loading: "
+                   f"{'yes' if r['equal'] else 'NO'}", f"{layer:.0f} MB", f"{size:.0f} MB layer",
+                   f"{layer / size:.2f}×", f"≤ 1.25× layer + 100 MB = {limit:.0f} MB",
+                   verdict(layer <= limit and r["equal"])))
+    if r["released_left"] is not None:
+        left = r["released_left"] / MB
+        report.add(Row(f"{config} `model.layers[0]` after release_module: RSS left", f"{left:.0f} MB", "—", "—",
+                       "≤ 100 MB", verdict(left <= 100)))
+
+
 def bench_shards(report: Report, config: str, timeout: float) -> None:
     """fully_shard_deferred of `config` by 1 and by 2 gloo ranks: each of 2 ranks ≤ 0.65× one rank."""
     name = f"{config} fully_shard_deferred, slowest of 2 gloo ranks vs 1 rank (rng=eager, 1 thread/rank)"
@@ -392,7 +418,8 @@ def main() -> int:
     parser.add_argument("--layer-rng", choices=["eager", "fast", "both"], default="both",
                         help="rng mode(s) for the one-layer cases")
     parser.add_argument("--layer-timeout", type=float, default=900.0, help="seconds allowed per layer case")
-    parser.add_argument("--only", choices=["deferred", "materialize", "layer", "jump", "shards", "inspection"], action="append",
+    parser.add_argument("--only", choices=["deferred", "materialize", "layer", "jump", "checkpoint", "shards", "inspection"],
+                        action="append",
                         help="run only these benchmarks (repeatable)")
     parser.add_argument("--profile", action="store_true", help="write cProfile reports to build/profile.md instead")
     parser.add_argument("--top", type=int, default=25, help="lines per profile table")
@@ -424,7 +451,7 @@ def run(args: argparse.Namespace, started: float, engine: str) -> int:
     reps = args.reps or (3 if args.quick else 15)
     mat_reps = args.mat_reps or (1 if args.quick else 3)
     seven, one, seventy = ("quick-7b", "quick-1b", "quick-70b") if args.quick else ("llama-7b", "llama-1.1b", "llama-70b")
-    only = set(args.only or ["deferred", "materialize", "layer", "jump", "shards", "inspection"])
+    only = set(args.only or ["deferred", "materialize", "layer", "jump", "checkpoint", "shards", "inspection"])
     report = Report()
     if "deferred" in only:
         log(f"1. deferred_init {seven} ({reps} interleaved reps)")
@@ -442,6 +469,11 @@ def run(args: argparse.Namespace, started: float, engine: str) -> int:
         log("4. the CPU generator jump")
         bench_rng_jump(report, reps)
         bench_trunc_normal(report)
+
+    if "checkpoint" in only:
+        checkpoint = "quick-1b" if args.quick else "llama-0.9b"
+        log(f"4c. a bf16 sharded checkpoint of {checkpoint} under deferred_init")
+        bench_checkpoint(report, checkpoint, args.layer_timeout)
 
     if "shards" in only:
         log(f"5. sharded materialization of {one}: 1 rank, then 2 ranks")
