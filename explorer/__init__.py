@@ -7,10 +7,12 @@ FX export) only read the graph; `distributed.py` hands materialization to FSDP2/
 """
 
 from ._version import __version__
+from .analysis.checkpoint_check import CheckpointCheck, check_checkpoint  # noqa: E402
 from .analysis.dry_run import DryRun, DryRunError, dry_run  # noqa: E402
 from .analysis.fx_export import InitProgram, to_fx  # noqa: E402
 from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices  # noqa: E402
 from .errors import CheckpointError, DeferredInitError, MaterializationError, NoDataError
+from .errors import ReleaseError
 from .record.checkpoint_load import load_checkpoint
 
 # Read-only views of the recording; imported after the engine, which they read.
@@ -19,9 +21,11 @@ from .record.deferred import DeferredBlock, deferred, deferred_init, deferred_ro
 from .record.fake import is_fake
 from .render import module_graph, node_kind, op_graph  # noqa: E402
 from .replay.materialize import is_deferred, materialize_module, materialize_tensor
+from .replay.release import release_module
 
 __all__ = [
     "__version__",
+    "CheckpointCheck",
     "CheckpointError",
     "DeferredBlock",
     "DeferredInitError",
@@ -33,6 +37,8 @@ __all__ = [
     "MaterializationError",
     "MemoryPlan",
     "NoDataError",
+    "ReleaseError",
+    "check_checkpoint",
     "deferred",
     "deferred_init",
     "deferred_roots",
@@ -47,5 +53,6 @@ __all__ = [
     "node_kind",
     "op_graph",
     "plan_devices",
+    "release_module",
     "to_fx",
 ]

@@ -65,3 +65,8 @@ class CheckpointError(RuntimeError):
     Raised before anything is loaded or recorded, so the module is left as it was.
     """
 
+
+class ReleaseError(MaterializationError):
+    """Giving a module's materialized tensors back to their deferred state was refused (a tensor was
+    changed since materialization, which materializing again cannot reproduce); the module was left
+    unchanged."""

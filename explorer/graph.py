@@ -100,6 +100,9 @@ class ExternalTensor:
     version: int | None
     fresh: bool = False
     as_read: tuple | None = None
+    # Version bumps expected without a byte written: layout changes (`set_`, `t_()`) of a recorded
+    # view of this tensor, which shares its version counter.
+    layout_bumps: int = 0
 
     def described(self) -> tuple[torch.dtype, tuple[int, ...], torch.device]:
         """(dtype, shape, device) as read, without making a tensor (safe inside a recording)."""
@@ -113,7 +116,8 @@ class ExternalTensor:
         if self.as_read is None:
             return self.tensor
         storage, dtype, shape, stride, offset = self.as_read
-        return torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, shape, stride)
+        with torch.inference_mode(self.tensor.is_inference()):  # replay may run under inference mode
+            return torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, shape, stride)
 
 
 @dataclass(slots=True)

@@ -44,7 +44,8 @@ Stable CSS classes (for end-to-end tests and styling):
 - details pane extras: `de-sharers-table`, the storage strip `de-storage-strip` with one
   `de-storage-bar` per name (`data-name`, `data-start`, `data-end` in bytes).
 - compare widget: `de-compare`, `de-compare-summary`, tables `de-compare-modules`,
-  `de-compare-tensors`, `de-compare-changes`.
+  `de-compare-tensors`, `de-compare-changes`; against a checkpoint path, `de-compare-checkpoint`
+  (the check's HTML: `de-rich-checkpoint-check`, `data-ok`, table `de-rich-checkpoint-problems`).
 - failure banner (a constructor that failed under deferred_init): `de-failure`, holding
   `de-failure-headline`, `tr.de-failure-field` (`data-field`: op, module_chain, source, code,
   reason), `de-failure-text`, `de-failure-traceback-toggle` and `de-failure-traceback`.

@@ -4,10 +4,15 @@ A summary line and three sortable tables from `Inspection.diff`: modules added, 
 another class; tensors added or removed; and every changed metadata field of the tensors both
 hold (shape, stride, offset, dtype, device, kind, tie group). Typical use: a model before and
 after a config change, or Hugging Face's model against a refactor, both built deferred.
+
+`widgets.compare(model, "path/to/checkpoint")`: a checkpoint path as the second argument shows
+`explorer.check_checkpoint(model, path)` instead (missing and unexpected keys, shape and dtype
+mismatches, tie conflicts, from headers only), as its HTML.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Union
 
 import ipywidgets as w
@@ -21,6 +26,7 @@ from .formatting import cell_text
 from .table import DataTable
 
 Comparable = Union[nn.Module, Inspection]
+CheckpointPath = Union[str, os.PathLike]
 
 
 def _inspection(subject: Comparable, side: str) -> Inspection:
@@ -28,7 +34,8 @@ def _inspection(subject: Comparable, side: str) -> Inspection:
         return subject
     if isinstance(subject, nn.Module):
         return explorer.inspect(subject)
-    raise TypeError(f"compare: {side} must be an nn.Module or an Inspection, got {type(subject).__name__}")
+    raise TypeError(f"compare: {side} must be an nn.Module, an Inspection or (after) a checkpoint path, "
+                    f"got {type(subject).__name__}")
 
 
 class CompareWidget(w.VBox):
@@ -63,6 +70,25 @@ class CompareWidget(w.VBox):
         self.add_class("de-compare")
 
 
-def compare(before: Comparable, after: Comparable, *, labels: tuple[str, str] = ("before", "after")) -> CompareWidget:
-    """A widget listing what differs between `before` and `after` (modules or inspections)."""
+class CheckpointCompareWidget(w.VBox):
+    """`check` holds `explorer.check_checkpoint(module, path)`; `report` shows its HTML."""
+
+    def __init__(self, module: nn.Module, path: CheckpointPath) -> None:
+        self.check = explorer.check_checkpoint(module, path)
+        self.report = w.HTML(self.check._repr_html_())
+        self.report.add_class("de-compare-checkpoint")
+        super().__init__([self.report])
+        self.add_class("de-compare")
+
+
+def compare(before: Comparable, after: Comparable | CheckpointPath, *,
+            labels: tuple[str, str] = ("before", "after")) -> CompareWidget | CheckpointCompareWidget:
+    """A widget listing what differs between `before` and `after` (modules or inspections); when
+    `after` is a checkpoint path (str or os.PathLike), what stands between that checkpoint and the
+    module `before` (`explorer.check_checkpoint`; `labels` unused). Raises CheckpointError as the
+    check does, TypeError for anything else."""
+    if isinstance(after, (str, os.PathLike)):
+        if not isinstance(before, nn.Module):
+            raise TypeError(f"compare: checking a checkpoint needs the module as before, got {type(before).__name__}")
+        return CheckpointCompareWidget(before, after)
     return CompareWidget(before, after, labels=labels)

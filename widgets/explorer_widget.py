@@ -70,6 +70,7 @@ class ExplorerWidget(w.VBox):
                           titles=list(TAB_TITLES))
         self.tabs.add_class("de-tabs")
         self.bar = MaterializeBar(module, self.selected_modules, self.refresh, preview=self.materialize_preview)
+        self.bar.show_held(self.inspection.storages)
         self.summary = w.Label("")
         self.summary.add_class("de-summary")
         self.search_box = SearchBox(self.step_match)
@@ -272,6 +273,10 @@ class ExplorerWidget(w.VBox):
         """Materialize the whole module (background thread unless `wait`)."""
         return self.bar.materialize_all(wait=wait)
 
+    def release_selected(self) -> None:
+        """Release the selected modules' own materialized tensors: fake again, memory returned."""
+        self.bar.release_selected()
+
     def materialize_preview(self, what: str = "selection", device: str | None = None) -> MaterializePreview:
         """What materializing the selection (`what="selection"`) or the "whole module" on `device`
         (default: the bar's) would do: tensors, bytes, whether it fits, expected time."""
@@ -288,6 +293,7 @@ class ExplorerWidget(w.VBox):
         with self._views_lock:
             self.inspection = explorer.inspect(self.module)
             self.tree.update(self.inspection.modules)
+            self.bar.show_held(self.inspection.storages)
             self._update_views(stale=True)
             if self.tensor is not None:
                 self.details.show(self.inspection.tensors, self.inspection.storages, self.tensor)

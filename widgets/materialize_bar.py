@@ -1,11 +1,13 @@
-"""Materialize bar: target device, RNG mode, buttons, per-tensor progress, cancel, status line.
+"""Materialize bar: target device, RNG mode, buttons, per-tensor progress, cancel, status line,
+and the memory materialized tensors hold, which "Release selected" gives back.
 
 Calls `explorer.materialize_module(..., progress=..., on_step=...)`; the step line shows the replay's
 steps as they pass (with rng="eager" first the generator jump to eager's states — how many jumps,
 how many draws, how long — then the replay of the ops); the progress callback updates the bar and
 raises `MaterializationCancelled` once Cancel was pressed, which the engine lets through before it
 changes anything (all or nothing). The work runs on a background thread so the kernel stays idle
-and can deliver the Cancel click; `wait=True` runs it on the caller's thread instead.
+and can deliver the Cancel click; `wait=True` runs it on the caller's thread instead. Releasing
+(`explorer.release_module`) only swaps tensors back, so it runs on the caller's thread.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from typing import Callable
 
 import ipywidgets as w
+import pandas as pd
 import torch
 import traitlets
 from torch import nn
@@ -80,6 +83,10 @@ class MaterializeBar(w.VBox):
         self.all_button = w.Button(description="Materialize all", layout=w.Layout(width="auto"))
         self.all_button.add_class("de-materialize-button")
         self.all_button.add_class("de-materialize-all")
+        self.release_button = w.Button(description="Release selected", layout=w.Layout(width="auto"),
+                                       tooltip="the selected modules' materialized tensors become fake "
+                                               "again and their memory is returned")
+        self.release_button.add_class("de-release-selected")
         self.cancel_button = w.Button(description="Cancel", disabled=True, button_style="warning",
                                       layout=w.Layout(width="auto"))
         self.cancel_button.add_class("de-cancel-button")
@@ -91,6 +98,8 @@ class MaterializeBar(w.VBox):
         self.step.add_class("de-step")
         self.status = w.Label("")
         self.status.add_class("de-status")
+        self.held = w.Label("")
+        self.held.add_class("de-held")
         self.preview = w.Label("")
         self.preview.add_class("de-preview")
         self.confirm_button = w.Button(description="Confirm", button_style="danger", layout=w.Layout(width="auto"))
@@ -105,6 +114,7 @@ class MaterializeBar(w.VBox):
         self._pending: tuple | None = None  # the click waiting for confirmation
         self.selected_button.on_click(lambda _: self.click("selection"))
         self.all_button.on_click(lambda _: self.click("whole module"))
+        self.release_button.on_click(lambda _: self.release_selected())
         self.cancel_button.on_click(lambda _: self.cancel())
         self.confirm_button.on_click(lambda _: self.confirm())
         self.keep_button.on_click(lambda _: self._hide_confirmation("not materialized"))
@@ -115,13 +125,14 @@ class MaterializeBar(w.VBox):
         self._thread: threading.Thread | None = None
         self._step_texts: list[str] = []
         super().__init__([
-            w.HBox([self.device, self.rng, self.selected_button, self.all_button, self.cancel_button],
-                   layout=w.Layout(flex_flow="row wrap")),
+            w.HBox([self.device, self.rng, self.selected_button, self.release_button, self.all_button,
+                    self.cancel_button], layout=w.Layout(flex_flow="row wrap")),
             self.preview,
             self.confirm_box,
             w.HBox([self.progress, self.progress_text]),
             self.step,
             self.status,
+            self.held,
         ])
         self.add_class("de-materialize-bar")
 
@@ -177,6 +188,46 @@ class MaterializeBar(w.VBox):
     def materialize_all(self, wait: bool = False) -> threading.Thread | None:
         """Materialize every deferred tensor of the module."""
         return self._start(None, "whole module", wait)
+
+    def release_selected(self) -> None:
+        """Give the selected modules' own materialized tensors back (`explorer.release_module`): they
+        are fake again and their memory is returned. A tensor changed since materialization is
+        refused with the engine's message, and nothing is released."""
+        chosen = {id(module) for module in self.selected_modules()}
+        if not chosen:
+            self._set_status("nothing selected: tick modules in the tree first", error=False)
+            return
+        if self.running:
+            self._set_status("a materialization is running: release once it is done", error=False)
+            return
+        before = _slot_tensors(self.module)
+        try:
+            explorer.release_module(self.module, check_fn=lambda module: id(module) in chosen)
+        except Exception as error:  # shown in the widget; the engine left the module unchanged
+            self.error = error
+            self._set_status(f"release failed ({type(error).__name__}): {error}", error=True)
+            return
+        self.error = None
+        message = _released_text(before, _slot_tensors(self.module))
+        del before  # the released tensors: their memory goes once nothing else holds them
+        try:
+            self.on_done()
+        except Exception as error:  # refreshing the views failed: say so rather than hide it
+            self.error = error
+            self._set_status(f"{message}; refreshing the views failed: {type(error).__name__}: {error}", error=True)
+            return
+        self._set_status(message, error=False)
+
+    def show_held(self, storages: pd.DataFrame) -> None:
+        """Say how much memory materialized tensors hold, from the storages table of `explorer.inspect`
+        (eager tensors are not counted: releasing cannot give them back)."""
+        held = storages.loc[storages["state"] == "materialized", "bytes"]
+        if held.empty:
+            self.held.value = "materialized tensors hold no memory"
+            return
+        count = len(held)
+        self.held.value = (f"materialized tensors hold {bytes_text(int(held.sum()))} "
+                           f"in {count} storage{'s' * (count != 1)}: Release selected gives it back")
 
     def cancel(self) -> None:
         """Stop the running materialization after the tensor in progress; the module stays as it was."""
@@ -265,7 +316,7 @@ class MaterializeBar(w.VBox):
         self.running = False
 
     def _set_buttons(self, running: bool) -> None:
-        self.selected_button.disabled = self.all_button.disabled = running
+        self.selected_button.disabled = self.all_button.disabled = self.release_button.disabled = running
         self.cancel_button.disabled = not running
 
     def _set_status(self, message: str, error: bool) -> None:
@@ -274,3 +325,19 @@ class MaterializeBar(w.VBox):
             self.status.add_class("de-status-error")
         else:
             self.status.remove_class("de-status-error")
+
+
+def _slot_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer name (duplicates included) with its tensor object."""
+    return dict([*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)])
+
+
+def _released_text(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> str:
+    """The status after a release: how many tensors went back to fake, and the memory they held."""
+    released = {id(tensor): tensor for name, tensor in before.items() if after[name] is not tensor}
+    if not released:
+        return "nothing to release in the selection: no materialized tensors"
+    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in released.values()}
+    count = len(released)
+    return (f"released {count} tensor{'s' * (count != 1)} ({bytes_text(sum(storages.values()))}) of the "
+            "selection: fake again")

@@ -14,8 +14,9 @@ Identity rules the census keeps:
   numbered 0, 1, ... in the order names first reach them;
 - a real tensor is "materialized" when `materialize_*` handed it out (it has an `Origin`), and
   "real" otherwise. It is joined to its recorded tensor (graph, tensor id, storage) only while its
-  graph is reachable from the module's remaining fakes: a fully materialized module has freed its
-  graph, and what is shown must not depend on when the garbage collector runs.
+  graph is reachable from the module's remaining fakes: a fully materialized module reaches none
+  (its tensors keep their graph alive only for release_module), and what is shown must not depend
+  on which graphs happen to be alive.
 """
 
 from __future__ import annotations

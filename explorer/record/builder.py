@@ -104,6 +104,19 @@ def views_external(func: Any) -> bool:
     return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
 
 
+# `Tensor.to` reaches the dispatcher as itself (not `_to_copy`) under inference mode; its schema says
+# it may alias `self`, which it does only when nothing changes.
+_TO_OPS = frozenset({_aten.to.dtype, _aten.to.device, _aten.to.other, _aten.to.dtype_layout})
+
+
+def _copied_by_to(func: Any, args: tuple, out: Any) -> bool:
+    """True for a `Tensor.to` call whose result is a new tensor (its dtype or device changed)."""
+    if func not in _TO_OPS or not args or not isinstance(args[0], torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    device = out.__dict__.get("_fake_device", out.device) if isinstance(out, FakeTensor) else out.device
+    return out.dtype != args[0].dtype or device != args[0].device
+
+
 def _argument(args: tuple, kwargs: dict, position: int | None, name: str) -> Any:
     """An argument given by position or by name (`written_arguments` says which it may be)."""
     if position is not None and position < len(args):
@@ -174,6 +187,8 @@ class GraphBuilder:
         self._fakes: dict[int, weakref.ref] = {}
         # Fake storages that are views of real tensors from outside: replay aliases the real memory.
         self._external_views: set[int] = set()
+        # ...and which externals (indices into graph.externals) each of those storages views.
+        self._viewed_externals: dict[int, tuple[int, ...]] = {}
 
     # -- ids ---------------------------------------------------------------------------------
     def _storage_id(self, tensor: torch.Tensor, device: torch.device, creator: int) -> tuple[int, bool]:
@@ -236,7 +251,9 @@ class GraphBuilder:
             if handle.graph is not self.graph:
                 raise DeferredInitError(
                     f"a fake tensor from another deferred_init graph was used at {source}; "
-                    "tensors of two deferred modules cannot be mixed"
+                    "tensors of two deferred recordings cannot be mixed in one op. Materialize one of "
+                    "them first (explorer.materialize_module), or build the new modules inside "
+                    "`with explorer.deferred(model):` so that they share the model's recording"
                 )
             info = self.graph.tensors[handle.tensor_id]
             if (
@@ -355,8 +372,10 @@ class GraphBuilder:
         output_ids: list[TensorId] = []
         created: list[int] = []
         outputs = self._out_ref(out, index, output_ids, created)
-        if externals and created and views_external(func):
+        if externals and created and views_external(func) and not _copied_by_to(func, args, out):
             self._external_views.update(created)
+            for sid in created:
+                self._viewed_externals[sid] = tuple(externals)
 
         writes = self._note_writes(written_tids, index)
         overwrites = facts.overwrites_self and len(writes) == 1 and _covers_storage(args[0])
@@ -494,8 +513,23 @@ class GraphBuilder:
         Recorded as an alias with the new layout (by metadata), not as the op itself: replaying the
         op on the alias would apply it twice.
         """
-        sid = self.graph.tensors[tensor.__dict__[HANDLE_ATTR].tensor_id].storage
+        self._absorb_layout_bump(self.graph.tensors[tensor.__dict__[HANDLE_ATTR].tensor_id].storage)
+        # The storage it has now: `set_(source)` (parametrize's right_inverse) moves it to another one.
+        sid = self._storage_ids.get(tensor.untyped_storage()._cdata)
+        if sid is None:
+            raise DeferredInitError(
+                f"{func} at {source or '<unknown source>'} points a deferred tensor at the memory of a real "
+                "tensor, which replay cannot alias; clone the source into a deferred tensor first", self.graph)
         self.alias(tensor, self._storage_anchor[sid], name=str(func), source=source)
+
+    def _absorb_layout_bump(self, sid: StorageId) -> None:
+        """A layout change (`t_()`, `set_`) of a fake that views a caller's tensor bumps the version
+        counter they share without writing a byte: every record of that tensor expects one more
+        bump, so replay does not mistake it for the caller changing its tensor."""
+        targets = {id(self.graph.externals[index].tensor) for index in self._viewed_externals.get(sid, ())}
+        for record in self.graph.externals:
+            if id(record.tensor) in targets:
+                record.layout_bumps += 1
 
     def finish(self) -> None:
         """Stamp each live fake with its version now, to catch in-place changes made after recording."""

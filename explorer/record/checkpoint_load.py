@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from .checkpoint_reads import RecordedSafeOpen, _original_safe_open
+from .checkpoint_reads import RecordedSafeOpen, original_safe_open
 from .deferred import deferred
 from .fake import is_fake
 
@@ -52,7 +52,7 @@ def checkpoint_files(path: str | os.PathLike) -> dict[str, Path]:
 
 def _keys(file: Path) -> list[str]:
     try:
-        with _original_safe_open()(str(file), framework="pt") as handle:
+        with original_safe_open()(str(file), framework="pt") as handle:
             return list(handle.keys())
     except Exception as error:  # SafetensorError: a truncated or foreign file
         raise CheckpointError(f"{file}: not a readable safetensors file ({type(error).__name__}: {error})") from error
@@ -82,7 +82,7 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
     deferred_keys = {key: file for key, file in files.items() if key in expected and is_fake(current[key])}
     real_keys = {key: file for key, file in files.items() if key in expected and key not in deferred_keys}
     if real_keys:  # already materialized (or never deferred): loaded for real, as load_state_dict does
-        module.load_state_dict(_read(real_keys, _original_safe_open()), strict=False)
+        module.load_state_dict(_read(real_keys, original_safe_open()), strict=False)
     if deferred_keys:
         with deferred(module):
             module.load_state_dict(_read(deferred_keys, RecordedSafeOpen), strict=False)

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
+from ..checkpoint_headers import safetensors_dtype
 from ..errors import MaterializationError
 from . import initializers  # noqa: F401 - defines the `explorer` op namespace this extends
 from .scope import recording_graph
@@ -35,7 +36,7 @@ def read_tensor(path: str, key: str, shape: list[int], dtype: torch.dtype, devic
     """The tensor `key` of safetensors file `path`, checked against what was recorded: a file that
     lost the key, or holds it with another shape or dtype, raises MaterializationError naming both."""
     try:
-        with _original_safe_open()(path, framework="pt") as handle:
+        with original_safe_open()(path, framework="pt") as handle:
             if key not in handle.keys():
                 raise MaterializationError(f"checkpoint {path} no longer holds {key!r} (it did when recorded)")
             tensor = handle.get_tensor(key)
@@ -60,7 +61,7 @@ READ_SAFETENSORS = torch.ops.explorer.read_safetensors.default
 _ORIGINAL: dict[str, Any] = {}
 
 
-def _original_safe_open() -> Any:
+def original_safe_open() -> Any:
     if "safe_open" not in _ORIGINAL:
         import safetensors
 
@@ -68,11 +69,6 @@ def _original_safe_open() -> Any:
     return _ORIGINAL["safe_open"]
 
 
-_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}
 
 
 class RecordedSlice:
@@ -102,7 +98,7 @@ class RecordedSafeOpen:
     def __init__(self, filename: Any, framework: str = "pt", device: Any = "cpu", **kwargs: Any) -> None:
         self._path = os.path.abspath(os.fspath(filename))
         self._device = torch.device(device if not isinstance(device, int) else f"cuda:{device}")
-        self._inner = _original_safe_open()(filename, framework=framework, device="cpu", **kwargs)
+        self._inner = original_safe_open()(filename, framework=framework, device="cpu", **kwargs)
 
     def __enter__(self) -> "RecordedSafeOpen":
         self._inner.__enter__()
@@ -124,7 +120,7 @@ class RecordedSafeOpen:
         if recording_graph() is None:  # the handle outlived the scope: read for real
             return self._inner.get_tensor(key).to(self._device)
         header = self._inner.get_slice(key)
-        dtype = _DTYPES.get(header.get_dtype())
+        dtype = safetensors_dtype(header.get_dtype())
         if dtype is None:
             raise NotImplementedError(f"deferred reads of {header.get_dtype()} tensors ({key!r} in {self._path})")
         return READ_SAFETENSORS(self._path, key, list(header.get_shape()), dtype, device=self._device)
@@ -146,7 +142,7 @@ _SAFE_OPEN_HOMES = ("safetensors", "safetensors.torch", "transformers.modeling_u
 @contextlib.contextmanager
 def recorded_checkpoint_reads() -> Iterator[None]:
     """Inside the block, safetensors reads are recorded ops (undone on any exit)."""
-    original = _original_safe_open()
+    original = original_safe_open()
     patched = []
     for name in _SAFE_OPEN_HOMES:
         module = sys.modules.get(name)

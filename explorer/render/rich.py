@@ -1,5 +1,5 @@
-"""HTML for notebooks: what `Inspection`, `MemoryPlan`, `DryRun`, a deferred module and a fake tensor
-show when a cell's value is one of them.
+"""HTML for notebooks: what `Inspection`, `MemoryPlan`, `DryRun`, `CheckpointCheck`, a deferred module
+and a fake tensor show when a cell's value is one of them.
 
 Plain HTML strings, no Jupyter import: the classes' `_repr_html_` call these, and the notebook
 extension (`widgets.load_ipython_extension`) registers the module and tensor ones with IPython's
@@ -18,8 +18,8 @@ from torch import nn
 
 from ..naming import format_bytes
 
-# The objects drawn here (Inspection, MemoryPlan, DryRun) import this module when displayed; this
-# module reads their attributes only, so it imports none of them (no cycle).
+# The objects drawn here (Inspection, MemoryPlan, DryRun, CheckpointCheck) import this module when
+# displayed; this module reads their attributes only, so it imports none of them (no cycle).
 
 FIRST_ROWS = 10
 TREE_DEPTH = 2
@@ -78,6 +78,25 @@ def dry_run_html(run: Any) -> str:
             f"{run.flops:,} FLOPs, peak activations {format_bytes(run.peak_activation_bytes)}"
             + _frame(frame, ["name", "class", "output_shapes", "output_dtypes", "activation", "flops"],
                      "de-rich-dry-run-modules") + "</div>")
+
+
+def checkpoint_check_html(check: Any) -> str:
+    """The verdict and summary, then one row per problem; dtype differences are marked as converted
+    on load, and tied keys filled by their partners are listed (not problems)."""
+    verdict = "ok" if check.ok else "not ok"  # the summary's first words
+    frame = check.to_frame()
+    table = (_frame(frame, list(frame.columns), "de-rich-checkpoint-problems") if len(frame)
+             else "<div>no missing or unexpected keys, no mismatches</div>")
+    notes = []
+    if (frame["problem"] == "dtype").any():
+        notes.append("dtype differences are converted on load (load_state_dict copies, from_pretrained casts); "
+                     "they do not make the check fail")
+    if check.filled_by_tie:
+        notes.append("filled by a tied partner: " + ", ".join(check.filled_by_tie))
+    note_html = "".join(f'<div class="de-rich-note">{html.escape(note)}</div>' for note in notes)
+    rest = check.summary().partition(": ")[2]
+    return (_STYLE + f'<div class="de-rich de-rich-checkpoint-check" data-ok="{str(check.ok).lower()}">'
+            f'<div class="de-rich-summary"><b>{verdict}</b>: {html.escape(rest)}</div>{table}{note_html}</div>')
 
 
 def _module_line(name: str, module: nn.Module) -> str:

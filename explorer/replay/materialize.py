@@ -9,6 +9,7 @@ from torch import nn
 
 from ..errors import MaterializationError
 from ..record.fake import handle_of, is_fake
+from .deferred_forms import remember_deferred_forms
 from .provenance import remember_origins
 from .replay import Progress, Replay, StepReport
 from .rng import RngMode
@@ -57,6 +58,7 @@ def materialize_fakes(
         replay = Replay(graph, routing, names={tid: names[p] for tid, p in zip(tids, positions)})
         reals = replay.run([fakes[p] for p in positions], tids, progress, on_step)
         remember_origins(graph, tids, reals)  # so inspect still tells them from eager tensors
+        remember_deferred_forms([fakes[p] for p in positions], reals)  # so release_module can put them back
         for position, real in zip(positions, reals):
             results[position] = real
     return results  # type: ignore[return-value]
@@ -119,6 +121,17 @@ def deferred_slots(
     module: nn.Module, buffers_only: bool = False, check_fn: Callable[[nn.Module], bool] | None = None
 ) -> list[tuple[TensorSlot, torch.Tensor]]:
     """Every deferred parameter/buffer slot `materialize_module` would fill, in module order."""
+    kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
+    return module_slots(module, kinds, check_fn, lambda tensor: handle_of(tensor) is not None, "materialized")
+
+
+def module_slots(
+    module: nn.Module, kinds: tuple[str, ...], check_fn: Callable[[nn.Module], bool] | None,
+    wanted: Callable[[torch.Tensor], bool], action: str,
+) -> list[tuple[TensorSlot, torch.Tensor]]:
+    """Every slot of `kinds` ("_parameters", "_buffers") whose tensor is `wanted`, in module order,
+    in the submodules `check_fn` chooses (each submodule once; children are visited either way). A
+    check_fn that raises is a MaterializationError saying "nothing was {action}"."""
     slots: list[tuple[TensorSlot, torch.Tensor]] = []
     seen: set[int] = set()
 
@@ -126,11 +139,10 @@ def deferred_slots(
         if id(sub) in seen:
             return
         seen.add(id(sub))
-        if check_fn is None or _chosen(check_fn, sub, prefix):
-            kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
+        if check_fn is None or _chosen(check_fn, sub, prefix, action):
             for kind in kinds:
                 for key, tensor in getattr(sub, kind).items():
-                    if tensor is not None and handle_of(tensor) is not None:
+                    if tensor is not None and wanted(tensor):
                         slots.append(((sub, kind, key, prefix + key), tensor))
         for name, child in sub._modules.items():
             if child is not None:
@@ -140,14 +152,14 @@ def deferred_slots(
     return slots
 
 
-def _chosen(check_fn: Callable[[nn.Module], bool], sub: nn.Module, prefix: str) -> bool:
+def _chosen(check_fn: Callable[[nn.Module], bool], sub: nn.Module, prefix: str, action: str) -> bool:
     try:
         return bool(check_fn(sub))
     except Exception as error:
         where = f"submodule {prefix[:-1]!r}" if prefix else "the root module"
         raise MaterializationError(
             f"check_fn raised {type(error).__name__} for {where} ({type(sub).__name__}): {error}; "
-            "nothing was materialized"
+            f"nothing was {action}"
         ) from error
 
 

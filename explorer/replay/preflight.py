@@ -53,11 +53,13 @@ def check_replayable(
                     f"trusted (needed for {target_names(names, tids)}); create it outside "
                     "torch.inference_mode()"
                 )
-            if record.tensor._version != record.version:
+            if record.tensor._version != record.version + record.layout_bumps:
                 raise MaterializationError(
                     f"the {describe_external(graph, external)} read by {where} was modified in place "
-                    f"after deferred_init (version {record.version}, now {record.tensor._version}); "
-                    f"{target_names(names, tids)} cannot be materialized with its original value"
+                    f"after deferred_init (version {record.version + record.layout_bumps}, now "
+                    f"{record.tensor._version}); "
+                    f"{target_names(names, tids)} cannot be materialized with its original value: "
+                    "materialize before changing that tensor, or pass the constructor a clone of it"
                 )
         if op.stream is not None and routing.rng == "eager":
             key = op.stream[0]

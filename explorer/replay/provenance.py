@@ -1,7 +1,8 @@
-"""Where a tensor came from: the recorded facts `inspect` shows, kept after the graph is freed.
+"""Where a tensor came from: the recorded facts `inspect` shows, kept apart from the graph.
 
-A recorded graph is released once no fake of it is left, so a fully materialized module no longer
-reaches it. `materialize_*` therefore leave an `Origin` for every tensor they hand out, in a weak
+A fully materialized module no longer reaches its graph through its fakes (its tensors keep the
+graph alive only as the recipe for release_module, see deferred_forms.py, and the tables must not
+depend on that). `materialize_*` therefore leave an `Origin` for every tensor they hand out, in a weak
 table keyed by tensor identity: nothing is attached to the tensor itself (pickling, `deepcopy` and
 `torch.save` see an ordinary tensor), and the entry goes when the tensor does. An eager tensor has
 no origin; that is how `explorer.inspect` tells "materialized" from "real".

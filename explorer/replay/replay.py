@@ -49,6 +49,26 @@ class ReplayState:
         with self.lock:
             self.streams.forget_from(key, position)
 
+    def forget_results(self, graph: InitGraph, released: Sequence[torch.Tensor]) -> None:
+        """Forget results handed out earlier and now given back (release_module): a later call makes
+        them afresh, over the memory of a result on the same storage that is still alive (a view
+        kept materialized), else in new memory."""
+        gone = {id(tensor) for tensor in released}
+        with self.lock:
+            for key, memo in self.results.items():
+                heirs: dict[StorageId, torch.Tensor] = {}
+                for tid, result in list(memo.items()):
+                    if id(result) in gone:
+                        del memo[tid]
+                    else:
+                        heirs.setdefault(graph.tensors[tid].storage, result)
+                anchors = self.anchors.get(key, {})
+                for sid, anchor in list(anchors.items()):
+                    if id(anchor) in gone:
+                        del anchors[sid]
+                        if sid in heirs:
+                            anchors[sid] = heirs[sid]
+
     @staticmethod
     def of(graph: InitGraph) -> "ReplayState":
         if graph.replay_state is None:
@@ -304,7 +324,7 @@ def eager_state_after(graph: InitGraph, key: str, position: int) -> torch.Tensor
     routing = DeviceRouting(exact=((key, torch.device(key)),), by_type=(), default=None, rng="eager")
     replay = Replay(graph, routing, remember=False)
     with outside_recording(), RngSession(replay.state.streams, "eager", replay.run_scratch) as rng:
-        return rng.state_before(key, position + 1)
+        return rng.state_after(key, position)
 
 
 # Measuring a draw count runs the op on scratch and walks the sequence: bounded (about a second).
@@ -323,5 +343,5 @@ def eager_draw_count(graph: InitGraph, key: str, position: int) -> int | None:
     streams = RngStreams(graph, eager_state_after)
     with outside_recording(), RngSession(streams, "eager", replay.run_scratch) as rng:
         before = rng.state_before(key, position)
-        after = rng.state_before(key, position + 1)
+        after = rng.state_after(key, position)
     return draws_between(before, after, MEASURED_DRAWS_LIMIT)

@@ -189,6 +189,15 @@ class RngStreams:
         self.remember(key, position, state)
         return state
 
+    def state_after(
+        self, key: str, position: int, run_scratch: Callable[[str, int, torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """The state of stream `key` right after random op `position` — not the state before
+        `position + 1`, which a restart there may put elsewhere."""
+        state = self.state_before(key, position, run_scratch)
+        count = self.draws(key, position)
+        return self._jump(state, count) if count is not None else run_scratch(key, position, state)
+
     def _jump(self, state: torch.Tensor, draws: int) -> torch.Tensor:
         started = time.perf_counter()
         jumped = jump_state(state, draws)
@@ -254,6 +263,10 @@ class RngSession:
         """Eager's state of stream `key` before random op `position` (the default generator of
         `key` may be moved on the way, and is then no longer at any known position)."""
         return self.streams.state_before(key, position, self._scratch_step)
+
+    def state_after(self, key: str, position: int) -> torch.Tensor:
+        """Eager's state of stream `key` right after random op `position`."""
+        return self.streams.state_after(key, position, self._scratch_step)
 
     def private_generator(self, key: str, position: int) -> torch.Generator | None:
         """A new generator in eager's state before CPU random op `position`, for an op run off the

@@ -120,12 +120,15 @@ def test_building_and_materializing_100_models_holds_memory_flat_and_leaks_nothi
     assert threading.active_count() == threads_before
 
 
-def test_fully_materialized_module_keeps_no_graph_alive():
+def test_fully_materialized_module_keeps_its_graph_only_while_it_lives():
     torch.manual_seed(0)
     module = deferred_init(Small)
     graph = _graph_of(module)
     materialize_module(module.block)
     materialize_module(module, rng="fast")
     _collect()
-    assert graph() is None
+    assert graph() is not None  # the recipe release_module replays from (replay/deferred_forms.py)
     assert module.head.weight is module.embed.weight  # the module itself is intact
+    del module
+    _collect()
+    assert graph() is None

@@ -62,7 +62,9 @@ def tensor_facts(tensor: torch.Tensor) -> TensorFacts:
                            tensor.storage_offset(), -1, tensor.requires_grad, tensor.is_inference(),
                            str(tensor.device), b"")
     # A fresh dense copy: `.contiguous()` keeps odd strides of size-1 dims, which `view(uint8)` refuses.
-    flat = torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.detach().reshape(-1))
+    # `.data`, not `.detach()`: a parameter made from an inference tensor and cast after construction
+    # has no version counter for `detach()` to share ("Inference tensors do not track version counter").
+    flat = torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.data.reshape(-1))
     return TensorFacts(
         kind, tensor.dtype, tuple(tensor.shape), tensor.stride(), tensor.storage_offset(),
         tensor.untyped_storage().nbytes(), tensor.requires_grad, tensor.is_inference(), str(tensor.device),

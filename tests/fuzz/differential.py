@@ -4,8 +4,10 @@
 * plan: a `Plan` of single tensors and (sub)modules in a random order, then the rest;
 * single: one slot alone from a fresh deferred module (nothing else materialized).
 
-Each must agree with eager construction bit for bit on the facts of `compare.snapshot`, and must
-leave the global RNG exactly where it found it (deferred_init included). With rng="fast" the values
+Each must agree with eager construction bit for bit on the facts of `compare.snapshot`, or stop
+with a refusal that tests/fuzz/refusals.py promises (`check_outcome`). Materialization must leave the
+global RNG where it found it, and so must deferred_init and the steps after it unless they draw,
+seed or build modules for real. With rng="fast" the values
 differ from eager by design; everything else must not, and the plan must equal the single call.
 """
 
@@ -14,37 +16,62 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from explorer import deferred_init, is_deferred, materialize_module, materialize_tensor
+from explorer import DeferredInitError, MaterializationError, deferred_init, is_deferred, materialize_module
+from explorer import materialize_tensor
+from tests.fuzz.after import AfterWorld, run_after
 from tests.fuzz.compare import Snapshot, differences, snapshot
-from tests.fuzz.interpreter import FuzzModule, apply_after, make_externals
-from tests.fuzz.program import Plan, Program
+from tests.fuzz.interpreter import FuzzModule, make_externals
+from tests.fuzz.program import AFTER_RNG_OPS, Plan, Program
+from tests.fuzz.refusals import Phase, Verdict, judge
 
 # Set between deferred_init and materialization: replay must not depend on the RNG state then.
 _UNRELATED_SEED = 987654321
+# After steps that move the global generator for real (draws, seeds, new eager modules): with them,
+# the global RNG after the deferred run is not the one before it.
+_MOVES_RNG = (*AFTER_RNG_OPS, "new_linear", "new_from", "second_model")
 
 
 class Mismatch(AssertionError):
     """Eager and deferred construction disagree; the message lists every difference."""
 
 
+class Refused(Exception):
+    """The deferred run raised one of explorer's errors: where, and how it is judged."""
+
+    def __init__(self, error: BaseException, phase: Phase, program: Program) -> None:
+        self.error, self.phase, self.verdict = error, phase, judge(error, phase)
+        super().__init__(f"{type(error).__name__} at {phase}: {error}\n{program!r}")
+
+    @property
+    def promised(self) -> bool:
+        return self.verdict.refusal is not None and not self.verdict.problem
+
+
 def build_eager(program: Program) -> tuple[nn.Module, list[torch.Tensor]]:
+    """The eager module (or, when the steps after construction made modules, a root holding them)."""
     externals = make_externals(program)
     torch.manual_seed(program.seed)
-    module = FuzzModule(program, externals)
-    apply_after(module, program.after)
-    return module, externals
+    world = AfterWorld(program, False, {"model": FuzzModule(program, externals)})
+    run_after(world, program.after)
+    return world.holder(), externals + world.externals
 
 
 def build_deferred(program: Program) -> tuple[nn.Module, list[torch.Tensor]]:
+    """`build_eager` under deferred_init; raises Refused naming the phase where explorer refused."""
     externals = make_externals(program)
     torch.manual_seed(program.seed)
     before = torch.get_rng_state()
-    module = deferred_init(FuzzModule, program, externals)
-    apply_after(module, program.after)  # recorded into the module's graph
-    if not torch.equal(torch.get_rng_state(), before):
+    phase: list[Phase] = ["construction"]
+    try:
+        world = AfterWorld(program, True, {"model": deferred_init(FuzzModule, program, externals)})
+        run_after(world, program.after, lambda i: phase.__setitem__(0, program.after[i][0]))  # recorded
+    except (DeferredInitError, MaterializationError) as error:
+        raise Refused(error, phase[0], program) from error
+    moved = not torch.equal(torch.get_rng_state(), before)
+    if moved and not any(step[0] in _MOVES_RNG for step in program.after):
         raise Mismatch(f"deferred_init (or the steps after it) moved the global RNG\n{program!r}")
     torch.manual_seed(_UNRELATED_SEED)
-    return module, externals
+    return world.holder(), externals + world.externals
 
 
 def _owner(root: nn.Module, name: str) -> tuple[dict, str]:
@@ -70,7 +97,10 @@ def apply_plan(root: nn.Module, plan: Plan, rng: str = "eager") -> None:
 def _materialized(program: Program, how: str, materialize) -> tuple[nn.Module, list[torch.Tensor]]:  # noqa: ANN001
     module, externals = build_deferred(program)
     rng = torch.get_rng_state()
-    materialize(module)
+    try:
+        materialize(module)
+    except (DeferredInitError, MaterializationError) as error:
+        raise Refused(error, "materialization", program) from error
     if not torch.equal(torch.get_rng_state(), rng):
         raise Mismatch(f"{how} materialization moved the global RNG\n{program!r}")
     return module, externals
@@ -113,8 +143,8 @@ def _raise_if(found: list[str], program: Program, how: str) -> None:
 
 
 def check_program(program: Program, plan: Plan | None = None, single: str | None = None) -> Snapshot:
-    """Run every comparison for `program`; raises Mismatch (listing the differences) or
-    returns the eager snapshot."""
+    """Run every comparison for `program`; raises Mismatch (listing the differences), Refused
+    (explorer raised; see `check_outcome`), or returns the eager snapshot."""
     eager, externals = build_eager(program)
     expected = snapshot(eager, externals)
     check_full(program, expected)
@@ -124,3 +154,15 @@ def check_program(program: Program, plan: Plan | None = None, single: str | None
     if single is not None:
         check_single(program, single, expected)
     return expected
+
+
+def check_outcome(program: Program, plan: Plan | None = None, single: str | None = None) -> Verdict | None:
+    """`check_program`, judged: None when deferred equals eager, the verdict of a promised refusal
+    (with a clear message, at a step where it is promised); anything else raises Mismatch."""
+    try:
+        check_program(program, plan, single)
+    except Refused as refused:
+        if not refused.promised:
+            raise Mismatch(f"{refused.verdict.problem}: {refused}") from refused.error
+        return refused.verdict
+    return None

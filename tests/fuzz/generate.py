@@ -6,8 +6,10 @@ which tensors are parameters or alias an external tensor), run eagerly, and kept
 construction accepts it. So every generated program is a valid eager constructor, and eager and
 deferred can be compared on all of it.
 
-Writes into external tensors (or their views) are never generated: deferred_init refuses them by
-design (tests/explorer/test_bad_input.py pins that error).
+Writes into external tensors (or their views) are never generated in the constructor: deferred_init
+refuses them by design (tests/explorer/test_bad_input.py pins that error), so tests/fuzz/refusals.py
+counts that refusal at construction as a failure. The steps after construction are drawn by
+generate_after.py.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import torch
 from hypothesis import strategies as st
 from torch import nn
 
+from tests.fuzz.generate_after import after_construction
 from tests.fuzz.interpreter import Interpreter, external_tensor
 from tests.fuzz.program import (
     COMPUTE_OPS,
     FACTORY_OPS,
+    FLOATS,
     INPLACE_OPS,
     MODULE_OPS,
     OTHER_OPS,
@@ -32,7 +36,6 @@ from tests.fuzz.program import (
     Step,
 )
 
-FLOATS = ("float32", "float64", "float16", "bfloat16")
 ALL_DTYPES = FLOATS + ("int64", "int32", "bool")
 SIZES = (1, 2, 3, 4, 2, 3, 0)
 LITERALS = (1, 0, -1, 2, 3, 0.5, -1.5, 2.25)
@@ -406,63 +409,6 @@ def programs(draw: Draw, max_steps: int = 32) -> Program:
         else:
             sim.try_step(("register_buffer", path, f"t{len(sim.steps)}", a, True))
     return Program(tuple(sim.steps), seed, after_construction(draw, Program(tuple(sim.steps), seed)))
-
-
-def after_construction(draw: Draw, program: Program) -> tuple[Step, ...]:
-    """Up to two steps done to the built module (cast, checkpoint load, re-init), each kept only if
-    eager construction followed by the steps so far accepts it."""
-    accepted: list[Step] = []
-    constructed = _eager_build(program, [])
-    # Tensors that alias a real tensor passed in are real in the deferred module too (and so is what
-    # a cast makes of them): writes into them are refused, their random draws are not recorded.
-    real = {name for name, tensor in constructed.state_dict(keep_vars=True).items()
-            if tensor.untyped_storage()._cdata in constructed.external_storages}
-    for _ in range(draw(st.integers(0, 2))):
-        built = _eager_build(program, accepted)
-        state = {name: tensor for name, tensor in built.state_dict(keep_vars=True).items() if name not in real}
-        kind = draw(st.sampled_from(("cast", "load", "reinit")))
-        if kind == "cast":
-            if _views_a_parameter(built):
-                continue  # a known limit: Module._apply swaps fake parameters (README Limitations)
-            step: Step = ("cast", draw(st.sampled_from(FLOATS)))
-        elif not state:
-            continue
-        elif kind == "load":
-            names = draw(st.lists(st.sampled_from(sorted(state)), min_size=1, max_size=3, unique=True))
-            step = ("load", tuple(names), draw(st.sampled_from((0, 1, -2))))
-        else:
-            floating = sorted(name for name, tensor in state.items() if tensor.is_floating_point())
-            if not floating:
-                continue
-            step = ("reinit", draw(st.sampled_from(floating)))
-        if _eager_build(program, [*accepted, step]) is not None:
-            accepted.append(step)
-    return tuple(accepted)
-
-
-def _views_a_parameter(module: nn.Module) -> bool:
-    """Whether a parameter shares its storage with another tensor of the module (not a tie)."""
-    tensors = {id(t): t for t in [*module.parameters(), *module.buffers()]}.values()
-    parameters = {t.untyped_storage()._cdata for t in module.parameters()}
-    storages = [t.untyped_storage()._cdata for t in tensors]
-    return any(storages.count(s) > 1 for s in parameters)
-
-
-def _eager_build(program: Program, after: list[Step]) -> nn.Module | None:
-    """The eager module after `after`, or None when eager refuses one of those steps."""
-    from tests.fuzz.interpreter import FuzzModule, apply_after, make_externals
-
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(program.seed)
-        externals = make_externals(program)
-        try:
-            module = FuzzModule(program, externals)
-            apply_after(module, after)
-        except Exception:
-            return None
-    module.external_storages = {e.untyped_storage()._cdata for e in externals}  # by storage, empty ones too
-    return module
 
 
 def plans(names: list[str], paths: list[str]) -> st.SearchStrategy:

@@ -253,23 +253,6 @@ def _join(parent: str, name: str) -> str:
     return f"{parent}.{name}" if parent else name
 
 
-def apply_after(module: nn.Module, steps: Sequence[Step]) -> None:
-    """Run a program's steps after construction on the built (eager or deferred) module."""
-    for step in steps:
-        if step[0] == "cast":
-            module.to(DTYPES[step[1]])
-        elif step[0] == "load":
-            names, value = step[1], step[2]
-            state = module.state_dict()
-            module.load_state_dict(
-                {name: torch.full(state[name].shape, value + i, dtype=state[name].dtype) for i, name in enumerate(names)},
-                strict=False,
-            )
-        else:  # "reinit"
-            with torch.no_grad():
-                module.state_dict(keep_vars=True)[step[1]].normal_()
-
-
 class FuzzModule(nn.Module):
     """The module whose constructor is the program. `values_read` lists what `.item()` returned."""
 

@@ -22,6 +22,7 @@ from typing import Any
 
 Step = tuple[Any, ...]
 
+FLOATS = ("float32", "float64", "float16", "bfloat16")  # the floating dtypes programs use
 FACTORY_OPS = ("ones", "zeros", "arange", "empty_fill", "rand", "randn", "randint", "randperm", "external", "constant")
 COMPUTE_OPS = ("binary", "binary_out", "clone", "to")
 VIEW_OPS = ("view", "reshape", "transpose", "slice", "select", "narrow", "expand", "unbind", "diagonal",
@@ -31,10 +32,12 @@ INPLACE_OPS = ("add_", "mul_", "copy_", "fill_", "zero_", "uniform_", "normal_",
 MODULE_OPS = ("param", "submodule", "share_module", "register_parameter", "register_buffer")
 OTHER_OPS = ("item", "tolist", "grad", "inference", "data_dependent")
 ALL_OPS = FACTORY_OPS + COMPUTE_OPS + VIEW_OPS + INPLACE_OPS + MODULE_OPS + OTHER_OPS
-# Done to the built module, after construction (eagerly, or to the deferred module before it is
-# materialized): ("cast", dtype) module.to(dtype); ("load", names, value) load_state_dict of those
-# names filled with value + i (strict=False); ("reinit", name) normal_ on that tensor.
-AFTER_OPS = ("cast", "load", "reinit")
+# Done to the built module and around it, after construction (eagerly, or to the deferred module
+# before it is materialized); tests/fuzz/after.py says what each does.
+AFTER_MODEL_OPS = ("cast", "load", "reinit")
+AFTER_RNG_OPS = ("draw", "seed", "save_rng", "restore_rng")
+AFTER_WORLD_OPS = ("new_linear", "new_from", "second_model", "copy_slot", "replace", "parametrize")
+AFTER_OPS = AFTER_MODEL_OPS + AFTER_RNG_OPS + AFTER_WORLD_OPS
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,8 @@ class Program:
 
     def __repr__(self) -> str:
         lines = "".join(f"\n    {step!r}," for step in self.steps)
-        after = f", after={self.after!r}" if self.after else ""
+        after = "".join(f"\n    {step!r}," for step in self.after)
+        after = f", after=({after}\n)" if self.after else ""
         return f"Program(seed={self.seed}, steps=({lines}\n){after})"
 
     def count(self, ops: tuple[str, ...]) -> int:

@@ -1,8 +1,11 @@
-"""widgets.compare: two models' differences in modules and tensor metadata, as tables."""
+"""widgets.compare: two models' differences in modules and tensor metadata, as tables; a model against a
+checkpoint path, as the checkpoint check."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+from safetensors.torch import save_file
 from torch import nn
 
 import explorer
@@ -22,5 +25,23 @@ def test_compare_shows_the_summary_and_the_three_tables():
 
 
 def test_compare_refuses_what_is_not_a_model():
-    with pytest.raises(TypeError, match="compare: after must be an nn.Module or an Inspection, got str"):
-        widgets.compare(nn.Linear(2, 2), "model")
+    with pytest.raises(TypeError, match="compare: after must be an nn.Module, an Inspection or .after. a checkpoint "
+                                        "path, got int"):
+        widgets.compare(nn.Linear(2, 2), 42)
+
+
+def test_compare_with_a_checkpoint_path_shows_the_check(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_file({"weight": torch.zeros(2, 3), "bias": torch.zeros(2, dtype=torch.float16)}, str(path))
+    view = widgets.compare(explorer.deferred_init(nn.Linear, 3, 2), str(path))
+    assert view.check.summary() == (f"ok: 1 dtype difference (converted on load) — Linear (2 keys) vs {path} "
+                                    "(safetensors, 2 keys)")
+    assert view.report.value == view.check._repr_html_()
+    assert "de-compare-checkpoint" in view.report._dom_classes and "de-compare" in view._dom_classes
+
+
+def test_compare_with_a_missing_checkpoint_path_names_it(tmp_path):
+    with pytest.raises(explorer.CheckpointError, match="model: no such file or directory"):
+        widgets.compare(nn.Linear(2, 2), tmp_path / "model")
+    with pytest.raises(TypeError, match="compare: checking a checkpoint needs the module as before, got Inspection"):
+        widgets.compare(explorer.inspect(nn.Linear(2, 2)), tmp_path / "model")

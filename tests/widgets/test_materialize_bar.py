@@ -182,3 +182,55 @@ def test_the_generator_jump_is_a_step_of_the_bar_before_the_replay(net_pair):
     ui.bar.rng.value = "fast"
     ui.materialize_all(wait=True)
     assert ui.bar.steps == []  # rng="fast" seeds each op: no generator step
+
+
+def test_release_selected_puts_the_fakes_back_and_the_held_line_follows(net_pair):
+    eager, deferred = net_pair
+    ui = widgets.ExplorerWidget(deferred)
+    fakes = snapshot(deferred)
+    assert ui.bar.held.value == "materialized tensors hold no memory"
+    ui.materialize_all(wait=True)
+    assert ui.bar.held.value == "materialized tensors hold 1.0 KiB in 18 storages: Release selected gives it back"
+    ui.select("blocks.1")
+    ui.release_selected()
+    assert ui.bar.status.value == "released 8 tensors (416 B) of the selection: fake again"
+    assert "de-status-error" not in ui.bar.status._dom_classes
+    assert ui.bar.held.value == "materialized tensors hold 608 B in 10 storages: Release selected gives it back"
+    after = snapshot(deferred)
+    for name, tensor in after.items():
+        assert (tensor is fakes[name]) == name.startswith("blocks.1."), name
+    assert state_of(ui, "blocks.1") == ("fake", STATE_COLOURS["fake"])
+    assert state_of(ui, "") == ("partly", STATE_COLOURS["partly"])
+    ui.materialize_all(wait=True)  # materializing again gives eager's bytes
+    for name, tensor in snapshot(eager).items():
+        assert torch.equal(bits(snapshot(deferred)[name]), bits(tensor)), name
+
+
+def test_release_of_a_changed_tensor_is_refused_with_the_engine_message(ui):
+    ui.materialize_all(wait=True)
+    weight = ui.module.blocks[0].attn.weight
+    version = weight._version
+    with torch.no_grad():
+        weight.add_(1)
+    before = snapshot(ui.module)
+    ui.select("blocks.0.attn")
+    ui.release_selected()
+    assert ui.bar.status.value == (
+        "release failed (ReleaseError): release_module refused: 1 tensor changed since materialization, and "
+        "materializing again would not reproduce the change: parameter 'blocks.0.attn.weight': it was modified "
+        f"in place (version counter {version} → {version + 1}: an optimizer step, `copy_`, `mul_`...). Save "
+        "what you need first (state_dict), or pass force=True to release anyway and lose the change; nothing "
+        "was released")
+    assert "de-status-error" in ui.bar.status._dom_classes
+    assert isinstance(ui.bar.error, explorer.ReleaseError)
+    after = snapshot(ui.module)
+    assert all(after[k] is before[k] for k in before)
+
+
+def test_release_selected_with_nothing_selected_or_nothing_materialized_says_so(ui):
+    ui.release_selected()
+    assert ui.bar.status.value == "nothing selected: tick modules in the tree first"
+    ui.select("blocks.0")
+    ui.release_selected()
+    assert ui.bar.status.value == "nothing to release in the selection: no materialized tensors"
+    assert explorer.is_deferred(ui.module.blocks[0].attn)

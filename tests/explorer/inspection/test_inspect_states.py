@@ -61,7 +61,7 @@ def test_state_goes_from_fake_through_partly_materialized_to_materialized():
     done = inspect(module)
     assert states(done.tensors) == dict.fromkeys(TINY_NAMES, "materialized")
     assert rows(done.tensors, IDENTITY) == rows(fake.tensors, IDENTITY)
-    # Provenance outlives the graph, which is freed once no fake is left; ops are no longer listed.
+    # Provenance is read without the graph once no fake is left in the module; ops are no longer listed.
     assert rows(done.tensors, PROVENANCE) == rows(fake.tensors, PROVENANCE)
     assert done.tensors["graph"].isna().all()
     assert len(done.ops) == 0

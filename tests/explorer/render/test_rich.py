@@ -1,7 +1,8 @@
-"""Rich HTML display of Inspection, MemoryPlan and DryRun: what a notebook shows for a cell's value."""
+"""Rich HTML display of Inspection, MemoryPlan, DryRun and CheckpointCheck: what a notebook shows for a cell's value."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 import explorer
@@ -39,3 +40,19 @@ def test_text_is_escaped():
 
     html = explorer.inspect(explorer.deferred_init(Odd))._repr_html_()
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html
+
+
+def test_checkpoint_check_shows_the_verdict_and_one_row_per_problem_escaped(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model.safetensors"
+    save_file({"0.weight": torch.zeros(8, 8, dtype=torch.float16), "<script>x</script>": torch.zeros(1)}, str(path))
+    html = explorer.check_checkpoint(model(), path)._repr_html_()
+    assert '<div class="de-rich de-rich-checkpoint-check" data-ok="false">' in html
+    assert "<b>not ok</b>: 3 missing, 1 unexpected, 1 dtype difference (converted on load) — Sequential" in html
+    assert "<td>&lt;script&gt;x&lt;/script&gt;</td>" in html and "<script>x" not in html
+    cells = [cell.strip() for cell in html.split("<tbody>")[1].split("</tbody>")[0].split("</td>")][:-1]
+    assert [cell.rpartition("<td>")[2] for cell in cells][-10:] == [
+        "unexpected", "&lt;script&gt;x&lt;/script&gt;", "", "(1,) float32", "model.safetensors",
+        "dtype", "0.weight", "float32", "float16", "model.safetensors"]
+    assert "dtype differences are converted on load" in html

@@ -1,0 +1,90 @@
+"""Giving materialized tensors back: a module's real parameters and buffers become deferred again.
+
+`release_module` is `materialize_module` run backwards: every slot holding a tensor that
+materialization handed out gets back the fake it replaced (replay/deferred_forms.py), the replay
+forgets the result, and once nothing else holds the real tensor its memory is returned. Materializing
+again replays the same recording, so it gives the same bytes (with rng="eager", the bytes of eager
+construction), in any order of partial materializations and releases.
+
+Limitations: memory comes back only when nothing else holds the real tensor (an optimizer, a user
+variable, a tensor `.grad` points into); a released parameter's `.grad` and a changed `requires_grad`
+are not kept; a change made through a view outside the module is not seen (the version check reads
+the released tensors' own counters).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from ..errors import ReleaseError
+from ..graph import InitGraph
+from ..record.fake import handle_of
+from .deferred_forms import deferred_form_of, forget_deferred_form
+from .materialize import TensorSlot, module_slots
+from .replay import ReplayState
+
+_KINDS = {"_parameters": "parameter", "_buffers": "buffer"}
+_NAMED_CHANGES = 5  # the refusal names this many changed tensors, then counts the rest
+
+
+def release_module(
+    module: nn.Module, check_fn: Callable[[nn.Module], bool] | None = None, *, force: bool = False
+) -> nn.Module:
+    """Put the deferred (fake) tensors back in every parameter/buffer slot of `module` and its
+    submodules that holds a tensor materialization handed out, and return `module`.
+
+    The fake is the very object the slot held before (ties stay ties, parameters stay parameters);
+    the real tensor's memory is returned once nothing else holds it. Eager tensors, and tensors the
+    user assigned, are left alone. `check_fn(submodule)` chooses whose own tensors are released, as
+    for `materialize_module`. A tensor changed since it was materialized (in place, or `.data`
+    replaced) would lose that change: ReleaseError names it, unless `force=True`. All or nothing:
+    everything is checked before any slot changes; on an error the module is left as it was.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"explorer.release_module expects an nn.Module, got {type(module).__name__} {module!r:.80}")
+    if check_fn is not None and not callable(check_fn):
+        raise TypeError(f"check_fn must be a function of a submodule returning bool, got {type(check_fn).__name__}")
+    slots = module_slots(module, tuple(_KINDS), check_fn, lambda t: deferred_form_of(t) is not None, "released")
+    if not force:
+        _refuse_changed(slots)
+    reals = {id(real): real for _, real in slots}
+    for (owner, kind, key, _), real in slots:
+        getattr(owner, kind)[key] = deferred_form_of(real).fake
+    _forget(module, reals.values())
+    return module
+
+
+def _refuse_changed(slots: list[tuple[TensorSlot, torch.Tensor]]) -> None:
+    changes: dict[int, str] = {}  # per real tensor, its first name and what changed
+    for (_, kind, _, name), real in slots:
+        if id(real) not in changes and (change := deferred_form_of(real).changed_since(real)) is not None:
+            changes[id(real)] = f"{_KINDS[kind]} {name!r}: {change}"
+    if not changes:
+        return
+    listed = list(changes.values())
+    named = "; ".join(listed[:_NAMED_CHANGES])
+    more = f"; and {len(listed) - _NAMED_CHANGES} more" if len(listed) > _NAMED_CHANGES else ""
+    raise ReleaseError(
+        f"release_module refused: {len(listed)} tensor{'s' * (len(listed) != 1)} changed since "
+        f"materialization, and materializing again would not reproduce the change: {named}{more}. Save "
+        "what you need first (state_dict), or pass force=True to release anyway and lose the change; "
+        "nothing was released"
+    )
+
+
+def _forget(module: nn.Module, released: Iterable[torch.Tensor]) -> None:
+    """Let the replay forget the released tensors the module no longer holds anywhere (a tied name
+    that check_fn kept still holds its tensor: materializing the released name again returns it)."""
+    held = {id(t) for sub in module.modules() for t in (*sub._parameters.values(), *sub._buffers.values())}
+    by_graph: dict[int, tuple[InitGraph, list[torch.Tensor]]] = {}
+    for real in released:
+        if id(real) in held:
+            continue
+        graph = handle_of(deferred_form_of(real).fake).graph
+        by_graph.setdefault(id(graph), (graph, []))[1].append(real)
+        forget_deferred_form(real)
+    for graph, reals in by_graph.values():
+        ReplayState.of(graph).forget_results(graph, reals)
