@@ -46,6 +46,9 @@ _PLAIN_ARGUMENTS = frozenset(
 
 
 _NO_READS: frozenset = frozenset()
+# The C method itself: DeferredTensor.untyped_storage wraps storages for users (record/no_data.py),
+# which the recorder, asking for every op's storages, does not need.
+_storage = torch._C.TensorBase.untyped_storage
 _stream_keys: dict[torch.device, str] = {}
 
 
@@ -128,7 +131,7 @@ def _covers_storage(tensor: torch.Tensor) -> bool:
     """True when writing every element of `tensor` writes every byte of its storage."""
     if tensor.storage_offset() != 0 or not tensor.is_contiguous():
         return False
-    return tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes()
+    return tensor.numel() * tensor.element_size() == _storage(tensor).nbytes()
 
 
 def version_of(tensor: torch.Tensor) -> int | None:
@@ -192,7 +195,7 @@ class GraphBuilder:
 
     # -- ids ---------------------------------------------------------------------------------
     def _storage_id(self, tensor: torch.Tensor, device: torch.device, creator: int) -> tuple[int, bool]:
-        storage = tensor.untyped_storage()
+        storage = _storage(tensor)
         key = storage._cdata
         sid = self._storage_ids.get(key)
         if sid is not None:
@@ -246,7 +249,7 @@ class GraphBuilder:
         """The id of a fake input. Fakes made behind the dispatcher's back (`_make_subclass`), or
         whose storage `.data = x` swapped in C++, get a synthetic alias op recorded now."""
         handle = tensor.__dict__.get(HANDLE_ATTR)
-        storage_key = tensor.untyped_storage()._cdata
+        storage_key = _storage(tensor)._cdata
         if handle is not None:
             if handle.graph is not self.graph:
                 raise DeferredInitError(
@@ -298,7 +301,7 @@ class GraphBuilder:
         fresh = func in _LIFTS
         as_read = None
         if not fresh and type(tensor) in _PLAIN_TENSORS and tensor.layout == torch.strided and not tensor.is_quantized:
-            as_read = (tensor.untyped_storage(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()),
+            as_read = (_storage(tensor), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()),
                        tensor.storage_offset())
         self.graph.externals.append(ExternalTensor(tensor, version_of(tensor), fresh, as_read))
         return len(self.graph.externals) - 1
@@ -406,7 +409,7 @@ class GraphBuilder:
                     if not facts.may_resize:
                         continue
                     storage = self.graph.storages[self.graph.tensors[tid].storage]
-                    nbytes = tensor.untyped_storage().nbytes()
+                    nbytes = _storage(tensor).nbytes()
                     if nbytes > storage.nbytes:
                         storage.nbytes = nbytes
                         resizes = True
@@ -438,8 +441,8 @@ class GraphBuilder:
             graph.rng_start[key] = capture_start_state(key)
         positions = graph.random_streams.setdefault(key, [])
         position = len(positions)
-        where = f"{func} at {source or '<unknown source>'}"
         if graph.finished and key == rng_ledger.KEY:
+            where = f"{func} at {source or '<unknown source>'}"
             restart = rng_ledger.restart_for(graph, key, position, torch.default_generator.get_state(), where)
             if restart is not None:
                 graph.rng_restarts.setdefault(key, {})[position] = restart
@@ -469,7 +472,7 @@ class GraphBuilder:
                 if isinstance(tensor, FakeTensor):
                     if not (
                         self._external_views
-                        and self._storage_ids.get(tensor.untyped_storage()._cdata) in self._external_views
+                        and self._storage_ids.get(_storage(tensor)._cdata) in self._external_views
                     ):
                         ids[id(tensor)] = self.id_of(tensor, source)
                         continue
@@ -515,7 +518,7 @@ class GraphBuilder:
         """
         self._absorb_layout_bump(self.graph.tensors[tensor.__dict__[HANDLE_ATTR].tensor_id].storage)
         # The storage it has now: `set_(source)` (parametrize's right_inverse) moves it to another one.
-        sid = self._storage_ids.get(tensor.untyped_storage()._cdata)
+        sid = self._storage_ids.get(_storage(tensor)._cdata)
         if sid is None:
             raise DeferredInitError(
                 f"{func} at {source or '<unknown source>'} points a deferred tensor at the memory of a real "

@@ -94,11 +94,13 @@ def note_draw(graph: InitGraph, key: str, position: int) -> None:
     """Random op `position` of `graph`'s stream `key` was recorded: eager drew it, the real generator did not."""
     if key != KEY:
         return
+    owed = _ledger.owed
+    last = owed[-1] if owed else None
+    if last is not None and last.last == position - 1 and last.graph() is graph:
+        last.last = position  # the common case, one recording drawing in a row: no lock needed
+        return
     with _lock:
         owed = _ledger.owed
-        if owed and owed[-1].graph() is graph and owed[-1].last == position - 1:
-            owed[-1].last = position
-            return
         owed.append(_Owed(weakref.ref(graph), graph.ops, graph.tensors, graph.random_streams[key], position, position))
 
 
