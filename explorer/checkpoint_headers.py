@@ -216,6 +216,17 @@ def _safetensors_fields(file: Path, key: str, info: Any) -> tuple[tuple[int, ...
     return tuple(shape), code, (offsets[0], offsets[1])
 
 
+def safetensors_offsets(file: str | os.PathLike) -> dict[str, int]:
+    """Where each tensor's data starts in safetensors file `file`, in bytes from the file's start
+    (8 + header length + its `data_offsets` begin; see note [Safetensors header]). Reads the header
+    only; raises CheckpointError naming the file as `read_headers` does."""
+    file = Path(file)
+    header, data_bytes = _read_safetensors_header(file)
+    start = file.stat().st_size - data_bytes  # where the data part begins
+    return {key: start + _safetensors_fields(file, key, info)[2][0]
+            for key, info in header.items() if key != "__metadata__"}
+
+
 # -- sharded index ---------------------------------------------------------------------------------
 
 def _read_index(index: Path, root: Path) -> CheckpointHeaders:
@@ -267,7 +278,7 @@ def _torch_entries(file: Path, root: Path) -> dict[str, CheckpointEntry]:
         ) from None
     except Exception as error:  # noqa: BLE001 - torch.load raises many kinds on a damaged file
         raise CheckpointError(f"{file}: not a readable torch.save file: {type(error).__name__}: {error}") from None
-    state = _state_dict_in(loaded)
+    state = state_dict_in(loaded)
     if state is None:
         raise CheckpointError(
             f"{file}: holds a {type(loaded).__name__}, not a state dict (a mapping of names to tensors, "
@@ -277,7 +288,7 @@ def _torch_entries(file: Path, root: Path) -> dict[str, CheckpointEntry]:
     return {str(key): CheckpointEntry(str(key), *_tensor_metadata(value), name) for key, value in state.items()}
 
 
-def _state_dict_in(loaded: Any) -> Mapping | None:
+def state_dict_in(loaded: Any) -> Mapping | None:
     """A mapping holding tensors: `loaded` itself, or its "state_dict" or "model" entry (training
     checkpoints)."""
     if not isinstance(loaded, Mapping):

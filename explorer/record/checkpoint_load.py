@@ -1,9 +1,10 @@
-"""`load_checkpoint`: a safetensors checkpoint loaded into any module, deferred or not.
+"""`load_checkpoint`: a checkpoint loaded into any module, deferred or not.
 
 On a deferred module the load is recorded into the module's own recording: each tensor is a read
-op (record/checkpoint_reads.py), copied into its parameter or buffer as `load_state_dict` copies
-(converting dtype), so the initialisation it overwrites becomes a dead write that replay skips,
-and nothing is read until materialization. On an eager module it is `load_state_dict` of the file.
+op (record/checkpoint_reads.py, checkpoint_formats.py), copied into its parameter or buffer as
+`load_state_dict` copies (converting dtype), so the initialisation it overwrites becomes a dead
+write that replay skips, and nothing is read until materialization. Tensors already real are
+loaded for real, as `load_state_dict` of the file would.
 """
 
 from __future__ import annotations
@@ -11,65 +12,37 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from ..checkpoint_headers import CheckpointHeaders, read_headers, state_dict_in
 from ..errors import CheckpointError
-from .checkpoint_reads import RecordedSafeOpen, original_safe_open
+from .checkpoint_formats import READ_DCP, READ_TORCH, meta_load
+from .checkpoint_reads import READ_SAFETENSORS
 from .deferred import deferred
 from .fake import is_fake
 
-_INDEX = "model.safetensors.index.json"
-_SINGLE = "model.safetensors"
-
-
-def checkpoint_files(path: str | os.PathLike) -> dict[str, Path]:
-    """Key → safetensors file, for a file, or a directory with `model.safetensors` or a sharded
-    `model.safetensors.index.json`. Raises CheckpointError naming what is missing."""
-    path = Path(path)
-    if path.is_file():
-        if path.suffix != ".safetensors":
-            raise CheckpointError(f"{path}: load_checkpoint reads safetensors files (.safetensors); "
-                                  f"for other formats load them and call module.load_state_dict")
-        return {key: path for key in _keys(path)}
-    if (path / _INDEX).is_file():
-        try:
-            weight_map = json.loads((path / _INDEX).read_text())["weight_map"]
-        except (ValueError, KeyError) as error:
-            raise CheckpointError(f"{path / _INDEX}: not a safetensors index ({type(error).__name__}: {error})") from error
-        files = {key: path / shard for key, shard in weight_map.items()}
-        for shard in sorted(set(files.values())):
-            if not shard.is_file():
-                raise CheckpointError(f"{path / _INDEX} names shard {shard.name}, which is not in {path}")
-        return files
-    if (path / _SINGLE).is_file():
-        return {key: path / _SINGLE for key in _keys(path / _SINGLE)}
-    raise CheckpointError(f"{path}: no safetensors checkpoint here (a .safetensors file, or a directory "
-                          f"with {_SINGLE} or {_INDEX})")
-
-
-def _keys(file: Path) -> list[str]:
-    try:
-        with original_safe_open()(str(file), framework="pt") as handle:
-            return list(handle.keys())
-    except Exception as error:  # SafetensorError: a truncated or foreign file
-        raise CheckpointError(f"{file}: not a readable safetensors file ({type(error).__name__}: {error})") from error
+Reader = Callable[[str], torch.Tensor]  # checkpoint key → tensor (a read op inside a recording)
 
 
 def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool = True) -> nn.Module:
-    """Load the safetensors checkpoint at `path` into `module` as `module.load_state_dict` would.
+    """Load the checkpoint at `path` into `module` as `module.load_state_dict` would.
 
-    A deferred module stays deferred: the load is recorded (a read op per tensor, copied into its
-    parameter or buffer), the init it overwrites is skipped at materialization, and bytes are read
-    only for what is materialized. Tensors already materialized are loaded for real. Keys are checked first, from headers only: with `strict`, a key
-    missing from the checkpoint or not in the module raises CheckpointError naming it, and nothing is
+    `path`: a safetensors file or directory (`model.safetensors`, a sharded index), a `torch.save`
+    file (`.pt`/`.bin`, read with `weights_only`: pickled code is refused) or shards of them, or a
+    `torch.distributed.checkpoint` directory. A deferred module stays deferred: the load is recorded
+    (a read op per tensor, copied into its parameter or buffer), the init it overwrites is skipped at
+    materialization, and bytes are read only for what is materialized. Tensors already materialized
+    are loaded for real. Keys are checked first, from headers only: with `strict`, a key missing
+    from the checkpoint or not in the module raises CheckpointError naming it, and nothing is
     loaded. Returns `module`.
     """
-    files = checkpoint_files(path)
+    headers = read_headers(path)
     expected = set(module.state_dict(keep_vars=True))
-    missing, unexpected = sorted(expected - set(files)), sorted(set(files) - expected)
+    stored = {key for key, entry in headers.entries.items() if entry.shape is not None}
+    missing, unexpected = sorted(expected - stored), sorted(stored - expected)
     if strict and (missing or unexpected):
         raise CheckpointError(
             f"{path} does not fit {type(module).__name__}: "
@@ -78,24 +51,46 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
                 f"unexpected {len(unexpected)} key(s): {', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}"
                 if unexpected else "") if part)
             + " (strict=False loads the keys both have)")
+    read = _reader(headers, Path(path))
     current = module.state_dict(keep_vars=True)
-    deferred_keys = {key: file for key, file in files.items() if key in expected and is_fake(current[key])}
-    real_keys = {key: file for key, file in files.items() if key in expected and key not in deferred_keys}
-    if real_keys:  # already materialized (or never deferred): loaded for real, as load_state_dict does
-        module.load_state_dict(_read(real_keys, original_safe_open()), strict=False)
+    wanted = sorted(expected & stored)
+    real_keys = [key for key in wanted if not is_fake(current[key])]
+    deferred_keys = [key for key in wanted if is_fake(current[key])]
+    if real_keys:  # already materialized (or never deferred): loaded for real now
+        module.load_state_dict({key: read(key) for key in real_keys}, strict=False)
     if deferred_keys:
         with deferred(module):
-            module.load_state_dict(_read(deferred_keys, RecordedSafeOpen), strict=False)
+            module.load_state_dict({key: read(key) for key in deferred_keys}, strict=False)
     return module
 
 
-def _read(files: dict[str, Path], opener: Any) -> dict[str, torch.Tensor]:
-    state: dict[str, torch.Tensor] = {}
-    by_file: dict[Path, list[str]] = {}
-    for key, file in files.items():
-        by_file.setdefault(file, []).append(key)
-    for file, keys in by_file.items():
-        with opener(str(file), framework="pt") as handle:
-            for key in keys:
-                state[key] = handle.get_tensor(key)
-    return state
+def _reader(headers: CheckpointHeaders, path: Path) -> Reader:
+    """How to read each key of the checkpoint: the format's read op (recorded inside a recording)."""
+    root = path if path.is_dir() else path.parent
+    if headers.format == "dcp":
+        directory = str(path.resolve())
+        return lambda key: READ_DCP(directory, key, *_layout(headers, key))
+    prefixes: dict[str, list] = {}
+
+    def prefix(file: str) -> list:
+        if file not in prefixes:  # training checkpoints nest the state dict under "state_dict" / "model"
+            loaded = meta_load(file)
+            inner = state_dict_in(loaded)
+            prefixes[file] = [] if inner is loaded else [k for k in ("state_dict", "model") if loaded.get(k) is inner]
+        return prefixes[file]
+
+    def read(key: str) -> torch.Tensor:
+        file = str((root / headers.entries[key].file).resolve())
+        if file.endswith(".safetensors"):
+            return READ_SAFETENSORS(file, key, *_layout(headers, key))
+        return READ_TORCH(file, json.dumps([*prefix(file), key]), *_layout(headers, key))
+
+    return read
+
+
+def _layout(headers: CheckpointHeaders, key: str) -> tuple[list[int], torch.dtype]:
+    entry = headers.entries[key]
+    dtype = getattr(torch, str(entry.dtype), None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"{headers.path}: {key!r} is stored as {entry.dtype}, which this torch cannot load")
+    return list(entry.shape or ()), dtype

@@ -19,6 +19,7 @@ from ..replay.replay import Replay
 from ..replay.routing import DeviceRouting, is_available
 from . import rng_ledger
 from .builder import GraphBuilder
+from .checkpoint_formats import recorded_torch_load
 from .checkpoint_reads import recorded_checkpoint_reads
 from .extension import Recorder
 from .fake import handle_of
@@ -134,7 +135,8 @@ def _recording_into() -> Iterator[_Session]:
     try:
         with recording(RecordingScope(graph, reader)), _collector_paused(), fake_mode, \
                 RecordingDispatchMode(builder, reader, fake_mode), deferred_lazy_modules(), recorded_initializers(), \
-                recorded_checkpoint_reads(), swappable_fakes(builder), seeding_moves_the_start(graph):
+                recorded_checkpoint_reads(), recorded_torch_load(), swappable_fakes(builder), \
+                seeding_moves_the_start(graph):
             yield _Session(builder, reader, fake_mode)
     except DeferredInitError as error:
         rng_ledger.forget(graph)
@@ -262,7 +264,7 @@ def _recording_onto(graph: InitGraph) -> Iterator[_Session]:
         with recorder.lock, recording(RecordingScope(graph, session.reader)), _collector_paused(), \
                 session.fake_mode, RecordingDispatchMode(session.builder, session.reader, session.fake_mode), \
                 deferred_lazy_modules(), recorded_initializers(), recorded_checkpoint_reads(), \
-                swappable_fakes(session.builder):
+                recorded_torch_load(), swappable_fakes(session.builder):
             yield session
     except DeferredInitError as error:
         error.graph = error.graph or graph

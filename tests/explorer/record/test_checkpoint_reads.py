@@ -151,12 +151,16 @@ def test_load_checkpoint_with_missing_or_unexpected_keys_names_them_and_loads_no
 
 def test_load_checkpoint_names_a_missing_shard_and_a_foreign_file(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"weight": "gone.safetensors"}}))
-    with pytest.raises(CheckpointError, match=r"model.safetensors.index.json names shard gone.safetensors, which is not in"):
-        load_checkpoint(deferred_init(nn.Linear, 4, 4), tmp_path)
+    model = deferred_init(nn.Linear, 4, 4)
+    recorded = len(handle_of(model.weight).graph.ops)
+    with pytest.raises(CheckpointError, match=r"model.safetensors.index.json: shard 'gone.safetensors' \(holding "
+                                              r"'weight'\) does not exist in"):
+        load_checkpoint(model, tmp_path)
     foreign = tmp_path / "notes.safetensors"
     foreign.write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match=rf"{foreign}: not a readable safetensors file"):
-        load_checkpoint(deferred_init(nn.Linear, 4, 4), foreign)
+    with pytest.raises(CheckpointError, match=rf"{foreign}"):
+        load_checkpoint(model, foreign)
+    assert explorer.is_deferred(model.weight) and len(handle_of(model.weight).graph.ops) == recorded
 
 
 def test_load_checkpoint_into_an_eager_module_is_load_state_dict(tmp_path):
@@ -176,3 +180,75 @@ def test_load_checkpoint_into_a_partly_materialized_module_reads_the_real_part_n
     assert torch.equal(model[0].weight, source[0].weight)
     materialize_module(model)
     assert_same(model, source)
+
+
+def source_and_copy(tmp_path):  # noqa: ANN001, ANN201
+    torch.manual_seed(5)
+    source = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).to(torch.bfloat16)
+    model = deferred_init(lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
+    return source, model
+
+
+def test_load_checkpoint_from_a_torch_save_file_is_recorded_and_equals_load_state_dict(tmp_path):
+    source, model = source_and_copy(tmp_path)
+    torch.save({"state_dict": source.state_dict(), "step": 7}, tmp_path / "train.pt")
+    load_checkpoint(model, tmp_path / "train.pt")
+    graph = handle_of(model[0].weight).graph
+    assert sum(op.label == "explorer.read_torch.default" for op in graph.ops) == 4
+    assert explorer.is_deferred(model)
+    materialize_module(model)
+    reference = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    reference.load_state_dict(source.state_dict())
+    assert_same(model, reference)
+
+
+def test_load_checkpoint_from_a_dcp_directory_is_recorded_and_equals_load_state_dict(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    source, model = source_and_copy(tmp_path)
+    with pytest.warns(UserWarning):
+        dcp.save(source.state_dict(), checkpoint_id=tmp_path / "dcp")
+    load_checkpoint(model, tmp_path / "dcp")
+    graph = handle_of(model[0].weight).graph
+    assert sum(op.label == "explorer.read_dcp.default" for op in graph.ops) == 4
+    materialize_module(model)
+    reference = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    reference.load_state_dict(source.state_dict())
+    assert_same(model, reference)
+
+
+def test_torch_load_inside_deferred_init_reads_nothing_and_replays_the_file(tmp_path):
+    torch.manual_seed(5)
+    torch.save(nn.Linear(4, 4).state_dict(), tmp_path / "w.pt")
+
+    def loaded() -> nn.Module:
+        module = nn.Linear(4, 4)
+        module.load_state_dict(torch.load(tmp_path / "w.pt", weights_only=True))
+        return module
+
+    model = deferred_init(loaded)
+    assert torch.load is not None and torch.load.__name__ == "load"  # restored after the scope
+    graph = handle_of(model.weight).graph
+    assert [op.label for op in graph.ops].count("explorer.read_torch.default") == 2
+    torch.manual_seed(0)
+    eager = loaded()
+    materialize_module(model)
+    assert_same(model, eager)
+
+
+def test_a_torch_save_file_with_code_is_refused_inside_deferred_init(tmp_path):
+    torch.save({"weight": torch.ones(2), "how": CodeCarrier()}, tmp_path / "code.pt")
+
+    def loaded() -> nn.Module:
+        module = nn.Linear(2, 1)
+        torch.load(tmp_path / "code.pt", weights_only=True)
+        return module
+
+    with pytest.raises(Exception, match="Weights only load failed"):
+        deferred_init(loaded)
+    with pytest.raises(CheckpointError, match=r"code.pt: refused: it pickles .*CodeCarrier"):
+        load_checkpoint(deferred_init(nn.Linear, 2, 1), tmp_path / "code.pt")
+
+
+class CodeCarrier:
+    """A pickled object: `weights_only` refuses to import it."""
