@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 
 from ..graph import InitGraph, OpNode, TensorId, accepts_generator, is_inplace_random
+from ..record.checkpoint_formats import READ_TORCH, read_torch
+from ..record.checkpoint_reads import READ_SAFETENSORS, original_safe_open
 from ..record.fake import handle_of
 from ..record.scope import outside_recording
 from .draws import calibrated_formula, draw_count, family_of, is_contiguous
@@ -72,6 +74,9 @@ def draw_rows(
         return None
     check_materializable(fake, name)
     graph, tid = handle.graph, handle.tensor_id
+    read = checkpoint_rows(graph, tid, start, stop)
+    if read is not None:
+        return read
     fill = drawable_fill(graph, tid)
     if fill is None:
         return None
@@ -101,6 +106,34 @@ def draw_rows(
         else:
             _normal_range(fill, flat, state, first, last, numel, args, kwargs)
     return out
+
+
+# A value read from a checkpoint, then at most converted: a rank reads only its rows of the file.
+_CONVERSIONS = frozenset({torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default})
+
+
+def checkpoint_rows(graph: InitGraph, tid: TensorId, start: int, stop: int) -> torch.Tensor | None:
+    """Rows [start, stop) of tensor `tid` when its value is one checkpoint read of the same shape,
+    at most converted to another dtype (`from_pretrained`'s `.to(dtype)`, `load_checkpoint`'s
+    `copy_`): read from the file alone (safetensors slices and memory-mapped torch.save files read
+    only those bytes). None otherwise; the caller then materializes the whole tensor."""
+    info = graph.tensors[tid]
+    needed = [graph.ops[i] for i in graph.closure_of([tid], skip_dead_writes=True) if not graph.ops[i].aliases_only]
+    reads = [op for op in needed if op.func in (READ_SAFETENSORS, READ_TORCH)]
+    rest = [op for op in needed if op not in reads and op.index != graph.storages[info.storage].creator]
+    if len(reads) != 1 or any(op.func not in _CONVERSIONS for op in rest) or info.device.type != "cpu":
+        return None
+    read = reads[0]
+    path, key, shape, dtype = read.args[:4]
+    if list(shape) != list(info.shape) or info.storage_offset != 0 or not is_contiguous(info):
+        return None
+    with outside_recording():
+        if read.func is READ_SAFETENSORS:
+            with original_safe_open()(path, framework="pt") as handle:
+                rows = handle.get_slice(key)[start:stop]
+        else:
+            rows = read_torch(path, key, list(shape), dtype)[start:stop].clone()
+        return rows.to(info.dtype)
 
 
 def _state_before(graph: InitGraph, fill: OpNode, rng: RngMode) -> torch.Tensor:

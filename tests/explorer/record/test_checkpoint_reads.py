@@ -252,3 +252,23 @@ def test_a_torch_save_file_with_code_is_refused_inside_deferred_init(tmp_path):
 
 class CodeCarrier:
     """A pickled object: `weights_only` refuses to import it."""
+
+
+@pytest.mark.parametrize("how", ["from_pretrained", "load_checkpoint-safetensors", "load_checkpoint-torch-save"])
+def test_a_ranks_rows_of_a_checkpoint_backed_parameter_are_read_alone_and_equal_the_whole(tmp_path, how):
+    from explorer.replay.rows import draw_rows
+
+    directory = saved_llama(tmp_path / "hf", torch.bfloat16, sharded=True)
+    if how == "from_pretrained":
+        model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, directory, dtype=torch.float32)
+    else:
+        model = deferred_init(transformers.LlamaForCausalLM, tiny_config(False))
+        if how.endswith("torch-save"):
+            torch.save(transformers.LlamaForCausalLM.from_pretrained(directory).state_dict(), tmp_path / "w.pt")
+            load_checkpoint(model, tmp_path / "w.pt")
+        else:
+            load_checkpoint(model, directory)
+    weight = model.model.layers[1].mlp.up_proj.weight
+    rows = draw_rows(weight, 5, 40)
+    assert rows is not None and rows.dtype == torch.float32
+    assert torch.equal(rows, explorer.materialize_tensor(weight)[5:40])
