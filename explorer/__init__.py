@@ -21,6 +21,7 @@ from .record.deferred import DeferredBlock, deferred, deferred_init, deferred_ro
 from .record.fake import is_fake
 from .render import module_graph, node_kind, op_graph  # noqa: E402
 from .replay.materialize import is_deferred, materialize_module, materialize_tensor
+from .replay.save import save_checkpoint
 from .replay.release import release_module
 
 __all__ = [
@@ -54,5 +55,6 @@ __all__ = [
     "op_graph",
     "plan_devices",
     "release_module",
+    "save_checkpoint",
     "to_fx",
 ]
