@@ -12,7 +12,7 @@
 Works wherever ipywidgets 8 and anywidget render (JupyterLab, Notebook 7, VS Code).
 
 Layout: a module tree (left) with checkboxes (a parent selects its subtree), expand/collapse and
-per node class, parameter count, bytes, device and state (fake / partly / materialized); tabs
+per node class, parameter count, bytes, device and state (fake / disk / partly / materialized); tabs
 Tensors / Ops / Graph / Memory following the selection; a details pane for the tensor opened from
 the tensors table or the graph; the materialize bar at the bottom.
 
@@ -23,7 +23,7 @@ Stable CSS classes (for end-to-end tests and styling):
   selected row adds `de-tree-node-active`), holding `de-tree-toggle` (▸/▾), `de-tree-checkbox`
   (an `<input type=checkbox>`, indeterminate when partly selected), `de-tree-label` (click: select
   this subtree only), `de-tree-class`, `de-tree-params`, `de-tree-bytes`, `de-tree-device`,
-  `de-tree-state` (also `de-state-<fake|partly|materialized|empty>`).
+  `de-tree-state` (also `de-state-<fake|disk|partly|materialized|empty>`).
 - tabs: `de-tabs`; `de-tensors-tab`, `de-ops-tab`, `de-graph-tab`, `de-memory-tab`.
 - tables: `de-tensors-table`, `de-ops-table`, `de-memory-table`, `de-details-table`, each drawn as
   `table.de-table` with `th.de-table-header` (`data-column`; click: sort), `tr.de-table-row`

@@ -279,10 +279,10 @@ class ExplorerWidget(w.VBox):
 
     def materialize_preview(self, what: str = "selection", device: str | None = None) -> MaterializePreview:
         """What materializing the selection (`what="selection"`) or the "whole module" on `device`
-        (default: the bar's) would do: tensors, bytes, whether it fits, expected time."""
+        (default: the bar's) would do: tensors, bytes, checkpoint files read, whether it fits, time."""
         scope = set(self.tree.checked) if what == "selection" else None
         return preview(self.inspection.tensors, scope, what=what, device=device or self.bar.device.value,
-                       throughput=self.bar.throughput)
+                       throughput=self.bar.throughput, reads=self.inspection.reads)
 
     def cancel(self) -> None:
         """Cancel a running materialization; the module keeps its previous state."""

@@ -1,7 +1,8 @@
 """What a click on "Materialize" will do, said before it is done.
 
 From the inspection's tensors table: the fake tensors the click would fill (the selected modules'
-own tensors, or all), their bytes (each storage once) on the target device, whether that fits the
+own tensors, or all), their bytes (each storage once) on the target device, the bytes it will read
+from which checkpoint files (each recorded read once, at its on-disk size), whether that fits the
 device's free memory now, and how long it should take at the throughput the last materialization
 of this session measured. A click above `CONFIRM_ABOVE_BYTES`, or one that does not fit, asks for
 confirmation first.
@@ -19,12 +20,15 @@ import torch
 from .formatting import bytes_text
 
 CONFIRM_ABOVE_BYTES = 4 << 30  # 4 GiB
+FILES_NAMED = 3  # a preview names this many files, then says how many more
+DEFERRED_STATES = ("fake", "disk")  # explorer.inspection.census: no memory yet
 
 
 @dataclass(frozen=True)
 class MaterializePreview:
     """`tensors` fake names to fill, `bytes` they need on `device`, `free` bytes there now (None:
-    unknown, e.g. meta), `seconds` expected (None: nothing measured yet)."""
+    unknown, e.g. meta), `seconds` expected (None: nothing measured yet), `reads` (file, bytes) to
+    read from checkpoint files, most bytes first."""
 
     what: str
     device: str
@@ -33,6 +37,7 @@ class MaterializePreview:
     free: int | None
     seconds: float | None
     throughput: float | None = None
+    reads: tuple[tuple[str, int], ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -48,6 +53,8 @@ class MaterializePreview:
         if self.tensors == 0:
             return f"{self.what}: nothing to materialize (no fake tensors)"
         line = f"{self.what}: {self.tensors:,} tensor{'s' * (self.tensors != 1)}, {bytes_text(self.bytes)} on {self.device}"
+        if self.reads:
+            line += f" — {self.reads_text()}"
         if self.device == "meta":
             line += " — no memory (shapes only)"
         elif self.free is not None:
@@ -57,6 +64,16 @@ class MaterializePreview:
         else:
             line += " — time: known after a first materialization of 16 MiB or more"
         return line
+
+
+    def reads_text(self) -> str:
+        """ "reads 1.5 MiB from 2 files (model-00001-of-00002.safetensors: 1.0 MiB, ...: 512.0 KiB)"."""
+        total = sum(size for _, size in self.reads)
+        files = [f"{name}: {bytes_text(size)}" for name, size in self.reads[:FILES_NAMED]]
+        if len(self.reads) > FILES_NAMED:
+            files.append(f"{len(self.reads) - FILES_NAMED} more")
+        count = len(self.reads)
+        return f"reads {bytes_text(total)} from {count} file{'s' * (count != 1)} ({', '.join(files)})"
 
 
 def _duration(seconds: float) -> str:
@@ -73,12 +90,24 @@ def free_bytes(device: str) -> int | None:
 
 
 def preview(tensors: pd.DataFrame, scope: Collection[str] | None, *, what: str, device: str,
-            throughput: float | None) -> MaterializePreview:
-    """The preview for materializing the fake tensors held by modules in `scope` (None: all) on
-    `device`, at `throughput` bytes per second (None: unknown)."""
-    rows = tensors[tensors["state"] == "fake"]
+            throughput: float | None, reads: pd.DataFrame | None = None) -> MaterializePreview:
+    """The preview for materializing the fake (and "disk") tensors held by modules in `scope` (None:
+    all) on `device`, at `throughput` bytes per second (None: unknown); `reads` is the inspection's
+    checkpoint reads table (None: no checkpoint)."""
+    rows = tensors[tensors["state"].isin(DEFERRED_STATES)]
     if scope is not None:
         rows = rows[rows["module"].isin(set(scope))]
     size = int(rows.drop_duplicates("storage_id")["bytes"].sum()) if len(rows) else 0
     seconds = size / throughput if throughput else None
-    return MaterializePreview(what, device, len(rows), size, free_bytes(device), seconds, throughput)
+    files = file_reads(reads, set(rows["name"].tolist())) if reads is not None and len(rows) else ()
+    return MaterializePreview(what, device, len(rows), size, free_bytes(device), seconds, throughput, files)
+
+
+def file_reads(reads: pd.DataFrame, names: set[str]) -> tuple[tuple[str, int], ...]:
+    """(file, bytes) read from each checkpoint file to fill `names`, most bytes first: every read
+    feeding one of them, once (a read feeding two names, tied or split, is read once)."""
+    per_file: dict[str, int] = {}
+    for file, size, fed in zip(reads["file"].tolist(), reads["bytes"].tolist(), reads["tensors"].tolist()):
+        if not names.isdisjoint(fed):
+            per_file[file] = per_file.get(file, 0) + int(size)
+    return tuple(sorted(per_file.items(), key=lambda item: (-item[1], item[0])))

@@ -18,7 +18,7 @@ from torch import nn
 import explorer
 
 from .formatting import bytes_text, count_text, percent_text
-from .states import STATE_COLOURS, module_state
+from .states import STATE_COLOURS, module_states
 from .table import DataTable
 
 COLUMNS = ["name", "class", "total_params", "bytes", "bytes_by_device", "materialized", "state"]
@@ -43,7 +43,7 @@ def memory_rows(modules: pd.DataFrame, roots: Sequence[str] | None) -> pd.DataFr
     parents = names.str.rpartition(".")[0].where(names != "", None)
     mask = names.isin(roots) | parents.isin(roots)
     rows = modules[mask]
-    states = [module_state(b, m) for b, m in zip(rows["bytes"].tolist(), rows["materialized_bytes"].tolist())]
+    states = module_states(rows)
     return rows.assign(state=states)
 
 

@@ -14,7 +14,7 @@ from typing import Literal, get_args
 import pandas as pd
 
 from .formatting import bytes_text
-from .states import EMPTY, STATE_COLOURS, module_state
+from .states import EMPTY, STATE_COLOURS, module_states
 
 OverlayMode = Literal["state", "bytes", "dtype", "device"]
 OVERLAY_MODES: tuple[str, ...] = get_args(OverlayMode)
@@ -49,7 +49,7 @@ def overlay(modules: pd.DataFrame, mode: str) -> Overlay:
 
 
 def _by_state(modules: pd.DataFrame) -> Overlay:
-    states = [module_state(total, done) for total, done in zip(modules["bytes"], modules["materialized_bytes"])]
+    states = module_states(modules)
     colours = {path: STATE_COLOURS[state] for path, state in zip(modules["name"], states)}
     legend = [(state, STATE_COLOURS[state]) for state in STATE_COLOURS if state in set(states)]
     return Overlay("state", colours, legend)

@@ -22,9 +22,11 @@ ALL = "all"
 # `alias_group` (every other name on the storage: views, ties, `.data` aliases) is the alias/tie
 # group; `tied_with` (the same tensor object) is its subset and optional.
 COLUMNS = ["name", "shape", "stride", "storage_offset", "dtype", "device", "state", "alias_group", "bytes"]
-LABELS = {"storage_offset": "offset", "alias_group": "alias/tie group", "tied_with": "tied with"}
+LABELS = {"storage_offset": "offset", "alias_group": "alias/tie group", "tied_with": "tied with",
+          "offset": "file offset", "disk_dtype": "dtype on disk"}
 OPTIONAL_COLUMNS = ["tied_with", "kind", "module", "numel", "contiguous", "requires_grad", "is_view", "storage_id",
-                    "closure_ops", "producer", "last_write", "source", "graph", "tensor_id"]
+                    "closure_ops", "producer", "last_write", "source", "graph", "tensor_id",
+                    "file", "key", "offset", "disk_dtype"]  # checkpoint provenance of "disk" tensors
 
 
 def scoped(frame: pd.DataFrame, scope: Collection[str] | None) -> pd.DataFrame:

@@ -65,7 +65,9 @@ function render({ model, el }) {
       label.title = `${node.path || "(root)"}: ${node.class}, ${node.params} parameters, ${node.bytes} on ${node.device}`;
       label.addEventListener("click", () => send({ type: "select", path: node.path }));
       row.appendChild(label);
-      row.appendChild(cell("de-tree-class", node.class));
+      const klass = cell("de-tree-class", node.class);
+      klass.title = node.class; // the class is the first text a narrow tree cuts
+      row.appendChild(klass);
       row.appendChild(cell("de-tree-params", node.params));
       row.appendChild(cell("de-tree-bytes", node.bytes));
       row.appendChild(cell("de-tree-device", node.device));

@@ -18,7 +18,7 @@ from explorer.naming import parent_of
 from .formatting import bytes_text, count_text
 from .front_end import source
 from .selection import ModuleSelection
-from .states import STATE_COLOURS, module_state
+from .states import STATE_COLOURS, module_states
 
 
 def tree_nodes(modules: pd.DataFrame, root_class: str) -> list[dict[str, Any]]:
@@ -29,11 +29,10 @@ def tree_nodes(modules: pd.DataFrame, root_class: str) -> list[dict[str, Any]]:
         if name:
             has_children.add(parent_of(name))
     nodes = []
-    for name, cls, depth, params, total, done, devices in zip(
+    for name, cls, depth, params, total, devices, state in zip(
         names, modules["class"].tolist(), modules["depth"].tolist(), modules["total_params"].tolist(),
-        modules["bytes"].tolist(), modules["materialized_bytes"].tolist(), modules["bytes_by_device"].tolist(),
+        modules["bytes"].tolist(), modules["bytes_by_device"].tolist(), module_states(modules),
     ):
-        state = module_state(total, done)
         nodes.append({
             "path": name,
             "label": name.rpartition(".")[2] if name else root_class,

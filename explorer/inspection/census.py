@@ -12,6 +12,8 @@ Identity rules the census keeps:
   two: its memory is what the remaining fakes of that recorded storage will alias when they are
   materialized, so a half-materialized tied weight or view stays one storage. Storage ids are
   numbered 0, 1, ... in the order names first reach them;
+- a fake is "disk" when a recorded checkpoint read feeds its value, else "fake" (made by
+  initializers alone); see note [Checkpoint sources flow forward] in checkpoint_sources.py;
 - a real tensor is "materialized" when `materialize_*` handed it out (it has an `Origin`), and
   "real" otherwise. It is joined to its recorded tensor (graph, tensor id, storage) only while its
   graph is reachable from the module's remaining fakes: a fully materialized module reaches none
@@ -30,8 +32,10 @@ from ..graph import InitGraph, OpIndex, TensorId
 from ..naming import dtype_name
 from ..record.fake import handle_of, is_fake
 from ..replay.provenance import Origin, creation_sources, origin_of
+from .checkpoint_sources import CheckpointRead, CheckpointReads, storage_sources
 
-FAKE, MATERIALIZED, REAL = "fake", "materialized", "real"
+FAKE, DISK, MATERIALIZED, REAL = "fake", "disk", "materialized", "real"
+DEFERRED_STATES = (FAKE, DISK)  # no memory yet: made by initializers / to be read from a checkpoint
 PARAMETER, BUFFER, NON_PERSISTENT = "parameter", "buffer", "non-persistent buffer"
 
 
@@ -43,12 +47,13 @@ class NamedTensor:
     module: str  # qualified name of the owning module ("" for the root)
     kind: str  # PARAMETER, BUFFER or NON_PERSISTENT
     tensor: torch.Tensor
-    state: str  # FAKE, MATERIALIZED or REAL
+    state: str  # FAKE, DISK, MATERIALIZED or REAL
     graph: int | None  # index into Census.graphs (fakes, and materialized tensors traced back)
     tensor_id: TensorId | None  # recorded id in that graph
     storage: int  # index into Census.storages
     numel: int
     origin: Origin | None = None  # how construction made it (fakes and materialized tensors)
+    reads: tuple[CheckpointRead, ...] = ()  # checkpoint reads feeding its value, in recording order
 
     @property
     def identity(self) -> tuple:
@@ -66,7 +71,7 @@ class StorageRecord:
     nbytes: int
     device: str
     dtype: str  # of the first name found on it
-    state: str  # FAKE when every name on it is fake, else the first other name's state
+    state: str  # FAKE/DISK when every name on it is, else the first other name's state
     graph: int | None
     recorded_id: int | None  # the storage id in that graph
     names: list[int] = field(default_factory=list)  # indices into Census.tensors, module order
@@ -167,6 +172,7 @@ def take_census(root: nn.Module) -> Census:
             keys.append(key)
             tensors.append(NamedTensor(name, path, kind, tensor, state, graph, tid, -1, tensor.numel(), origin))
 
+        _note_checkpoint_reads(tensors, graphs)  # before storages take their names' states
         storages: list[StorageRecord] = []
         storage_of_root: dict[tuple, int] = {}
         for position, (entry, key) in enumerate(zip(tensors, keys)):
@@ -181,7 +187,7 @@ def take_census(root: nn.Module) -> Census:
             if entry.graph is not None and record.graph is None:
                 record.graph, record.recorded_id = entry.graph, key[2]
                 record.nbytes = graphs[entry.graph].storages[key[2]].nbytes
-            if record.state == FAKE and entry.state != FAKE:
+            if record.state in DEFERRED_STATES and entry.state not in DEFERRED_STATES:
                 record.state = entry.state  # some name on it has real memory
             record.names.append(position)
             entry.storage = sid
@@ -203,3 +209,20 @@ def take_census(root: nn.Module) -> Census:
             closure_ops = len(closures[(position, entry.tensor_id)])
             entry.origin = Origin.of(graph, entry.tensor_id, closure_ops, sources[entry.tensor_id])
     return Census(root, modules, tensors, storages, graphs, closures)
+
+
+def _note_checkpoint_reads(tensors: list[NamedTensor], graphs: list[InitGraph]) -> None:
+    """Give every recorded name the checkpoint reads feeding it; a fake so fed becomes DISK."""
+    reads = CheckpointReads(graphs)
+    sources: dict[int, dict] = {}
+    for entry in tensors:
+        if entry.graph is None:
+            continue
+        if entry.graph not in sources:
+            graph = graphs[entry.graph]
+            sources[entry.graph] = storage_sources(graph) if graph.storages else {}
+        feeding = sources[entry.graph].get(graphs[entry.graph].tensors[entry.tensor_id].storage)
+        if feeding:
+            entry.reads = tuple(reads[(entry.graph, index)] for index in sorted(feeding))
+            if entry.state == FAKE:
+                entry.state = DISK

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 from torch import nn
@@ -11,6 +11,7 @@ from torch import nn
 from .census import take_census
 from .modules import modules_table
 from .ops import ops_table
+from .reads import READ_COLUMNS, reads_table
 from .diff import InspectionDiff, diff_inspections
 from .search import SearchResult, TextIndex
 from .storages import storages_table
@@ -23,8 +24,9 @@ class Inspection:
     """What a module holds and how it was built, as four pandas tables taken at one moment.
 
     `tensors`: one row per parameter/buffer name; `modules`: one row per module path; `ops`: one
-    row per recorded op; `storages`: one row per piece of memory. Each table's builder documents
-    its columns (`explorer.inspection.tensors_table`, ...). The tables are snapshots: materializing
+    row per recorded op; `storages`: one row per piece of memory; `reads`: one row per recorded
+    checkpoint read a name needs (empty unless weights come from a checkpoint). Each table's
+    builder documents its columns (`explorer.inspection.tensors_table`, ...). The tables are snapshots: materializing
     later does not update them.
     """
 
@@ -33,6 +35,7 @@ class Inspection:
     modules: pd.DataFrame
     ops: pd.DataFrame
     storages: pd.DataFrame
+    reads: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=READ_COLUMNS))
 
     def summary(self) -> str:
         """A few lines for the terminal: sizes, fake/materialized/real bytes, dtypes, devices, ops."""
@@ -111,4 +114,5 @@ def inspect(module: nn.Module) -> Inspection:
         modules=modules_table(census),
         ops=ops_table(census),
         storages=storages_table(census),
+        reads=reads_table(census),
     )

@@ -7,11 +7,11 @@ import math
 import pandas as pd
 
 from ..naming import depth_of, parent_of
-from .census import FAKE, PARAMETER, Census
+from .census import DEFERRED_STATES, DISK, PARAMETER, Census
 
 MODULE_COLUMNS = [
     "name", "class", "depth", "own_params", "total_params", "bytes", "bytes_by_dtype", "bytes_by_device",
-    "share", "materialized_bytes", "materialized",
+    "share", "materialized_bytes", "materialized", "disk_bytes",
 ]
 
 
@@ -28,14 +28,17 @@ def modules_table(census: Census) -> pd.DataFrame:
     - `share`: the subtree's bytes over the root's (NaN when the root holds no bytes);
     - `materialized_bytes`: bytes of the subtree's storages that some name in the subtree holds as a
       real (materialized or eager) tensor; `materialized`: their fraction of `bytes` (NaN when the
-      subtree holds no bytes).
+      subtree holds no bytes);
+    - `disk_bytes`: bytes of the subtree's storages still fake whose value a checkpoint read feeds
+      (state "disk"): what materializing the subtree takes from checkpoint files, as loaded.
     """
     storages: dict[str, set[int]] = {path: set() for path, _ in census.modules}
     present: dict[str, set[int]] = {path: set() for path, _ in census.modules}  # a non-fake name on it
+    on_disk = {sid for sid, record in enumerate(census.storages) if record.state == DISK}
     own_params: dict[str, dict[tuple, int]] = {path: {} for path, _ in census.modules}
     for entry in census.tensors:
         storages[entry.module].add(entry.storage)
-        if entry.state != FAKE:
+        if entry.state not in DEFERRED_STATES:
             present[entry.module].add(entry.storage)
         if entry.kind == PARAMETER:
             own_params[entry.module][entry.identity] = entry.numel
@@ -56,7 +59,7 @@ def modules_table(census: Census) -> pd.DataFrame:
     for path, module in census.modules:
         by_dtype: dict[str, int] = {}
         by_device: dict[str, int] = {}
-        total = materialized = 0
+        total = materialized = disk = 0
         for sid in sorted(storages[path]):
             record = records[sid]
             total += record.nbytes
@@ -64,6 +67,8 @@ def modules_table(census: Census) -> pd.DataFrame:
             by_device[record.device] = by_device.get(record.device, 0) + record.nbytes
             if sid in present[path]:
                 materialized += record.nbytes
+            elif sid in on_disk:
+                disk += record.nbytes
         columns["name"].append(path)
         columns["class"].append(type(module).__name__)
         columns["depth"].append(depth_of(path))
@@ -75,4 +80,5 @@ def modules_table(census: Census) -> pd.DataFrame:
         columns["share"].append(total / root_bytes if root_bytes else math.nan)
         columns["materialized_bytes"].append(materialized)
         columns["materialized"].append(materialized / total if total else math.nan)
+        columns["disk_bytes"].append(disk)
     return pd.DataFrame(columns, columns=MODULE_COLUMNS)

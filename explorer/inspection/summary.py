@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..naming import format_bytes
-from .census import FAKE, MATERIALIZED, PARAMETER, REAL
+from .census import DISK, FAKE, MATERIALIZED, PARAMETER, REAL
 from .ops import OP_KINDS
 
 
@@ -16,7 +16,8 @@ def _amounts(amounts: dict[str, int]) -> str:
 def summary_text(
     root_class: str, tensors: pd.DataFrame, modules: pd.DataFrame, ops: pd.DataFrame, storages: pd.DataFrame
 ) -> str:
-    """Five or six lines: sizes, state, dtypes and devices, recorded ops by kind, tied names.
+    """Five or six lines: sizes, state (fake, disk when some storage will be read from a checkpoint,
+    materialized, real), dtypes and devices, recorded ops by kind, tied names.
 
     Byte counts are of storages (each counted once), as in the modules table.
     """
@@ -30,8 +31,10 @@ def summary_text(
     ]
     by_state = storages.groupby("state")["bytes"].sum()
     states = []
-    for state in (FAKE, MATERIALIZED, REAL):
+    for state in (FAKE, DISK, MATERIALIZED, REAL):
         amount = int(by_state.get(state, 0))
+        if state == DISK and not amount:
+            continue  # only checkpoint-backed modules have a "disk" share
         share = f"{100 * amount / total:.1f}%" if total else "-"
         states.append(f"{state} {format_bytes(amount)} ({share})")
     lines.append("state: " + ", ".join(states))

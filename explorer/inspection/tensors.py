@@ -7,11 +7,12 @@ import torch
 
 from ..naming import dtype_name
 from .census import Census
+from .checkpoint_sources import CheckpointRead
 
 TENSOR_COLUMNS = [
     "name", "module", "kind", "shape", "stride", "storage_offset", "dtype", "device", "numel", "bytes",
     "contiguous", "requires_grad", "is_view", "storage_id", "alias_group", "tied_with", "state",
-    "graph", "tensor_id", "closure_ops", "producer", "last_write", "source",
+    "graph", "tensor_id", "closure_ops", "producer", "last_write", "source", "file", "key", "offset", "disk_dtype",
 ]
 
 
@@ -33,7 +34,13 @@ def tensors_table(census: Census) -> pd.DataFrame:
     - `closure_ops`: how many recorded ops reproducing it takes; `producer`: the op that made this
       tensor object; `last_write`: the last op that wrote its storage (its initializer, usually);
       `source`: the user's line that made it, "file:line in function" (for `.data = x`, the line that
-      made `x`). All missing for real tensors.
+      made `x`). All missing for real tensors;
+    - `file`, `key`, `offset`, `disk_dtype`: the checkpoint read feeding the tensor's value (state
+      "disk", and materialized tensors traced back): the safetensors file's name, the key in it, where
+      the key's data starts in the file (bytes; missing when the header cannot be read now) and its
+      dtype there (a bfloat16 checkpoint loaded as float32 says bfloat16). A tensor fed by several
+      reads (a concatenation) lists their files, keys and dtypes joined by ", " and has no offset.
+      All missing for tensors no read feeds.
     """
     columns: dict[str, list] = {column: [] for column in TENSOR_COLUMNS}
     storages = census.storages
@@ -70,6 +77,7 @@ def tensors_table(census: Census) -> pd.DataFrame:
             columns["tied_with"].append([names[i] for i in by_identity[entry.identity] if i != position])
             columns["state"].append(entry.state)
             columns["graph"].append(entry.graph)
+            _add_reads(columns, entry.reads)
             origin = entry.origin
             if origin is None:
                 for column in ("tensor_id", "closure_ops", "producer", "last_write", "source"):
@@ -81,6 +89,17 @@ def tensors_table(census: Census) -> pd.DataFrame:
             columns["last_write"].append(origin.last_write)
             columns["source"].append(str(origin.source) if origin.source is not None else None)
 
-    for column in ("graph", "tensor_id", "closure_ops"):
+    for column in ("graph", "tensor_id", "closure_ops", "offset"):
         columns[column] = pd.array(columns[column], dtype="Int64")
     return pd.DataFrame(columns, columns=TENSOR_COLUMNS)
+
+
+def _add_reads(columns: dict[str, list], reads: tuple[CheckpointRead, ...]) -> None:
+    if not reads:
+        for column in ("file", "key", "offset", "disk_dtype"):
+            columns[column].append(None)
+        return
+    columns["file"].append(", ".join(dict.fromkeys(read.file for read in reads)))
+    columns["key"].append(", ".join(read.key for read in reads))
+    columns["offset"].append(reads[0].offset if len(reads) == 1 else None)
+    columns["disk_dtype"].append(", ".join(dict.fromkeys(read.dtype for read in reads)))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 from ..graph import ExternalRef, InitGraph, OpNode, TensorRef
+from ..inspection.checkpoint_sources import is_checkpoint_read, read_of
 from ..inspection.ops import op_kind
 from ..naming import dtype_name, format_bytes
 from .diagram import DiagramNode
 from .names import op_node
 from .scene import Scene, TensorMark
+from .styles import CHECKPOINT_READ
 
 
 def short_op_name(op: OpNode) -> str:
@@ -39,17 +43,38 @@ def _value_text(value: object) -> str:
     return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
 
+def _shorten(text: str) -> str:
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
 def op_node_of(scene: Scene, graph: int, index: int, cluster: str | None) -> DiagramNode:
-    """The node of one op: "12: normal_", its arguments, and a tooltip with the overload and source line."""
+    """The node of one op: "12: normal_", its arguments, and a tooltip with the overload and source
+    line; a checkpoint read is named by its file, with its key: "12: read model.safetensors"."""
     op = scene.graphs[graph].ops[index]
+    if is_checkpoint_read(op):
+        return _read_node(scene, graph, op, cluster)
     arguments = _op_arguments(op)
-    lines = [arguments if len(arguments) <= 40 else arguments[:39] + "…"] if arguments else []
+    lines = [_shorten(arguments)] if arguments else []
     tooltip = f"{op.label}({arguments})"
     if op.source is not None:
         tooltip += f"\n{op.source}\n{op.source.line}"
+    return DiagramNode(op_node(graph, index), op_kind(op), f"{_prefix(scene, graph, index)}: {short_op_name(op)}",
+                       lines, cluster, tooltip)
+
+
+def _prefix(scene: Scene, graph: int, index: int) -> str:
     # Ops by index ("12: normal_"), tensors by id ("#3"), as in the ops table.
-    prefix = f"{graph}:{index}" if len(scene.graphs) > 1 else f"{index}"
-    return DiagramNode(op_node(graph, index), op_kind(op), f"{prefix}: {short_op_name(op)}", lines, cluster, tooltip)
+    return f"{graph}:{index}" if len(scene.graphs) > 1 else f"{index}"
+
+
+def _read_node(scene: Scene, graph: int, op: OpNode, cluster: str | None) -> DiagramNode:
+    path, key, shape, dtype = read_of(op)
+    file = os.path.basename(path)
+    tooltip = f"{op.label}: {key} {list(shape)} {dtype_name(dtype)}\nfrom {path}"
+    if op.source is not None:
+        tooltip += f"\n{op.source}\n{op.source.line}"
+    return DiagramNode(op_node(graph, op.index), CHECKPOINT_READ, f"{_prefix(scene, graph, op.index)}: read {file}",
+                       [_shorten(key)], cluster, tooltip)
 
 
 def edge_label(graph: InitGraph, tid: int) -> str:

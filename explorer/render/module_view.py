@@ -18,6 +18,7 @@ from .diagram import Diagram, DiagramEdge, DiagramNode
 from .names import module_node
 from .styles import (
     MODULE_EMPTY,
+    MODULE_DISK,
     MODULE_FAKE,
     MODULE_LEGEND,
     MODULE_MATERIALIZED,
@@ -34,11 +35,12 @@ def count_text(count: int) -> str:
     return str(count)
 
 
-def _state(fraction: float, recorded: bool) -> tuple[str, str]:
+def _state(fraction: float, recorded: bool, disk_share: float = 0.0) -> tuple[str, str]:
+    # "disk" as widgets/states.py has it: nothing materialized, checkpoint reads feed most bytes
     if math.isnan(fraction):
         return MODULE_EMPTY, "no tensors"
     if fraction == 0:
-        return MODULE_FAKE, "fake"
+        return (MODULE_DISK, "disk") if disk_share > 0.5 else (MODULE_FAKE, "fake")
     if fraction == 1:
         return (MODULE_MATERIALIZED, "materialized") if recorded else (MODULE_REAL, "real")
     return MODULE_PARTLY, f"partly materialized ({100 * fraction:.0f}%)"
@@ -62,13 +64,14 @@ def module_diagram(module: nn.Module, depth: int | None = None, fold_repeats: bo
                 path = parent_of(path)
 
     rows = list(zip(table["name"], table["class"], table["depth"], table["total_params"], table["bytes"],
-                    table["materialized"]))
+                    table["materialized"], table["disk_bytes"]))
     children: dict[str, list[str]] = {}
     info: dict[str, tuple] = {}
-    for path, cls, level, params, nbytes, fraction in rows:
+    for path, cls, level, params, nbytes, fraction, disk in rows:
         if path in info:  # a shared module reached again under the same path cannot happen; keep first
             continue
-        info[path] = (cls, int(level), int(params), int(nbytes), _state(float(fraction), path in recorded))
+        disk_share = int(disk) / int(nbytes) if nbytes else 0.0
+        info[path] = (cls, int(level), int(params), int(nbytes), _state(float(fraction), path in recorded, disk_share))
         if path:
             children.setdefault(parent_of(path), []).append(path)
 

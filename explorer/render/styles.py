@@ -1,17 +1,20 @@
 """How each kind of node looks: one table, read by the DOT writer and by the legend.
 
 Op styles follow `explorer.inspection.op_kind`; tensor styles follow the census states (a fake has
-no storage yet: dashed; a materialized tensor came from replay: green; a real one was never fake).
+no storage yet: dashed, violet when a checkpoint read feeds it; a materialized tensor came from
+replay: green; a real one was never fake). Checkpoint reads get their own op style.
 """
 
 from __future__ import annotations
 
-from ..inspection.census import FAKE, MATERIALIZED, REAL
+from ..inspection.census import DISK, FAKE, MATERIALIZED, REAL
 from ..inspection.ops import COMPUTE, DATA, EXTERNAL_INPUT, FACTORY, INPLACE, RANDOM, VIEW
 
 SUMMARY, FOLDED, MORE, ERROR = "module", "repeated modules", "more", "error"
+CHECKPOINT_READ = "checkpoint read"  # explorer::read_safetensors / read_torch / read_dcp, drawn apart
 MODULE_FAKE, MODULE_PARTLY, MODULE_MATERIALIZED, MODULE_REAL, MODULE_EMPTY = (
     "module: fake", "module: partly", "module: materialized", "module: real", "module: no tensors")
+MODULE_DISK = "module: disk"
 
 _OP = {"shape": "box", "style": "rounded,filled"}
 _TENSOR = {"shape": "ellipse"}
@@ -25,7 +28,9 @@ STYLES: dict[str, dict[str, str]] = {
     COMPUTE: {**_OP, "fillcolor": "#ffffff", "color": "#495057"},
     DATA: {**_OP, "shape": "hexagon", "fillcolor": "#e5dbff", "color": "#6741d9"},
     EXTERNAL_INPUT: {**_OP, "fillcolor": "#fff3bf", "color": "#a08000", "peripheries": "2"},
+    CHECKPOINT_READ: {**_OP, "shape": "cylinder", "style": "filled", "fillcolor": "#e5dbff", "color": "#7048e8"},
     FAKE: {**_TENSOR, "style": "dashed,filled", "fillcolor": "#ffffff", "color": "#495057"},
+    DISK: {**_TENSOR, "style": "dashed,filled", "fillcolor": "#f3f0ff", "color": "#7048e8"},
     MATERIALIZED: {**_TENSOR, "style": "filled", "fillcolor": "#b2f2bb", "color": "#2b8a3e"},
     REAL: {**_TENSOR, "style": "filled", "fillcolor": "#dee2e6", "color": "#495057"},
     SUMMARY: {"shape": "box3d", "style": "filled", "fillcolor": "#e7f5ff", "color": "#1864ab"},
@@ -34,6 +39,7 @@ STYLES: dict[str, dict[str, str]] = {
     ERROR: {"shape": "octagon", "style": "filled", "fillcolor": "#ffc9c9", "color": "#c92a2a"},
     # module tree nodes, by how much of the subtree's memory exists
     MODULE_FAKE: {"shape": "box", "style": "rounded,dashed,filled", "fillcolor": "#ffffff", "color": "#1864ab"},
+    MODULE_DISK: {"shape": "box", "style": "rounded,dashed,filled", "fillcolor": "#f3f0ff", "color": "#7048e8"},
     MODULE_PARTLY: {"shape": "box", "style": "rounded,filled", "fillcolor": "#ebfbee", "color": "#2b8a3e"},
     MODULE_MATERIALIZED: {"shape": "box", "style": "rounded,filled", "fillcolor": "#b2f2bb", "color": "#2b8a3e"},
     MODULE_REAL: {"shape": "box", "style": "rounded,filled", "fillcolor": "#dee2e6", "color": "#495057"},
@@ -48,7 +54,9 @@ OP_LEGEND: tuple[tuple[str, str], ...] = (
     (COMPUTE, "compute op"),
     (DATA, "value read (.item())"),
     (EXTERNAL_INPUT, "reads an external tensor"),
+    (CHECKPOINT_READ, "checkpoint read (file, key)"),
     (FAKE, "fake tensor"),
+    (DISK, "fake tensor, values on disk"),
     (MATERIALIZED, "materialized tensor"),
     (REAL, "real tensor"),
     (SUMMARY, "collapsed module"),
@@ -57,6 +65,7 @@ OP_LEGEND: tuple[tuple[str, str], ...] = (
 
 MODULE_LEGEND: tuple[tuple[str, str], ...] = (
     (MODULE_FAKE, "all fake"),
+    (MODULE_DISK, "all fake, values on disk"),
     (MODULE_PARTLY, "partly materialized"),
     (MODULE_MATERIALIZED, "materialized"),
     (MODULE_REAL, "real (eager)"),

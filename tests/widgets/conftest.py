@@ -99,3 +99,16 @@ def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
 def browser_context_args(browser_context_args: dict) -> dict:
     """A window tall enough to show the whole widget (tree, graph, details, materialize bar) at once."""
     return {**browser_context_args, "viewport": {"width": 1400, "height": 1300}}
+
+
+@pytest.fixture
+def disk_ui(tmp_path) -> widgets.ExplorerWidget:
+    """The explorer of a tiny sharded bfloat16 Llama loaded as float32 by from_pretrained under deferred
+    init: every weight "disk", the rotary buffers "fake"."""
+    from tests.support.checkpoints import saved_tiny_llama
+
+    import transformers
+
+    saved_tiny_llama(tmp_path)
+    return widgets.ExplorerWidget(explorer.deferred_init(
+        transformers.LlamaForCausalLM.from_pretrained, tmp_path, dtype=torch.float32))

@@ -53,3 +53,29 @@ def test_a_small_click_that_fits_starts_at_once(ui, monkeypatch):
     ui.bar.click("selection").join()
     assert ui.bar.confirm_box.layout.display == "none"
     assert not explorer.is_deferred(ui.module.head)
+
+
+def test_the_preview_says_how_many_bytes_it_reads_from_which_checkpoint_files(disk_ui, monkeypatch):
+    monkeypatch.setattr(materialize_preview, "free_bytes", lambda device: 10 << 30)
+    monkeypatch.setattr(MaterializeBar, "throughput", None)
+    disk_ui.select("model.layers.0")
+    # bfloat16 on disk: attention 512 + 256 + 256 + 512 B in shard 1; mlp 3 × 1024 B and two 32 B norms in shard 2
+    assert disk_ui.bar.preview.value.startswith(
+        "selection: 9 tensors, 9.1 KiB on cpu — reads 4.6 KiB from 2 files (model-00002-of-00004.safetensors: "
+        "3.1 KiB, model-00001-of-00004.safetensors: 1.5 KiB) — fits (10.0 GiB free)")
+    result = disk_ui.materialize_preview("whole module")
+    assert (result.tensors, result.reads) == (23, (
+        ("model-00003-of-00004.safetensors", 3936), ("model-00002-of-00004.safetensors", 3904),
+        ("model-00001-of-00004.safetensors", 3584), ("model-00004-of-00004.safetensors", 2048)))
+    assert "reads 13.2 KiB from 4 files (model-00003-of-00004.safetensors: 3.8 KiB, " in result.text()
+    assert ", 1 more)" in result.text()
+
+
+def test_reads_feeding_two_selected_names_are_counted_once():
+    tensors = pd.DataFrame({"name": ["a", "b", "c"], "module": ["x", "x", "y"], "state": ["disk", "disk", "fake"],
+                            "storage_id": [0, 1, 2], "bytes": [8, 8, 4]})
+    reads = pd.DataFrame({"file": ["f.safetensors", "g.safetensors"], "bytes": [6, 5], "tensors": [["a", "b"], ["c"]]})
+    result = preview(tensors, {"x"}, what="selection", device="meta", throughput=None, reads=reads)
+    assert (result.tensors, result.bytes, result.reads) == (2, 16, (("f.safetensors", 6),))
+    assert result.text() == ("selection: 2 tensors, 16 B on meta — reads 6 B from 1 file (f.safetensors: 6 B) — "
+                             "no memory (shapes only) — time: known after a first materialization of 16 MiB or more")

@@ -45,3 +45,12 @@ def test_materializing_recolours_the_state_overlay(ui):
 def test_unknown_modes_are_refused():
     with pytest.raises(ValueError, match="unknown overlay 'size'; choose one of state, bytes, dtype, device"):
         overlay(pd.DataFrame(), "size")
+
+
+def test_checkpoint_backed_modules_are_disk_in_the_state_overlay_and_its_legend(disk_ui):
+    colours = disk_ui.tree.colours
+    assert colours["model.layers.0"] == colours[""] == STATE_COLOURS["disk"]  # the root: 99.9% from disk
+    assert colours["model.rotary_emb"] == STATE_COLOURS["fake"]  # computed buffers, in no file
+    assert disk_ui.overlay.legend == [("fake", STATE_COLOURS["fake"]), ("disk", STATE_COLOURS["disk"]),
+                                      ("empty", STATE_COLOURS["empty"])]  # the activations hold nothing
+    assert 'data-label="disk"' in disk_ui.legend.value

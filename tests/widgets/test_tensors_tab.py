@@ -117,3 +117,9 @@ def test_details_of_a_tied_weight_name_the_other_name(ui):
     assert ui.details.values["storage size"] == "160 B"
     assert ui.details.values["last write"] == "aten.normal_.default"
     assert ui.tensors_tab.table.selected == "head.weight"
+
+
+def test_the_column_chooser_offers_the_checkpoint_provenance_columns(disk_ui):
+    chooser = disk_ui.tensors_tab.columns
+    assert {"file", "key", "offset", "disk_dtype"} <= set(chooser.allowed_tags)
+    assert not {"file", "key", "offset", "disk_dtype"} & set(chooser.value)  # optional: not shown at first

@@ -43,3 +43,12 @@ def test_label_click_selects_only_that_subtree_and_unfolds_down_to_it(ui):
     assert ui.tree.active == "blocks.1.mlp"
     assert ui.tree.expanded == ["", "blocks", "blocks.1"]
     assert ui.selection == ui.tree.checked
+
+
+def test_a_module_read_from_a_checkpoint_is_disk_until_materialized(disk_ui):
+    layer = node(disk_ui, "model.layers.0")
+    assert (layer["state"], layer["colour"]) == ("disk", STATE_COLOURS["disk"])
+    disk_ui.select("model.layers.0")
+    disk_ui.materialize_selected(wait=True)
+    assert [node(disk_ui, path)["state"] for path in ("model.layers.0", "model.layers.1", "")] == [
+        "materialized", "disk", "partly"]

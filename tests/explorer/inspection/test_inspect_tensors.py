@@ -83,7 +83,7 @@ def test_tensor_columns_are_the_documented_ones_in_order():
     assert list(tensors.columns) == [
         "name", "module", "kind", "shape", "stride", "storage_offset", "dtype", "device", "numel", "bytes",
         "contiguous", "requires_grad", "is_view", "storage_id", "alias_group", "tied_with", "state",
-        "graph", "tensor_id", "closure_ops", "producer", "last_write", "source",
+        "graph", "tensor_id", "closure_ops", "producer", "last_write", "source", "file", "key", "offset", "disk_dtype",
     ]
     assert list(tensors["name"]) == TINY_NAMES
 

@@ -469,3 +469,25 @@ def test_svg_nodes_carry_their_style_as_a_class_and_unfold_draws_repeats_one_by_
     assert unfolded["module:model.layers.1"].get("class") == "node de-style-module"  # a collapsed summary
     with pytest.raises(ValueError, match="op_graph: rankdir must be one of LR, TB, got 'RL'"):
         op_graph(llama, rankdir="RL")
+
+
+def test_checkpoint_reads_are_named_by_file_and_disk_tensors_and_modules_have_their_style(tmp_path):
+    from tests.support.checkpoints import loaded_pair
+
+    module, file = loaded_pair(tmp_path)  # ops 0-11: the two linears' init, 12: the buffer, 13-16: reads
+    diagram = op_layout(module)
+    reads = [node for node in diagram.nodes if node.style == "checkpoint read"]
+    assert [(node.title, node.lines) for node in reads] == [
+        ("13: read pair.safetensors", ["first.bias"]), ("14: read pair.safetensors", ["first.weight"]),
+        ("15: read pair.safetensors", ["second.bias"]), ("16: read pair.safetensors", ["second.weight"])]
+    assert reads[1].tooltip.startswith(f"explorer.read_safetensors.default: first.weight [3, 4] bfloat16\nfrom {file}")
+    weight = diagram.node("tensor:first.weight")
+    assert (weight.style, weight.lines) == ("disk", ["[3, 4] float32", "parameter · disk · 48 B"])
+    assert diagram.node("tensor:scale").style == "fake"
+    nodes = svg_nodes(svg_tree(op_graph(module)))
+    assert fill_of(nodes["op:0:14"]) == "#e5dbff" and fill_of(nodes["tensor:first.weight"]) == "#f3f0ff"
+    modules = module_layout(module)
+    assert [(node.name, node.style, node.lines[-1]) for node in modules.nodes] == [
+        ("module:", "module: disk", "23 params · 100 B · disk"),
+        ("module:first", "module: disk", "15 params · 60 B · disk"),
+        ("module:second", "module: disk", "8 params · 32 B · disk")]
