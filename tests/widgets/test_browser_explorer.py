@@ -68,12 +68,23 @@ view = widgets.compare(explorer.deferred_init(transformers.LlamaForCausalLM, sma
 view'''
 
 
+CHECKPOINT = '''import torch, transformers, widgets, explorer
+config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+torch.manual_seed(0)
+transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained("tiny-llama", max_shard_size="30KB")
+eager = transformers.LlamaForCausalLM.from_pretrained("tiny-llama", dtype=torch.float32)
+ui = widgets.explore(transformers.LlamaForCausalLM.from_pretrained, "tiny-llama", dtype=torch.float32)
+ui'''
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     root, home = tmp_path_factory.mktemp("lab-root"), tmp_path_factory.mktemp("lab-home")
     write_notebook(root / "llama7b.ipynb", [LLAMA_7B])
     write_notebook(root / "failing.ipynb", [FAILING])
     write_notebook(root / "compare.ipynb", [COMPARE])
+    write_notebook(root / "checkpoint.ipynb", [CHECKPOINT])
     shutil.copy(REPO / "notebooks" / "magic.ipynb", root / "magic.ipynb")
     with jupyter_server(root, home) as server:
         yield server
@@ -179,6 +190,54 @@ def test_core_columns_fit_without_horizontal_scrolling_at_1400_px(lab, page: Pag
         assert right <= viewport_width, f"the last column ends at {right} px, past the {viewport_width} px window"
     finally:
         screenshot(page, "tensors.png")
+
+
+# Right edges, overflows and clipped texts of the explorer, its tensors table and its tree (px).
+FIT_MEASUREMENTS = """() => {
+  const explorer = document.querySelector('.de-explorer');
+  const output = explorer.closest('.jp-OutputArea-output');
+  const wrap = document.querySelector('.de-tensors-table .de-table-wrap');
+  const tree = document.querySelector('.de-tree');
+  const right = element => element.getBoundingClientRect().right;
+  const inner = element => element.getBoundingClientRect().left + element.clientLeft + element.clientWidth;
+  const cut = selector => [...tree.querySelectorAll(selector)].filter(
+    span => span.scrollWidth > span.clientWidth || right(span) > inner(tree) + 0.5).map(span => span.textContent);
+  return {
+    explorer_past_output: Math.max(0, Math.round(right(explorer) - right(output))),
+    explorer_overflow: explorer.scrollWidth - explorer.clientWidth,
+    table_overflow: wrap.scrollWidth - wrap.clientWidth,
+    headers_past_table: Object.fromEntries([...document.querySelectorAll('.de-tensors-table .de-table-header')]
+      .map(th => [th.dataset.column, Math.round(right(th) - inner(wrap))]).filter(([, past]) => past > 0)),
+    tree_overflow: tree.scrollWidth - tree.clientWidth,
+    cut_sizes: cut('.de-tree-bytes'),
+    cut_states: cut('.de-tree-state'),
+    sizes: [...tree.querySelectorAll('.de-tree-bytes')].map(span => span.textContent),
+  };
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_explorer_fits_its_cell_with_the_file_browser_open_at_1500_px(lab, page: Page) -> None:
+    try:
+        page.set_viewport_size({"width": 1500, "height": 1300})
+        open_notebook(page, lab, "llama7b.ipynb")
+        wait_for_widget_or_cell_error(page, page.locator(".de-tensors-table .de-table-row"))
+        page.locator('.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="filebrowser"]').click()
+        expect(page.locator(".jp-FileBrowser")).to_be_visible()
+        for path in ("model.layers", "model.layers.0", "model.layers.0.self_attn"):  # the deepest rows
+            toggle = page.locator(f'.de-tree-node[data-path="{path}"] .de-tree-toggle')
+            toggle.click()
+            expect(toggle).to_have_text("▾", timeout=KERNEL_REPLY_TIMEOUT_MS)
+        expect(page.locator('.de-tree-node[data-path="model.layers.0.self_attn.q_proj"]')).to_be_visible()
+        page.wait_for_timeout(300)  # the sidebar's opening relayout
+        fit = page.evaluate(FIT_MEASUREMENTS)
+        assert "772.0 MiB" in fit["sizes"]  # a decoder layer, the size the issue saw cut
+        assert {key: value for key, value in fit.items() if key != "sizes"} == {
+            "explorer_past_output": 0, "explorer_overflow": 0, "table_overflow": 0, "headers_past_table": {},
+            "tree_overflow": 0, "cut_sizes": [], "cut_states": []}
+    finally:
+        screenshot(page, "file-browser-open.png")
 
 
 @pytest.mark.browser
@@ -352,3 +411,45 @@ def test_the_explorer_works_in_notebook_7(notebook7, page: Page) -> None:
         assert answer == "nb7: ['lm_head'] ['model.embed_tokens.weight']"
     finally:
         screenshot(page, "notebook7.png")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_checkpoint_backed_model_shows_disk_state_and_provenance_then_materializes_and_releases_a_layer(
+        lab, page: Page) -> None:
+    try:
+        open_notebook(page, lab, "checkpoint.ipynb")
+        wait_for_widget_or_cell_error(page, page.locator(".de-overlay select"))
+        head = page.locator('.de-tree-node[data-path="lm_head"]')
+        expect(head).to_have_attribute("data-state", "disk", timeout=KERNEL_REPLY_TIMEOUT_MS)
+        page.locator(".de-overlay select").select_option("state")
+        expect(page.locator('.de-overlay-legend .de-overlay-legend-item[data-label="disk"]')).to_be_visible(
+            timeout=KERNEL_REPLY_TIMEOUT_MS)
+        # The provenance columns are optional: added to the column chooser's tags (from the kernel:
+        # the chooser's text input sits hidden behind its tags at this width).
+        kernel_answer(page, 'ui.tensors_tab.columns.value = ["name", "shape", "dtype", "state", "file", "key", '
+                            '"offset", "disk_dtype", "bytes"]; print("columns set")', "columns set")
+        expect(page.locator('.de-tensors-table th[data-column="file"]')).to_be_visible(timeout=KERNEL_REPLY_TIMEOUT_MS)
+        row = page.locator('.de-tensors-table tr[data-key="lm_head.weight"]')
+        expect(row).to_contain_text(re.compile(r"model-\d{5}-of-\d{5}\.safetensors"), timeout=KERNEL_REPLY_TIMEOUT_MS)
+        expect(row).to_contain_text("bfloat16")
+        head.locator(".de-tree-label").click()
+        expect(head.locator(".de-tree-checkbox")).to_be_checked(timeout=KERNEL_REPLY_TIMEOUT_MS)
+        expect(page.locator(".de-preview")).to_contain_text(re.compile(r"reads [\d.]+ KiB from 1 file"),
+                                                            timeout=KERNEL_REPLY_TIMEOUT_MS)
+        page.locator(".de-materialize-selected").click()
+        answer = kernel_answer(
+            page,
+            "import time; deadline = time.monotonic() + 30\n"
+            "while explorer.is_fake(ui.module.lm_head.weight) and time.monotonic() < deadline: time.sleep(0.1)\n"
+            'print("lm_head equal:", torch.equal(ui.module.lm_head.weight, eager.lm_head.weight),'
+            ' "| layers deferred:", explorer.is_deferred(ui.module.model.layers))',
+            "lm_head equal:")
+        assert answer == "lm_head equal: True | layers deferred: True"
+        expect(head).to_have_attribute("data-state", "materialized", timeout=KERNEL_REPLY_TIMEOUT_MS)
+        page.locator(".de-release-selected").click()
+        expect(head).to_have_attribute("data-state", "disk", timeout=KERNEL_REPLY_TIMEOUT_MS)
+        answer = kernel_answer(page, 'print("released:", explorer.is_fake(ui.module.lm_head.weight))', "released:")
+        assert answer == "released: True"
+    finally:
+        screenshot(page, "checkpoint.png")
