@@ -80,6 +80,25 @@ def test_status_lists_the_deferred_modules_with_their_names_and_shares(shell):
         "Sequential", 30, 120, 40, "33.3%")
 
 
+def test_a_cell_loading_a_checkpoint_is_deferred_and_listed_by_status(shell, tmp_path):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(3)
+    source = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    save_file(source.state_dict(), str(tmp_path / "w.safetensors"))
+    shell.user_ns["path"] = str(tmp_path / "w.safetensors")
+    run(shell, "%%deferred\nfrom safetensors.torch import load_file\n"
+               "model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))\nmodel.load_state_dict(load_file(path))\n")
+    model = shell.user_ns["model"]
+    assert explorer.is_deferred(model)
+    assert explorer.inspect(model).tensors["state"].tolist() == ["disk"] * 4
+    explorer.materialize_module(model[1])
+    row = run(shell, "%deferred_status").result.set_index("names").loc["model"]
+    assert (row["bytes"], row["materialized_bytes"], row["materialized"]) == (120, 40, "33.3%")
+    assert torch.equal(model[1].weight, source[1].weight)
+    shell.user_ns.pop("path")
+
+
 def test_rich_display_of_deferred_modules_and_fake_tensors_only(shell):
     run(shell, "%%deferred\nmodel = nn.Sequential(nn.Linear(4, 4), nn.ReLU())\n")
     model = shell.user_ns["model"]
