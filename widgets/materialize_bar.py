@@ -210,13 +210,7 @@ class MaterializeBar(w.VBox):
         self.error = None
         message = _released_text(before, _slot_tensors(self.module))
         del before  # the released tensors: their memory goes once nothing else holds them
-        try:
-            self.on_done()
-        except Exception as error:  # refreshing the views failed: say so rather than hide it
-            self.error = error
-            self._set_status(f"{message}; refreshing the views failed: {type(error).__name__}: {error}", error=True)
-            return
-        self._set_status(message, error=False)
+        self._refresh_then(message, self._set_status)
 
     def show_held(self, storages: pd.DataFrame) -> None:
         """Say how much memory materialized tensors hold, from the storages table of `explorer.inspect`
@@ -302,13 +296,18 @@ class MaterializeBar(w.VBox):
         else:
             tensors = f"{self.total} tensor{'s' * (self.total != 1)}"
             message = f"materialized {tensors} ({bytes_text(self.total_bytes)}) of the {what} on {device} (rng={rng})"
+        self._refresh_then(message, self._finish)
+
+    def _refresh_then(self, message: str, report: Callable[..., None]) -> None:
+        """Refresh the views (`on_done`), then `report(message, error=...)`; a failed refresh is said,
+        not hidden."""
         try:
             self.on_done()
-        except Exception as error:  # refreshing the views failed: say so rather than hide it
+        except Exception as error:
             self.error = error
-            self._finish(f"{message}; refreshing the views failed: {type(error).__name__}: {error}", error=True)
+            report(f"{message}; refreshing the views failed: {type(error).__name__}: {error}", error=True)
             return
-        self._finish(message, error=False)
+        report(message, error=False)
 
     def _finish(self, message: str, error: bool) -> None:
         self._set_status(message, error=error)
