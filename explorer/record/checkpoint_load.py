@@ -40,9 +40,13 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
     loaded. Returns `module`.
     """
     headers = read_headers(path)
-    expected = set(module.state_dict(keep_vars=True))
+    current = module.state_dict(keep_vars=True)
+    expected = set(current)
     stored = {key for key, entry in headers.entries.items() if entry.shape is not None}
-    missing, unexpected = sorted(expected - stored), sorted(stored - expected)
+    # A name tied to a stored one is filled through the tie (save_pretrained stores ties once).
+    stored_objects = {id(current[key]) for key in stored & expected}
+    missing = sorted(key for key in expected - stored if id(current[key]) not in stored_objects)
+    unexpected = sorted(stored - expected)
     if strict and (missing or unexpected):
         raise CheckpointError(
             f"{path} does not fit {type(module).__name__}: "
@@ -52,7 +56,6 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
                 if unexpected else "") if part)
             + " (strict=False loads the keys both have)")
     read = _reader(headers, Path(path))
-    current = module.state_dict(keep_vars=True)
     wanted = sorted(expected & stored)
     real_keys = [key for key in wanted if not is_fake(current[key])]
     deferred_keys = [key for key in wanted if is_fake(current[key])]

@@ -272,3 +272,13 @@ def test_a_ranks_rows_of_a_checkpoint_backed_parameter_are_read_alone_and_equal_
     rows = draw_rows(weight, 5, 40)
     assert rows is not None and rows.dtype == torch.float32
     assert torch.equal(rows, explorer.materialize_tensor(weight)[5:40])
+
+
+def test_load_checkpoint_fills_a_tied_name_that_save_pretrained_stored_once(tmp_path):
+    directory = saved_llama(tmp_path, torch.float32, sharded=False, tie=True)
+    eager = transformers.LlamaForCausalLM.from_pretrained(directory)
+    model = deferred_init(transformers.LlamaForCausalLM, tiny_config(True))
+    load_checkpoint(model, directory)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    materialize_module(model)
+    assert_same(model, eager)
