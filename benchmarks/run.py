@@ -33,14 +33,24 @@ ENGINE_ENV = "BENCH_ENGINE_DIR"
 sys.path[:0] = [p for p in (os.environ.get(ENGINE_ENV), str(ROOT), str(HERE)) if p]
 
 import cases  # noqa: E402  (after the path setup; light: no torch at import)
+from harness import MARKER, MB, ChildError, Report, Row, log, run_child, seconds, verdict  # noqa: E402
 
-MARKER = "@@BENCH-RESULT@@ "
-MB = 1024 * 1024
+# Topic modules (benchmarks/<name>.py): each has TOPIC, CASES and bench(report, quick, timeout).
+TOPICS = ("save_bench", "init_bench", "forward_bench", "fill_bench", "train_bench")
 
 
-# -- child processes ------------------------------------------------------------------------------
-class ChildError(RuntimeError):
-    """A child case failed: carries its traceback / output tail for the report."""
+def topic_modules() -> list[Any]:
+    """The topic modules present (a missing one is skipped: topics land one by one)."""
+    import importlib
+
+    found = []
+    for module in TOPICS:
+        try:
+            found.append(importlib.import_module(module))
+        except ModuleNotFoundError as error:
+            if error.name != module:
+                raise
+    return found
 
 
 def snapshot_engine() -> tuple[str, str]:
@@ -61,20 +71,6 @@ def snapshot_engine() -> tuple[str, str]:
     return str(target), f"engine: explorer/ at {commit}{dirty} (snapshot taken when the run started)"
 
 
-def run_child(case: str, timeout: float, **kwargs: Any) -> dict:
-    spec = json.dumps({"case": case, "kwargs": kwargs})
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", spec]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    except subprocess.TimeoutExpired as error:
-        raise ChildError(f"{case}({kwargs}) timed out after {timeout:.0f} s") from error
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(MARKER):
-            return json.loads(line[len(MARKER):])
-    tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
-    raise ChildError(f"{case}({kwargs}) exited with {done.returncode}:\n{tail}")
-
-
 def all_cases() -> dict[str, Callable[..., dict]]:
     """Every workload by name: the engine's (cases.py) and the inspection / UI ones beside it."""
     import importlib
@@ -86,6 +82,8 @@ def all_cases() -> dict[str, Callable[..., dict]]:
         except ModuleNotFoundError as error:
             if error.name != module:
                 raise
+    for topic in topic_modules():
+        found.update(topic.CASES)
     return found
 
 
@@ -94,55 +92,6 @@ def child_main(spec: str) -> None:
     result = all_cases()[request["case"]](**request["kwargs"])
     sys.stdout.flush()
     print(MARKER + json.dumps(result), flush=True)
-
-
-# -- table ----------------------------------------------------------------------------------------
-@dataclass
-class Row:
-    name: str
-    measured: str
-    baseline: str
-    ratio: str
-    target: str
-    result: str  # PASS / FAIL / INFO / ERROR
-
-
-@dataclass
-class Report:
-    rows: list[Row] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    def add(self, row: Row) -> None:
-        self.rows.append(row)
-        log(f"  {row.name}: {row.measured} vs {row.baseline} → {row.ratio} ({row.target}) {row.result}")
-
-    def error(self, name: str, target: str, error: BaseException) -> None:
-        self.add(Row(name, "error", "—", "—", target, "ERROR"))
-        self.errors.append(f"### {name}\n\n```\n{error}\n```")
-
-    def markdown(self, header: str) -> str:
-        lines = [header, "", "| benchmark | measured | baseline | ratio | target | result |",
-                 "|---|---:|---:|---:|---|---|"]
-        for r in self.rows:
-            lines.append(f"| {r.name} | {r.measured} | {r.baseline} | {r.ratio} | {r.target} | {r.result} |")
-        if self.notes:
-            lines += ["", "Notes:", ""] + [f"- {n}" for n in self.notes]
-        if self.errors:
-            lines += ["", "## Errors", ""] + self.errors
-        return "\n".join(lines) + "\n"
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
-
-
-def seconds(values: list[float]) -> str:
-    return ", ".join(f"{v:.3f}" for v in values)
 
 
 # -- benchmarks -----------------------------------------------------------------------------------
@@ -409,6 +358,9 @@ def summary(r: dict) -> str:
             "is misattributed by cProfile; read it for the Python functions):")
 
 
+BUILT_IN = ("deferred", "materialize", "layer", "jump", "checkpoint", "shards", "inspection")
+
+
 # -- main -----------------------------------------------------------------------------------------
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -418,7 +370,8 @@ def main() -> int:
     parser.add_argument("--layer-rng", choices=["eager", "fast", "both"], default="both",
                         help="rng mode(s) for the one-layer cases")
     parser.add_argument("--layer-timeout", type=float, default=900.0, help="seconds allowed per layer case")
-    parser.add_argument("--only", choices=["deferred", "materialize", "layer", "jump", "checkpoint", "shards", "inspection"],
+    topics = {topic.TOPIC: topic for topic in topic_modules()}
+    parser.add_argument("--only", choices=[*BUILT_IN, *topics],
                         action="append",
                         help="run only these benchmarks (repeatable)")
     parser.add_argument("--profile", action="store_true", help="write cProfile reports to build/profile.md instead")
@@ -451,7 +404,8 @@ def run(args: argparse.Namespace, started: float, engine: str) -> int:
     reps = args.reps or (3 if args.quick else 15)
     mat_reps = args.mat_reps or (1 if args.quick else 3)
     seven, one, seventy = ("quick-7b", "quick-1b", "quick-70b") if args.quick else ("llama-7b", "llama-1.1b", "llama-70b")
-    only = set(args.only or ["deferred", "materialize", "layer", "jump", "checkpoint", "shards", "inspection"])
+    topics = {topic.TOPIC: topic for topic in topic_modules()}
+    only = set(args.only or [*BUILT_IN, *topics])
     report = Report()
     if "deferred" in only:
         log(f"1. deferred_init {seven} ({reps} interleaved reps)")
@@ -482,6 +436,11 @@ def run(args: argparse.Namespace, started: float, engine: str) -> int:
     if "inspection" in only:
         log("6. inspection and notebook UI on llama-7b")
         bench_inspection(report, reps)
+
+    for name, topic in topics.items():
+        if name in only:
+            log(f"7. {name}")
+            topic.bench(report, args.quick, args.layer_timeout)
 
     import platform
 
