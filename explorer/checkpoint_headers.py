@@ -23,9 +23,10 @@ import json
 import os
 import pickle
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import torch
 
@@ -33,8 +34,12 @@ from .errors import CheckpointError
 from .naming import dtype_name
 
 CheckpointFormat = Literal["safetensors", "torch.save", "dcp"]
-DIRECTORY_CANDIDATES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
-                        "pytorch_model.bin")
+DIRECTORY_CANDIDATES = (
+    "model.safetensors.index.json",
+    "model.safetensors",
+    "pytorch_model.bin.index.json",
+    "pytorch_model.bin",
+)
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint.filesystem's metadata file name
 _MAX_HEADER_BYTES = 100_000_000  # safetensors refuses larger headers too
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -43,10 +48,25 @@ _PICKLE_PROTO = 0x80
 # Safetensors dtype codes → torch dtype attribute names (mirrors `safetensors.torch._TYPES`; re-check
 # on upgrades). Codes torch cannot hold as one element per shape entry (F4, F6_*) stay as written.
 _SAFETENSORS_DTYPES = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",
-    "I32": "int32", "U64": "uint64", "I64": "int64", "F16": "float16", "BF16": "bfloat16", "F32": "float32",
-    "F64": "float64", "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "U32": "uint32",
+    "I32": "int32",
+    "U64": "uint64",
+    "I64": "int64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
 }
 _TORCH_DTYPES = {code: getattr(torch, name) for code, name in _SAFETENSORS_DTYPES.items() if hasattr(torch, name)}
 
@@ -148,14 +168,14 @@ def _sniff(file: Path) -> CheckpointFormat:
 # of the data part is read; the data part's length comes from the file's size, which is how a file
 # cut short (an interrupted download) is told apart from a whole one.
 
+
 def _read_safetensors_header(file: Path) -> tuple[dict[str, Any], int]:
     """The JSON header of a safetensors file and the length of its data part, in bytes."""
     size = file.stat().st_size
     with open(file, "rb", buffering=0) as stream:
         length_field = stream.read(8)
         if len(length_field) < 8:
-            raise CheckpointError(
-                f"{file}: not a safetensors file: {size} bytes, fewer than its 8-byte header length")
+            raise CheckpointError(f"{file}: not a safetensors file: {size} bytes, fewer than its 8-byte header length")
         length = int.from_bytes(length_field, "little")
         if length > _MAX_HEADER_BYTES or 8 + length > size:
             raise CheckpointError(
@@ -210,8 +230,12 @@ def _safetensors_fields(file: Path, key: str, info: Any) -> tuple[tuple[int, ...
         raise malformed(f"shape {shape!r} is not a list of sizes")
     if not isinstance(code, str):
         raise malformed(f"dtype {code!r} is not a string")
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]):
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(o) is int for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
         raise malformed(f"data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end")
     return tuple(shape), code, (offsets[0], offsets[1])
 
@@ -223,11 +247,13 @@ def safetensors_offsets(file: str | os.PathLike) -> dict[str, int]:
     file = Path(file)
     header, data_bytes = _read_safetensors_header(file)
     start = file.stat().st_size - data_bytes  # where the data part begins
-    return {key: start + _safetensors_fields(file, key, info)[2][0]
-            for key, info in header.items() if key != "__metadata__"}
+    return {
+        key: start + _safetensors_fields(file, key, info)[2][0] for key, info in header.items() if key != "__metadata__"
+    }
 
 
 # -- sharded index ---------------------------------------------------------------------------------
+
 
 def _read_index(index: Path, root: Path) -> CheckpointHeaders:
     try:
@@ -247,7 +273,8 @@ def _read_index(index: Path, root: Path) -> CheckpointHeaders:
         if not file.is_file():
             others = f" and {len(keys) - 1} other keys" if len(keys) > 1 else ""
             raise CheckpointError(
-                f"{index}: shard {shard!r} (holding {keys[0]!r}{others}) does not exist in {index.parent}")
+                f"{index}: shard {shard!r} (holding {keys[0]!r}{others}) does not exist in {index.parent}"
+            )
         shard_headers = _read_file(file, root)
         absent = [key for key in keys if key not in shard_headers.entries]
         if absent:
@@ -261,6 +288,7 @@ def _read_index(index: Path, root: Path) -> CheckpointHeaders:
 
 # -- torch.save ------------------------------------------------------------------------------------
 
+
 def _torch_entries(file: Path, root: Path) -> dict[str, CheckpointEntry]:
     try:
         loaded = torch.load(file, map_location="meta", weights_only=True)
@@ -268,15 +296,16 @@ def _torch_entries(file: Path, root: Path) -> dict[str, CheckpointEntry]:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
         if found is None:  # not code: a damaged file, or a pickle torch.save did not write
             reason = re.search(r"Unsupported operand \d+", str(error))
-            raise CheckpointError(f"{file}: not a readable torch.save file: "
-                                  f"{reason.group(0) if reason else str(error).strip()}") from None
+            raise CheckpointError(
+                f"{file}: not a readable torch.save file: {reason.group(0) if reason else str(error).strip()}"
+            ) from None
         what = found.group(1)
         raise CheckpointError(
             f"{file}: refused: it pickles {what}, not only tensors and plain containers, and check_checkpoint "
             "never runs pickled code (torch.load(weights_only=True) refuses it). If you trust the file, load it "
             "yourself and save its state dict with safetensors.torch.save_file"
         ) from None
-    except Exception as error:  # noqa: BLE001 - torch.load raises many kinds on a damaged file
+    except Exception as error:  # torch.load raises many kinds on a damaged file
         raise CheckpointError(f"{file}: not a readable torch.save file: {type(error).__name__}: {error}") from None
     state = state_dict_in(loaded)
     if state is None:
@@ -318,8 +347,14 @@ def _tensor_metadata(value: Any) -> tuple[tuple[int, ...] | None, str | None]:
 # (`storage_meta.checkpoint_id`). Re-check this list when torch changes `Metadata`.
 _DCP_GLOBALS = {
     "torch.distributed.checkpoint.metadata": {
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
-        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING",
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
     },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
@@ -352,7 +387,7 @@ def _load_dcp_metadata(file: Path) -> Any:
             f"{file}: refused: it pickles {error}, which is not part of DCP's metadata; "
             "check_checkpoint never runs pickled code"
         ) from None
-    except Exception as error:  # noqa: BLE001 - a damaged pickle raises many kinds
+    except Exception as error:  # a damaged pickle raises many kinds
         raise CheckpointError(f"{file}: not readable DCP metadata: {type(error).__name__}: {error}") from None
 
 
@@ -365,12 +400,15 @@ def _read_dcp(directory: Path) -> CheckpointHeaders:
     for key, relative in first_file.items():
         if not (directory / relative).is_file():
             raise CheckpointError(
-                f"{metadata_file}: {key!r} is stored in {relative!r}, which does not exist in {directory}")
+                f"{metadata_file}: {key!r} is stored in {relative!r}, which does not exist in {directory}"
+            )
     entries = {}
     for key, info in metadata.state_dict_metadata.items():
         tensor = hasattr(info, "size") and hasattr(info, "properties")  # else BytesStorageMetadata
         entries[key] = CheckpointEntry(
-            key, tuple(info.size) if tensor else None, dtype_name(info.properties.dtype) if tensor else None,
+            key,
+            tuple(info.size) if tensor else None,
+            dtype_name(info.properties.dtype) if tensor else None,
             first_file.get(key, DCP_METADATA),
         )
     files = (DCP_METADATA, *sorted(set(first_file.values())))

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -107,8 +108,7 @@ def distribute_deferred(
         def install(slot: TensorSlot, fake: torch.Tensor, source: ParameterSource) -> nn.Parameter:
             wanted = tuple(chosen(slot[3], fake))
             local = source.part(mesh, wanted).clone(memory_format=torch.contiguous_format)
-            dtensor = DTensor.from_local(local, mesh, wanted, run_check=False, shape=fake.shape,
-                                         stride=fake.stride())
+            dtensor = DTensor.from_local(local, mesh, wanted, run_check=False, shape=fake.shape, stride=fake.stride())
             return nn.Parameter(dtensor, requires_grad=fake.requires_grad)
 
         _fill_parameters(slots, target, rng, install)
@@ -249,6 +249,8 @@ def _copy_into_local(slot: TensorSlot, fake: torch.Tensor, source: ParameterSour
     """Fill the sharded parameter fully_shard + to_empty left in the slot with this rank's slice."""
     owner, _, key, name = slot
     param = owner._parameters[key]
+    if param is None:  # deferred_slots lists set parameters only: this one was cleared since
+        raise MaterializationError(f"{name!r}: the parameter was set to None during materialization")
     if isinstance(param, DTensor):
         local = param._local_tensor  # FSDP2's local shard: a view into its padded shard storage
         part = source.part(param.device_mesh, param.placements)
@@ -301,8 +303,7 @@ def _agree(mesh: DeviceMesh, error: BaseException | None) -> None:
     except Exception as lost:  # a peer died or timed out: no agreement possible, say so here
         raise DistributedMaterializationError(
             {**failures, -1: f"{type(lost).__name__}: {lost}"},
-            "could not agree with the other ranks whether materialization succeeded (a rank exited "
-            "or timed out)",
+            "could not agree with the other ranks whether materialization succeeded (a rank exited or timed out)",
         ) from (error or lost)
     if failures:
         raise DistributedMaterializationError(failures) from error

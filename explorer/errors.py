@@ -16,8 +16,9 @@ class DeferredInitError(RuntimeError):
     `deferred_init`), with the submodules it had assigned before the failure.
     """
 
-    def __init__(self, message: str, graph: object | None = None, *, op: str | None = None,
-                 reason: str | None = None) -> None:
+    def __init__(
+        self, message: str, graph: object | None = None, *, op: str | None = None, reason: str | None = None
+    ) -> None:
         super().__init__(message)
         self.graph = graph
         self.op = op  # the aten op that could not run, when one did
@@ -53,8 +54,9 @@ class DistributedMaterializationError(MaterializationError):
     def __init__(self, failures: dict[int, str], headline: str | None = None) -> None:
         self.failures = dict(failures)
         ranks = sorted(r for r in failures if r >= 0)
-        lines = [headline or f"materialization failed on rank{'s' if len(ranks) > 1 else ''} "
-                 f"{', '.join(map(str, ranks))}"]
+        lines = [
+            headline or f"materialization failed on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        ]
         lines += [f"  rank {r}: {message}" if r >= 0 else f"  {message}" for r, message in sorted(failures.items())]
         super().__init__("\n".join(lines))
 

@@ -15,11 +15,13 @@ import functools
 import linecache
 import threading
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch._ops import OpOverload
 
 TensorId = int
 StorageId = int
@@ -30,29 +32,42 @@ OpIndex = int
 _aten = torch.ops.aten
 OVERWRITING_OPS = frozenset(
     {
-        _aten.fill_.Scalar, _aten.fill_.Tensor, _aten.zero_.default, _aten.uniform_.default,
-        _aten.normal_.default, _aten.random_.default, getattr(_aten.random_, "from"), _aten.random_.to,
-        _aten.exponential_.default, _aten.geometric_.default, _aten.log_normal_.default,
-        _aten.cauchy_.default, _aten.bernoulli_.float, _aten.copy_.default,
+        _aten.fill_.Scalar,
+        _aten.fill_.Tensor,
+        _aten.zero_.default,
+        _aten.uniform_.default,
+        _aten.normal_.default,
+        _aten.random_.default,
+        getattr(_aten.random_, "from"),
+        _aten.random_.to,
+        _aten.exponential_.default,
+        _aten.geometric_.default,
+        _aten.log_normal_.default,
+        _aten.cauchy_.default,
+        _aten.bernoulli_.float,
+        _aten.copy_.default,
     }
 )
 
 
-@functools.lru_cache(maxsize=None)
-def is_inplace_random(func: Any) -> bool:
+@functools.cache
+def is_inplace_random(func: OpOverload) -> bool:
     """Random ops like uniform_ that write `self` in place and return it."""
     if torch.Tag.nondeterministic_seeded not in func.tags:
         return False
     returns = func._schema.returns
     first = func._schema.arguments[0] if func._schema.arguments else None
     return (
-        len(returns) == 1 and first is not None and returns[0].alias_info is not None
-        and first.alias_info is not None and first.alias_info.is_write
+        len(returns) == 1
+        and first is not None
+        and returns[0].alias_info is not None
+        and first.alias_info is not None
+        and first.alias_info.is_write
     )
 
 
-@functools.lru_cache(maxsize=None)
-def accepts_generator(func: Any) -> bool:
+@functools.cache
+def accepts_generator(func: OpOverload) -> bool:
     return any(argument.name == "generator" for argument in func._schema.arguments)
 
 
@@ -151,7 +166,7 @@ class OpNode:
     """One aten call the constructor made (or a synthetic alias for `.data = x`)."""
 
     index: OpIndex
-    func: Any  # torch._ops.OpOverload
+    func: OpOverload
     args: tuple
     kwargs: dict
     outputs: Any  # the op's return value with fake tensors replaced by TensorRef
@@ -194,7 +209,7 @@ class RngRestart:
 
     base: torch.Tensor | None = None
     jump: int = 0
-    after_graph: "InitGraph | None" = None
+    after_graph: InitGraph | None = None
     after_key: str = "cpu"
     after_position: int = -1
     unknown: str = ""  # why eager's state here cannot be known (the op that needs it is refused)
@@ -206,7 +221,7 @@ class RngRestart:
 class OpRecorder(Protocol):
     """Records one more op into a finished graph (implemented by `record.extension.Recorder`)."""
 
-    def run(self, func: Any, args: tuple, kwargs: dict) -> Any: ...
+    def run(self, func: OpOverload, args: tuple, kwargs: dict) -> Any: ...
 
 
 class ReplayMemory(Protocol):
@@ -234,13 +249,13 @@ class InitGraph:
     # continue from the previous op (position 0: rng_start, unless a restart is there).
     rng_restarts: dict[str, dict[int, RngRestart]] = field(default_factory=dict)
     finished: bool = False
-    root: "weakref.ReferenceType[nn.Module] | None" = None  # the module deferred_init returned
+    root: weakref.ReferenceType[nn.Module] | None = None  # the module deferred_init returned
     # Filled by materialization (`replay.ReplayState`): what replay already produced, weakly, so
     # dropping a module frees it. Typed by the contract, not the class: the graph sits below replay.
-    replay_state: "ReplayMemory | None" = None
+    replay_state: ReplayMemory | None = None
     # Set when the constructor returned: ops on the module's fakes after that are recorded through
     # it (record/extension.py); `constructor_ops` is how many ops the constructor itself made.
-    recorder: "OpRecorder | None" = None
+    recorder: OpRecorder | None = None
     constructor_ops: int = 0
 
     def value_feeding_random_ops(self) -> frozenset[OpIndex]:

@@ -1,10 +1,12 @@
-"""How the explorer spells things, in one place: module paths, dtypes and byte sizes.
+"""How the explorer spells things, in one place: module paths, dtypes and byte sizes and spans.
 
 Module paths: "" is the root, "layers.3.attn" is three levels down. Every table, diagram and widget
 reads paths, dtype names and byte counts through these helpers, so they agree with each other.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -14,6 +16,15 @@ _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 def dtype_name(dtype: torch.dtype) -> str:
     """`torch.float32` → "float32": how every table spells a dtype."""
     return str(dtype).removeprefix("torch.")
+
+
+def dtype_named(name: str) -> torch.dtype:
+    """The dtype a table's name spells, "float32" → `torch.float32`: the inverse of `dtype_name`.
+    ValueError names a string that is not a torch dtype."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{name!r} is not a torch dtype name (as `dtype_name` spells them: 'float32', 'bfloat16')")
+    return dtype
 
 
 def format_bytes(count: int) -> str:
@@ -28,18 +39,29 @@ def format_bytes(count: int) -> str:
     return f"{value:.1f} {unit}"
 
 
+def byte_span(shape: Sequence[int], stride: Sequence[int], storage_offset: int, itemsize: int) -> tuple[int, int]:
+    """The bytes `[start, end)` of its storage that a strided layout reaches: from its first element
+    to the end of the last one (a view skipping elements still spans the gaps between them). A
+    layout with no elements reaches nothing: `(start, start)`. Strides are in elements, as torch's."""
+    start = storage_offset * itemsize
+    if any(size == 0 for size in shape):
+        return start, start
+    last = sum((size - 1) * step for size, step in zip(shape, stride))
+    return start, start + (last + 1) * itemsize
+
+
 def depth_of(path: str) -> int:
     """0 for the root, 1 for its children, ..."""
     return path.count(".") + 1 if path else 0
 
 
 def parent_of(path: str) -> str:
-    """"a.b.c" → "a.b", "a" → "" (the root); the root is its own parent."""
+    """The parent's path: "a.b.c" → "a.b", "a" → "" (the root); the root is its own parent."""
     return path.rpartition(".")[0]
 
 
 def parent_path(path: str) -> str | None:
-    """"a.b.c" → "a.b", "a" → "" (the root), "" → None (the root has no parent)."""
+    """The parent's path: "a.b.c" → "a.b", "a" → "" (the root), "" → None (the root has no parent)."""
     if path == "":
         return None
     return path.rpartition(".")[0]

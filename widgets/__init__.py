@@ -77,26 +77,38 @@ ipywidgets controls carry these classes on their outer element (`.widget-button.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
 import explorer
 
 try:
-    import anywidget  # noqa: F401
-    import ipywidgets  # noqa: F401
+    import anywidget  # noqa: F401 - imported only to fail here, with the install hint, when missing
+    import ipywidgets  # noqa: F401 - as anywidget
 except ImportError as error:  # the engine works without them; the notebook UI does not
     raise ImportError(
         f"the notebook explorer needs ipywidgets and anywidget ({error}); "
         "install them with `pip install deferred-explorer[widgets]`"
     ) from error
 
-from .compare import CompareWidget, compare  # noqa: E402
-from .explorer_widget import ExplorerWidget  # noqa: E402
-from .extension import load_ipython_extension, unload_ipython_extension  # noqa: E402
-from .materialize_bar import MaterializationCancelled  # noqa: E402
-from .states import STATE_COLOURS  # noqa: E402
+from .compare import CompareWidget, compare
+from .explorer_widget import ExplorerWidget
+from .extension import load_ipython_extension, unload_ipython_extension
+from .materialize_bar import MaterializationCancelled
+from .states import STATE_COLOURS
+
+__all__ = [
+    "STATE_COLOURS",
+    "CompareWidget",
+    "ExplorerWidget",
+    "MaterializationCancelled",
+    "compare",
+    "explore",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+]
 
 
 def explore(module_fn: Callable[..., nn.Module], *args: Any, **kwargs: Any) -> ExplorerWidget:

@@ -12,8 +12,8 @@ mismatches, tie conflicts, from headers only), as its HTML.
 
 from __future__ import annotations
 
+import html
 import os
-from typing import Union
 
 import ipywidgets as w
 from torch import nn
@@ -25,8 +25,8 @@ from explorer.inspection.diff import InspectionDiff
 from .formatting import cell_text
 from .table import DataTable
 
-Comparable = Union[nn.Module, Inspection]
-CheckpointPath = Union[str, os.PathLike]
+Comparable = nn.Module | Inspection
+CheckpointPath = str | os.PathLike
 
 
 def _inspection(subject: Comparable, side: str) -> Inspection:
@@ -34,8 +34,18 @@ def _inspection(subject: Comparable, side: str) -> Inspection:
         return subject
     if isinstance(subject, nn.Module):
         return explorer.inspect(subject)
-    raise TypeError(f"compare: {side} must be an nn.Module, an Inspection or (after) a checkpoint path, "
-                    f"got {type(subject).__name__}")
+    raise TypeError(
+        f"compare: {side} must be an nn.Module, an Inspection or (after) a checkpoint path, "
+        f"got {type(subject).__name__}"
+    )
+
+
+def summary_html(labels: tuple[str, str], classes: tuple[str, str], summary: str) -> str:
+    """The summary line, "<b>before</b> (Net) → <b>after</b> (Net): 2 tensors changed", every part
+    escaped: labels and class names are the user's text and must show as text, never as markup."""
+    before, after = html.escape(labels[0]), html.escape(labels[1])
+    before_class, after_class = html.escape(classes[0]), html.escape(classes[1])
+    return f"<b>{before}</b> ({before_class}) → <b>{after}</b> ({after_class}): {html.escape(summary)}"
 
 
 class CompareWidget(w.VBox):
@@ -44,29 +54,43 @@ class CompareWidget(w.VBox):
     def __init__(self, before: Comparable, after: Comparable, *, labels: tuple[str, str] = ("before", "after")) -> None:
         self.before, self.after = _inspection(before, "before"), _inspection(after, "after")
         self.diff: InspectionDiff = self.before.diff(self.after)
-        self.summary = w.HTML(f"<b>{labels[0]}</b> ({self.before.root_class}) → <b>{labels[1]}</b> "
-                              f"({self.after.root_class}): {self.diff.summary()}")
+        self.summary = w.HTML(
+            summary_html(labels, (self.before.root_class, self.after.root_class), self.diff.summary())
+        )
         self.summary.add_class("de-compare-summary")
         self.modules_table = DataTable()
         self.modules_table.add_class("de-compare-modules")
-        self.modules_table.show(self.diff.modules.assign(name=self.diff.modules["name"].replace("", "(root)")),
-                                ["name", "change", "before", "after"], key="name")
+        self.modules_table.show(
+            self.diff.modules.assign(name=self.diff.modules["name"].replace("", "(root)")),
+            ["name", "change", "before", "after"],
+            key="name",
+        )
         self.tensors_table = DataTable()
         self.tensors_table.add_class("de-compare-tensors")
         self.tensors_table.show(self.diff.tensors, ["name", "change", "kind", "shape", "dtype"], key="name")
         changes = self.diff.tensor_changes
         self.changes_table = DataTable()
         self.changes_table.add_class("de-compare-changes")
-        self.changes_table.show(changes.assign(key=changes["name"] + ":" + changes["field"],
-                                               before=changes["before"].map(cell_text),
-                                               after=changes["after"].map(cell_text)),
-                                ["name", "field", "before", "after"], key="key")
-        super().__init__([
-            self.summary,
-            w.Label("modules added, removed or of another class"), self.modules_table,
-            w.Label("tensors added or removed"), self.tensors_table,
-            w.Label("tensors whose metadata changed"), self.changes_table,
-        ])
+        self.changes_table.show(
+            changes.assign(
+                key=changes["name"] + ":" + changes["field"],
+                before=changes["before"].map(cell_text),
+                after=changes["after"].map(cell_text),
+            ),
+            ["name", "field", "before", "after"],
+            key="key",
+        )
+        super().__init__(
+            [
+                self.summary,
+                w.Label("modules added, removed or of another class"),
+                self.modules_table,
+                w.Label("tensors added or removed"),
+                self.tensors_table,
+                w.Label("tensors whose metadata changed"),
+                self.changes_table,
+            ]
+        )
         self.add_class("de-compare")
 
 
@@ -81,8 +105,9 @@ class CheckpointCompareWidget(w.VBox):
         self.add_class("de-compare")
 
 
-def compare(before: Comparable, after: Comparable | CheckpointPath, *,
-            labels: tuple[str, str] = ("before", "after")) -> CompareWidget | CheckpointCompareWidget:
+def compare(
+    before: Comparable, after: Comparable | CheckpointPath, *, labels: tuple[str, str] = ("before", "after")
+) -> CompareWidget | CheckpointCompareWidget:
     """A widget listing what differs between `before` and `after` (modules or inspections); when
     `after` is a checkpoint path (str or os.PathLike), what stands between that checkpoint and the
     module `before` (`explorer.check_checkpoint`; `labels` unused). Raises CheckpointError as the

@@ -8,8 +8,8 @@ them as a download too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import anywidget
 import traitlets
@@ -18,8 +18,13 @@ from .front_end import source
 
 GRAPH_FORMATS = ("svg", "png", "html")
 TABLE_FORMATS = ("csv", "parquet")
-MIME = {"svg": "image/svg+xml", "png": "image/png", "html": "text/html", "csv": "text/csv",
-        "parquet": "application/vnd.apache.parquet"}
+MIME = {
+    "svg": "image/svg+xml",
+    "png": "image/png",
+    "html": "text/html",
+    "csv": "text/csv",
+    "parquet": "application/vnd.apache.parquet",
+}
 DEFAULT_FOLDER = Path("explorer_exports")
 
 Producer = Callable[[str, str], tuple[str, bytes]]
@@ -31,8 +36,10 @@ class ExportBar(anywidget.AnyWidget):
     _esm = source("export_bar.js")
     _css = source("style.css")
 
-    choices = traitlets.List(traitlets.List(traitlets.Unicode())).tag(sync=True)
-    status = traitlets.Unicode("").tag(sync=True)
+    choices = traitlets.List(
+        traitlets.List(traitlets.Unicode()), help='[target, format] per button, e.g. ["graph", "svg"]'
+    ).tag(sync=True)
+    status = traitlets.Unicode("", help="What the last export did: the path written, or why it failed").tag(sync=True)
 
     def __init__(self, produce: Producer, *, folder: Path | str = DEFAULT_FOLDER, **kwargs: object) -> None:
         choices = [["graph", f] for f in GRAPH_FORMATS] + [["table", f] for f in TABLE_FORMATS]

@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 import torch
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from torch import nn
 
@@ -80,33 +81,43 @@ def assigned_names(cell: str) -> list[str]:
 class DeferredMagics(Magics):
     """`%%deferred` and `%deferred_status`."""
 
+    @property
+    def ipython(self) -> InteractiveShell:
+        """The shell these magics were registered with (`Magics.shell` is None only on an instance
+        made by hand; UsageError then)."""
+        if self.shell is None:
+            raise UsageError("the deferred magics are used without an IPython shell: load them with %load_ext widgets")
+        return self.shell
+
     @cell_magic
     def deferred(self, line: str, cell: str) -> Any:
         """Run the cell under deferred init and show the explorer of `line` (a name) or of the last
         module the cell assigned."""
         wanted = line.strip() or None
-        source = self.shell.transform_cell(cell)
-        filename = self.shell.compile.cache(source, self.shell.execution_count, raw_code=cell)
+        source = self.ipython.transform_cell(cell)
+        filename = self.ipython.compile.cache(source, self.ipython.execution_count, raw_code=cell)
         code = compile(source, filename, "exec")
         try:
             with explorer.deferred() as block:
-                exec(code, self.shell.user_global_ns, self.shell.user_ns)  # noqa: S102 - the user's own cell
+                exec(code, self.ipython.user_global_ns, self.ipython.user_ns)  # the user's own cell
         except Exception as error:
             if getattr(error, "graph", None) is None and not hasattr(error, "deferred_graph"):
                 raise
             partial = getattr(error, "partial_module", None)
-            self.shell.user_ns["_deferred_error"] = error
+            self.ipython.user_ns["_deferred_error"] = error
             return ExplorerWidget(partial if isinstance(partial, nn.Module) else nn.Module(), error=error)
         module = self._module_to_show(wanted, source, block.modules)
         return ExplorerWidget(module) if module is not None else None
 
     def _module_to_show(self, wanted: str | None, source: str, built: list[nn.Module]) -> nn.Module | None:
-        namespace = self.shell.user_ns
+        namespace = self.ipython.user_ns
         if wanted is not None:
             value = namespace.get(wanted)
             if not isinstance(value, nn.Module):
-                raise UsageError(f"%%deferred {wanted}: after the cell, {wanted!r} is "
-                                 f"{'not defined' if wanted not in namespace else type(value).__name__}, not an nn.Module")
+                raise UsageError(
+                    f"%%deferred {wanted}: after the cell, {wanted!r} is "
+                    f"{'not defined' if wanted not in namespace else type(value).__name__}, not an nn.Module"
+                )
             return value
         for name in reversed(assigned_names(source)):
             value = namespace.get(name)
@@ -118,21 +129,23 @@ class DeferredMagics(Magics):
     def deferred_status(self, line: str = "") -> pd.DataFrame:
         """The deferred modules alive in the kernel: names, class, bytes, fake and materialized shares."""
         names: dict[int, list[str]] = {}
-        for name, value in self.shell.user_ns.items():
+        for name, value in self.ipython.user_ns.items():
             if isinstance(value, nn.Module) and not name.startswith("_"):
                 names.setdefault(id(value), []).append(name)
         rows = []
         for module in explorer.deferred_roots():
             root = explorer.inspect(module).modules.iloc[0]
             total, done = int(root["bytes"]), int(root["materialized_bytes"])
-            rows.append({
-                "names": ", ".join(names.get(id(module), [])) or "(unnamed)",
-                "class": type(module).__name__,
-                "parameters": int(root["total_params"]),
-                "bytes": total,
-                "materialized_bytes": done,
-                "materialized": f"{100 * done / total:.1f}%" if total else "—",
-            })
+            rows.append(
+                {
+                    "names": ", ".join(names.get(id(module), [])) or "(unnamed)",
+                    "class": type(module).__name__,
+                    "parameters": int(root["total_params"]),
+                    "bytes": total,
+                    "materialized_bytes": done,
+                    "materialized": f"{100 * done / total:.1f}%" if total else "—",
+                }
+            )
         columns = ["names", "class", "parameters", "bytes", "materialized_bytes", "materialized"]
         return pd.DataFrame(rows, columns=columns)
 

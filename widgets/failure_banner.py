@@ -23,7 +23,8 @@ def banner_html(report: FailureReport) -> str:
     rows = "".join(
         f'<tr class="de-failure-field" data-field="{field}"><th>{label}</th>'
         f"<td>{html.escape(getattr(report, field))}</td></tr>"
-        for label, field in FIELDS if getattr(report, field)
+        for label, field in FIELDS
+        if getattr(report, field)
     )
     return (
         f'<div class="de-failure-headline">deferred_init failed: {html.escape(what)}; '

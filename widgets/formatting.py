@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -49,7 +50,7 @@ def bytes_text(value: Any) -> str:
 
 
 def exact_bytes_text(value: Any) -> str:
-    """"48 B", or "1,536 B (1.5 KiB)": exact, with the readable size beside it."""
+    """A byte count as "48 B", or "1,536 B (1.5 KiB)": exact, with the readable size beside it."""
     if is_missing(value):
         return ""
     count = int(value)

@@ -10,8 +10,8 @@ confirmation first.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Collection
 
 import pandas as pd
 import psutil
@@ -52,7 +52,8 @@ class MaterializePreview:
         at the last measured 367.6 MiB/s"."""
         if self.tensors == 0:
             return f"{self.what}: nothing to materialize (no fake tensors)"
-        line = f"{self.what}: {self.tensors:,} tensor{'s' * (self.tensors != 1)}, {bytes_text(self.bytes)} on {self.device}"
+        tensors = f"{self.tensors:,} tensor{'s' * (self.tensors != 1)}"
+        line = f"{self.what}: {tensors}, {bytes_text(self.bytes)} on {self.device}"
         if self.reads:
             line += f" — {self.reads_text()}"
         if self.device == "meta":
@@ -65,9 +66,8 @@ class MaterializePreview:
             line += " — time: known after a first materialization of 16 MiB or more"
         return line
 
-
     def reads_text(self) -> str:
-        """ "reads 1.5 MiB from 2 files (model-00001-of-00002.safetensors: 1.0 MiB, ...: 512.0 KiB)"."""
+        """The reads line: "reads 1.5 MiB from 2 files (model-00001-of-00002.safetensors: 1.0 MiB, ...: 512.0 KiB)"."""
         total = sum(size for _, size in self.reads)
         files = [f"{name}: {bytes_text(size)}" for name, size in self.reads[:FILES_NAMED]]
         if len(self.reads) > FILES_NAMED:
@@ -89,8 +89,15 @@ def free_bytes(device: str) -> int | None:
     return int(psutil.virtual_memory().available)
 
 
-def preview(tensors: pd.DataFrame, scope: Collection[str] | None, *, what: str, device: str,
-            throughput: float | None, reads: pd.DataFrame | None = None) -> MaterializePreview:
+def preview(
+    tensors: pd.DataFrame,
+    scope: Collection[str] | None,
+    *,
+    what: str,
+    device: str,
+    throughput: float | None,
+    reads: pd.DataFrame | None = None,
+) -> MaterializePreview:
     """The preview for materializing the fake (and "disk") tensors held by modules in `scope` (None:
     all) on `device`, at `throughput` bytes per second (None: unknown); `reads` is the inspection's
     checkpoint reads table (None: no checkpoint)."""

@@ -6,7 +6,7 @@ holding a tensor whose closure contains it) intersect the selected paths.
 
 from __future__ import annotations
 
-from typing import Collection
+from collections.abc import Collection
 
 import ipywidgets as w
 import pandas as pd
@@ -39,8 +39,9 @@ class OpsTab(w.VBox):
     """A kind filter above a `DataTable` of ops; row keys are "<graph>:<index>"."""
 
     def __init__(self) -> None:
-        self.kind_filter = w.Dropdown(options=[ALL, *OP_KINDS], value=ALL, description="kind",
-                                      layout=w.Layout(width="220px"))
+        self.kind_filter = w.Dropdown(
+            options=[ALL, *OP_KINDS], value=ALL, description="kind", layout=w.Layout(width="220px")
+        )
         self.kind_filter.add_class("de-ops-filter")
         self.kind_filter.observe(lambda _: self._draw(), names="value")
         self.table = DataTable()

@@ -22,8 +22,18 @@ OVERLAY_MODES: tuple[str, ...] = get_args(OverlayMode)
 # ColorBrewer YlOrRd, light (small) to dark (large).
 HEAT = ("#ffffb2", "#fecc5c", "#fd8d3c", "#f03b20", "#bd0026")
 # ColorBrewer Set2 then Dark2: categories (dtypes, devices) in sorted order.
-CATEGORIES = ("#66c2a5", "#fc8d62", "#8da0cb", "#e78ac3", "#a6d854", "#ffd92f", "#e5c494", "#1b9e77",
-              "#d95f02", "#7570b3")
+CATEGORIES = (
+    "#66c2a5",
+    "#fc8d62",
+    "#8da0cb",
+    "#e78ac3",
+    "#a6d854",
+    "#ffd92f",
+    "#e5c494",
+    "#1b9e77",
+    "#d95f02",
+    "#7570b3",
+)
 MIXED = "#6c757d"
 NONE = STATE_COLOURS[EMPTY]
 

@@ -7,7 +7,7 @@ writes `counts`. No matching happens in the browser.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import anywidget
 import traitlets
@@ -22,17 +22,17 @@ class SearchBox(anywidget.AnyWidget):
     _esm = source("search_box.js")
     _css = source("style.css")
 
-    query = traitlets.Unicode("").tag(sync=True)
-    regex = traitlets.Bool(False).tag(sync=True)
-    counts = traitlets.Unicode("").tag(sync=True)
-    error = traitlets.Bool(False).tag(sync=True)
+    query = traitlets.Unicode("", help="The pattern typed; the browser writes it").tag(sync=True)
+    regex = traitlets.Bool(False, help="Whether `query` is a regular expression (else a substring)").tag(sync=True)
+    counts = traitlets.Unicode("", help="The answer line, written by the box's owner").tag(sync=True)
+    error = traitlets.Bool(False, help="Whether `counts` reports a bad pattern (drawn red)").tag(sync=True)
 
-    def __init__(self, on_step: Callable[[int], None], **kwargs: object) -> None:
+    def __init__(self, on_step: Callable[[int], object], **kwargs: object) -> None:
         super().__init__(**kwargs)
         self._on_step = on_step
         self.on_msg(self._on_front_end_msg)
 
     def _on_front_end_msg(self, _widget: object, content: dict, _buffers: object) -> None:
-        step = {"next": 1, "previous": -1}.get(content.get("type"))
+        step = {"next": 1, "previous": -1}.get(content.get("type", ""))
         if step:
             self._on_step(step)

@@ -6,9 +6,9 @@ the tree widget, the tables and the materialize bar all read the same answer.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-from explorer.naming import parent_path
+from explorer.naming import common_module, parent_path
 
 
 class ModuleSelection:
@@ -83,13 +83,4 @@ class ModuleSelection:
     def focus(self, checked: Iterable[str]) -> str | None:
         """The deepest module containing every selected subtree (None when nothing is selected)."""
         roots = self.roots(checked)
-        if not roots:
-            return None
-        common = roots[0].split(".") if roots[0] else []
-        for root in roots[1:]:
-            parts = root.split(".") if root else []
-            length = 0
-            while length < min(len(common), len(parts)) and common[length] == parts[length]:
-                length += 1
-            common = common[:length]
-        return ".".join(common)
+        return common_module(roots) if roots else None

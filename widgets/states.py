@@ -36,5 +36,7 @@ def module_state(total_bytes: int, materialized_bytes: int, disk_bytes: int = 0)
 def module_states(modules: pd.DataFrame) -> list[str]:
     """`module_state` of every row of a modules table (one without `disk_bytes` has none on disk)."""
     disk = modules["disk_bytes"].tolist() if "disk_bytes" in modules else [0] * len(modules)
-    return [module_state(total, done, on_disk)
-            for total, done, on_disk in zip(modules["bytes"].tolist(), modules["materialized_bytes"].tolist(), disk)]
+    return [
+        module_state(total, done, on_disk)
+        for total, done, on_disk in zip(modules["bytes"].tolist(), modules["materialized_bytes"].tolist(), disk)
+    ]

@@ -7,7 +7,7 @@ the browser only draws `rows` and reports clicks by setting `selected` (a row ke
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import anywidget
 import pandas as pd
@@ -25,8 +25,9 @@ def sort_frame(frame: pd.DataFrame, column: str, ascending: bool) -> pd.DataFram
     try:
         return frame.sort_values(column, ascending=ascending, kind="stable", na_position="last")
     except TypeError:
-        return frame.sort_values(column, ascending=ascending, kind="stable", na_position="last",
-                                 key=lambda values: values.map(cell_text))
+        return frame.sort_values(
+            column, ascending=ascending, kind="stable", na_position="last", key=lambda values: values.map(cell_text)
+        )
 
 
 class DataTable(anywidget.AnyWidget):
@@ -35,20 +36,29 @@ class DataTable(anywidget.AnyWidget):
     _esm = source("table.js")
     _css = source("style.css")
 
-    columns = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    labels = traitlets.List(traitlets.Unicode()).tag(sync=True)  # header text per column ("" = its name)
-    rows = traitlets.List(traitlets.List()).tag(sync=True)
-    row_keys = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    row_colours = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    selected = traitlets.Unicode("").tag(sync=True)
-    highlighted = traitlets.List(traitlets.Unicode()).tag(sync=True)  # row keys drawn marked
-    sort_by = traitlets.Unicode("").tag(sync=True)
-    ascending = traitlets.Bool(True).tag(sync=True)
-    caption = traitlets.Unicode("").tag(sync=True)
-    sortable = traitlets.Bool(True).tag(sync=True)
+    columns = traitlets.List(traitlets.Unicode(), help="The shown columns' names, in order").tag(sync=True)
+    labels = traitlets.List(traitlets.Unicode(), help='Header text per column ("" shows its name)').tag(sync=True)
+    rows = traitlets.List(traitlets.List(), help="The shown rows, sorted and cut to `limit`, as cell texts").tag(
+        sync=True
+    )
+    row_keys = traitlets.List(
+        traitlets.Unicode(), help="The key of each shown row (what `selected` and `highlighted` name)"
+    ).tag(sync=True)
+    row_colours = traitlets.List(traitlets.Unicode(), help='A CSS colour per shown row ("" for none)').tag(sync=True)
+    selected = traitlets.Unicode("", help='The clicked row\'s key ("" for none); the browser writes it').tag(sync=True)
+    highlighted = traitlets.List(traitlets.Unicode(), help="Row keys drawn marked").tag(sync=True)
+    sort_by = traitlets.Unicode(
+        "", help='The column rows are sorted by ("" for frame order); a header click writes it'
+    ).tag(sync=True)
+    ascending = traitlets.Bool(True, help="Whether `sort_by` sorts ascending").tag(sync=True)
+    caption = traitlets.Unicode("", help='The line under the table ("12 rows", "showing 500 of 3,000 rows")').tag(
+        sync=True
+    )
+    sortable = traitlets.Bool(True, help="Whether a header click sorts").tag(sync=True)
 
-    def __init__(self, *, limit: int = DEFAULT_LIMIT, sortable: bool = True, captioned: bool = True,
-                 **kwargs: object) -> None:
+    def __init__(
+        self, *, limit: int = DEFAULT_LIMIT, sortable: bool = True, captioned: bool = True, **kwargs: object
+    ) -> None:
         super().__init__(sortable=sortable, **kwargs)
         self.limit = limit
         self.captioned = captioned
@@ -98,13 +108,19 @@ class DataTable(anywidget.AnyWidget):
         columns, key, formats, (colour_by, colour) = self._spec
         full = self._frame if self._frame is not None else pd.DataFrame(columns=list(columns))
         shown = self.visible_frame()
-        caption = f"{len(full):,} rows" if len(shown) == len(full) else \
-            f"showing {len(shown):,} of {len(full):,} rows (filter to narrow)"
+        caption = (
+            f"{len(full):,} rows"
+            if len(shown) == len(full)
+            else f"showing {len(shown):,} of {len(full):,} rows (filter to narrow)"
+        )
         with self.hold_sync():
             self.columns = list(columns)
             self.labels = [self._labels.get(column, "") for column in columns]
             self.rows = frame_rows(shown, columns, formats)
             self.row_keys = [str(value) for value in shown[key].tolist()] if len(shown) else []
-            self.row_colours = ([colour.get(value, "") for value in shown[colour_by].tolist()]
-                                if colour_by and len(shown) else [""] * len(shown))
+            self.row_colours = (
+                [colour.get(value, "") for value in shown[colour_by].tolist()]
+                if colour_by and len(shown)
+                else [""] * len(shown)
+            )
             self.caption = caption if self.captioned else ""

@@ -8,7 +8,7 @@ Clicking a row sets `table.selected` to the tensor's name.
 
 from __future__ import annotations
 
-from typing import Collection
+from collections.abc import Collection
 
 import ipywidgets as w
 import pandas as pd
@@ -22,11 +22,33 @@ ALL = "all"
 # `alias_group` (every other name on the storage: views, ties, `.data` aliases) is the alias/tie
 # group; `tied_with` (the same tensor object) is its subset and optional.
 COLUMNS = ["name", "shape", "stride", "storage_offset", "dtype", "device", "state", "alias_group", "bytes"]
-LABELS = {"storage_offset": "offset", "alias_group": "alias/tie group", "tied_with": "tied with",
-          "offset": "file offset", "disk_dtype": "dtype on disk"}
-OPTIONAL_COLUMNS = ["tied_with", "kind", "module", "numel", "contiguous", "requires_grad", "is_view", "storage_id",
-                    "closure_ops", "producer", "last_write", "source", "graph", "tensor_id",
-                    "file", "key", "offset", "disk_dtype"]  # checkpoint provenance of "disk" tensors
+LABELS = {
+    "storage_offset": "offset",
+    "alias_group": "alias/tie group",
+    "tied_with": "tied with",
+    "offset": "file offset",
+    "disk_dtype": "dtype on disk",
+}
+OPTIONAL_COLUMNS = [
+    "tied_with",
+    "kind",
+    "module",
+    "numel",
+    "contiguous",
+    "requires_grad",
+    "is_view",
+    "storage_id",
+    "closure_ops",
+    "producer",
+    "last_write",
+    "source",
+    "graph",
+    "tensor_id",
+    "file",
+    "key",
+    "offset",
+    "disk_dtype",
+]  # checkpoint provenance of "disk" tensors
 
 
 def scoped(frame: pd.DataFrame, scope: Collection[str] | None) -> pd.DataFrame:
@@ -55,16 +77,21 @@ class TensorsTab(w.VBox):
     """Filter controls above a `DataTable` of tensors; `update` sets the data and the scope."""
 
     def __init__(self) -> None:
-        self.name_filter = w.Text(placeholder="filter by name", description="name",
-                                  continuous_update=True, layout=w.Layout(width="260px"))
+        self.name_filter = w.Text(
+            placeholder="filter by name", description="name", continuous_update=True, layout=w.Layout(width="260px")
+        )
         self.dtype_filter = w.Dropdown(options=[ALL], description="dtype", layout=w.Layout(width="180px"))
         self.device_filter = w.Dropdown(options=[ALL], description="device", layout=w.Layout(width="180px"))
         self.state_filter = w.Dropdown(options=[ALL], description="state", layout=w.Layout(width="200px"))
         for control in (self.name_filter, self.dtype_filter, self.device_filter, self.state_filter):
             control.add_class("de-tensors-filter")
             control.observe(lambda _: self._draw(), names="value")
-        self.columns = w.TagsInput(value=list(COLUMNS), allowed_tags=COLUMNS + OPTIONAL_COLUMNS,
-                                   allow_duplicates=False, layout=w.Layout(width="auto"))
+        self.columns = w.TagsInput(
+            value=list(COLUMNS),
+            allowed_tags=COLUMNS + OPTIONAL_COLUMNS,
+            allow_duplicates=False,
+            layout=w.Layout(width="auto"),
+        )
         self.columns.add_class("de-column-chooser")
         self.columns.observe(lambda _: self._draw(), names="value")
         self.table = DataTable()
@@ -72,17 +99,27 @@ class TensorsTab(w.VBox):
         self._tensors = pd.DataFrame(columns=COLUMNS + OPTIONAL_COLUMNS)
         self._scope: Collection[str] | None = None
         self._search: set[str] | None = None
-        super().__init__([w.HBox([self.name_filter, self.dtype_filter, self.device_filter, self.state_filter],
-                                 layout=w.Layout(flex_flow="row wrap")),
-                          w.HBox([w.Label("columns"), self.columns]), self.table])
+        super().__init__(
+            [
+                w.HBox(
+                    [self.name_filter, self.dtype_filter, self.device_filter, self.state_filter],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
+                w.HBox([w.Label("columns"), self.columns]),
+                self.table,
+            ]
+        )
         self.add_class("de-tensors-tab")
 
     def update(self, tensors: pd.DataFrame, scope: Collection[str] | None) -> None:
         """Show `tensors` (an inspection's tensors table) restricted to modules in `scope`."""
         self._tensors, self._scope = tensors, scope
         with self.hold_trait_notifications():
-            for control, column in ((self.dtype_filter, "dtype"), (self.device_filter, "device"),
-                                    (self.state_filter, "state")):
+            for control, column in (
+                (self.dtype_filter, "dtype"),
+                (self.device_filter, "device"),
+                (self.state_filter, "state"),
+            ):
                 options = _options(tensors[column])
                 if list(control.options) != options:
                     keep = control.value if control.value in options else ALL
@@ -102,10 +139,22 @@ class TensorsTab(w.VBox):
         rows = scoped(self._tensors, self._scope)
         if self._search is not None:
             rows = rows[rows["name"].isin(self._search)]
-        return filter_tensors(rows, name=self.name_filter.value, dtype=self.dtype_filter.value,
-                              device=self.device_filter.value, state=self.state_filter.value)
+        return filter_tensors(
+            rows,
+            name=self.name_filter.value,
+            dtype=self.dtype_filter.value,
+            device=self.device_filter.value,
+            state=self.state_filter.value,
+        )
 
     def _draw(self) -> None:
         columns = [c for c in self.columns.value if c in self._tensors.columns] or ["name"]
-        self.table.show(self.rows(), columns, key="name", formats={"bytes": bytes_text},
-                        colour=STATE_COLOURS, colour_by="state", labels=LABELS)
+        self.table.show(
+            self.rows(),
+            columns,
+            key="name",
+            formats={"bytes": bytes_text},
+            colour=STATE_COLOURS,
+            colour_by="state",
+            labels=LABELS,
+        )

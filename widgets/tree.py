@@ -7,7 +7,8 @@ custom messages and writes `expanded` itself. Python answers by setting `checked
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import anywidget
 import pandas as pd
@@ -30,21 +31,28 @@ def tree_nodes(modules: pd.DataFrame, root_class: str) -> list[dict[str, Any]]:
             has_children.add(parent_of(name))
     nodes = []
     for name, cls, depth, params, total, devices, state in zip(
-        names, modules["class"].tolist(), modules["depth"].tolist(), modules["total_params"].tolist(),
-        modules["bytes"].tolist(), modules["bytes_by_device"].tolist(), module_states(modules),
+        names,
+        modules["class"].tolist(),
+        modules["depth"].tolist(),
+        modules["total_params"].tolist(),
+        modules["bytes"].tolist(),
+        modules["bytes_by_device"].tolist(),
+        module_states(modules),
     ):
-        nodes.append({
-            "path": name,
-            "label": name.rpartition(".")[2] if name else root_class,
-            "class": cls,
-            "depth": depth,
-            "params": count_text(params),
-            "bytes": bytes_text(total),
-            "device": ", ".join(devices),
-            "state": state,
-            "colour": STATE_COLOURS[state],
-            "has_children": name in has_children,
-        })
+        nodes.append(
+            {
+                "path": name,
+                "label": name.rpartition(".")[2] if name else root_class,
+                "class": cls,
+                "depth": depth,
+                "params": count_text(params),
+                "bytes": bytes_text(total),
+                "device": ", ".join(devices),
+                "state": state,
+                "colour": STATE_COLOURS[state],
+                "has_children": name in has_children,
+            }
+        )
     return nodes
 
 
@@ -55,21 +63,37 @@ class ModuleTree(anywidget.AnyWidget):
     _esm = source("tree.js")
     _css = source("style.css")
 
-    nodes = traitlets.List(traitlets.Dict()).tag(sync=True)
-    checked = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    partial = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    expanded = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    active = traitlets.Unicode("").tag(sync=True)
-    colours = traitlets.Dict().tag(sync=True)  # module path → overlay colour (the row's swatch)
-    matches = traitlets.List(traitlets.Unicode()).tag(sync=True)  # search matches, marked
-    aliases = traitlets.List(traitlets.Unicode()).tag(sync=True)  # modules holding the open tensor's storage
+    nodes = traitlets.List(
+        traitlets.Dict(),
+        help="One row per module, pre-order: path, label, class, depth, "
+        "params, bytes, device, state, colour, has_children (see `tree_nodes`)",
+    ).tag(sync=True)
+    checked = traitlets.List(
+        traitlets.Unicode(),
+        help="Checked module paths, tree order, closed under 'a parent selects its subtree'; set by Python only",
+    ).tag(sync=True)
+    partial = traitlets.List(
+        traitlets.Unicode(), help="Unchecked module paths with something checked below them (drawn indeterminate)"
+    ).tag(sync=True)
+    expanded = traitlets.List(
+        traitlets.Unicode(), help="Module paths drawn unfolded; the browser writes it as the user folds"
+    ).tag(sync=True)
+    active = traitlets.Unicode("", help="The module last selected by a click on its name").tag(sync=True)
+    colours = traitlets.Dict(help="Module path → overlay colour, drawn as the row's swatch").tag(sync=True)
+    matches = traitlets.List(traitlets.Unicode(), help="Module paths the search matched, drawn marked").tag(sync=True)
+    aliases = traitlets.List(
+        traitlets.Unicode(), help="Module paths holding a name on the open tensor's storage, lit up"
+    ).tag(sync=True)
 
     def __init__(self, modules: pd.DataFrame, root_class: str, *, expand_depth: int = 1, **kwargs: Any) -> None:
         self.selection = ModuleSelection(modules["name"].tolist())
         super().__init__(
             nodes=tree_nodes(modules, root_class),
-            expanded=[n for n, d in zip(modules["name"].tolist(), modules["depth"].tolist()) if d <= expand_depth
-                      and n in self.selection.children and self.selection.children[n]],
+            expanded=[
+                n
+                for n, d in zip(modules["name"].tolist(), modules["depth"].tolist())
+                if d <= expand_depth and n in self.selection.children and self.selection.children[n]
+            ],
             **kwargs,
         )
         self.root_class = root_class

@@ -12,6 +12,16 @@ from .storages import storages_table
 from .tensors import tensors_table
 
 __all__ = [
-    "Inspection", "SearchError", "SearchResult", "TextIndex", "inspect", "modules_table", "op_kind", "op_modules",
-    "ops_table", "reads_table", "storages_table", "tensors_table",
+    "Inspection",
+    "SearchError",
+    "SearchResult",
+    "TextIndex",
+    "inspect",
+    "modules_table",
+    "op_kind",
+    "op_modules",
+    "ops_table",
+    "reads_table",
+    "storages_table",
+    "tensors_table",
 ]

@@ -56,6 +56,13 @@ class NamedTensor:
     reads: tuple[CheckpointRead, ...] = ()  # checkpoint reads feeding its value, in recording order
 
     @property
+    def recorded(self) -> tuple[int, TensorId] | None:
+        """(graph index, tensor id) of a name traced to a recording, None for one that is not."""
+        if self.graph is None or self.tensor_id is None:
+            return None
+        return (self.graph, self.tensor_id)
+
+    @property
     def identity(self) -> tuple:
         """Which tensor this is, counting a materialized tensor and the fakes it will replace as one."""
         if self.graph is not None:
@@ -92,8 +99,8 @@ class Census:
         """The first name (module order) of every recorded tensor the module holds."""
         names: dict[tuple[int, TensorId], str] = {}
         for entry in self.tensors:
-            if entry.graph is not None:
-                names.setdefault((entry.graph, entry.tensor_id), entry.name)
+            if entry.recorded is not None:
+                names.setdefault(entry.recorded, entry.name)
         return names
 
 
@@ -130,6 +137,11 @@ class _KeyUnion:
         self.parent[self.find(second)] = self.find(first)
 
 
+def _memory_key(tensor: torch.Tensor) -> tuple[str, int]:
+    """Which real memory a tensor is on (its storage's address in the process)."""
+    return ("memory", tensor.untyped_storage()._cdata)
+
+
 def take_census(root: nn.Module) -> Census:
     """Gather the parameters, buffers, storages and recorded closures of `root`; changes nothing."""
     modules, slots = _slots(root)
@@ -160,14 +172,13 @@ def take_census(root: nn.Module) -> Census:
                 state = REAL if origin is None else MATERIALIZED
                 if origin is not None and id(origin.graph()) in graph_index:
                     graph, tid = graph_index[id(origin.graph())], origin.tensor_id
-            memory = None if handle is not None else ("memory", tensor.untyped_storage()._cdata)
-            if graph is not None:
+            if graph is not None and tid is not None:
                 key: tuple = ("recorded", graph, graphs[graph].tensors[tid].storage)
-                if memory is not None:
+                if handle is None:
                     # The same memory a fake of this storage will alias once it is materialized too.
-                    union.join(key, memory)
+                    union.join(key, _memory_key(tensor))
             else:
-                key = memory  # type: ignore[assignment]
+                key = _memory_key(tensor)
             union.find(key)
             keys.append(key)
             tensors.append(NamedTensor(name, path, kind, tensor, state, graph, tid, -1, tensor.numel(), origin))
@@ -180,9 +191,17 @@ def take_census(root: nn.Module) -> Census:
             sid = storage_of_root.get(component)
             if sid is None:
                 sid = storage_of_root[component] = len(storages)
-                storages.append(StorageRecord(
-                    sid, entry.tensor.untyped_storage().nbytes() if entry.graph is None else -1,
-                    str(entry.tensor.device), dtype_name(entry.tensor.dtype), entry.state, None, None))
+                storages.append(
+                    StorageRecord(
+                        sid,
+                        entry.tensor.untyped_storage().nbytes() if entry.graph is None else -1,
+                        str(entry.tensor.device),
+                        dtype_name(entry.tensor.dtype),
+                        entry.state,
+                        None,
+                        None,
+                    )
+                )
             record = storages[sid]
             if entry.graph is not None and record.graph is None:
                 record.graph, record.recorded_id = entry.graph, key[2]
@@ -193,21 +212,21 @@ def take_census(root: nn.Module) -> Census:
             entry.storage = sid
 
     closures: dict[tuple[int, TensorId], list[OpIndex]] = {}
-    unexplained: dict[int, list[NamedTensor]] = {}  # graph → its fakes (materialized ones carry an origin)
+    # graph → its fakes with their ids (materialized ones carry an origin already)
+    unexplained: dict[int, list[tuple[NamedTensor, TensorId]]] = {}
     for entry in tensors:
-        if entry.graph is None:
+        recorded = entry.recorded
+        if recorded is None:
             continue
-        key = (entry.graph, entry.tensor_id)
-        if key not in closures:
-            closures[key] = graphs[entry.graph].closure_of([entry.tensor_id])
+        if recorded not in closures:
+            closures[recorded] = graphs[recorded[0]].closure_of([recorded[1]])
         if entry.origin is None:
-            unexplained.setdefault(entry.graph, []).append(entry)
+            unexplained.setdefault(recorded[0], []).append((entry, recorded[1]))
     for position, entries in unexplained.items():
-        graph = graphs[position]
-        sources = creation_sources(graph, dict.fromkeys(entry.tensor_id for entry in entries))
-        for entry in entries:
-            closure_ops = len(closures[(position, entry.tensor_id)])
-            entry.origin = Origin.of(graph, entry.tensor_id, closure_ops, sources[entry.tensor_id])
+        recording = graphs[position]
+        sources = creation_sources(recording, dict.fromkeys(tid for _, tid in entries))
+        for entry, tid in entries:
+            entry.origin = Origin.of(recording, tid, len(closures[(position, tid)]), sources[tid])
     return Census(root, modules, tensors, storages, graphs, closures)
 
 
@@ -216,13 +235,14 @@ def _note_checkpoint_reads(tensors: list[NamedTensor], graphs: list[InitGraph]) 
     reads = CheckpointReads(graphs)
     sources: dict[int, dict] = {}
     for entry in tensors:
-        if entry.graph is None:
+        if entry.recorded is None:
             continue
-        if entry.graph not in sources:
-            graph = graphs[entry.graph]
-            sources[entry.graph] = storage_sources(graph) if graph.storages else {}
-        feeding = sources[entry.graph].get(graphs[entry.graph].tensors[entry.tensor_id].storage)
+        position, tid = entry.recorded
+        if position not in sources:
+            graph = graphs[position]
+            sources[position] = storage_sources(graph) if graph.storages else {}
+        feeding = sources[position].get(graphs[position].tensors[tid].storage)
         if feeding:
-            entry.reads = tuple(reads[(entry.graph, index)] for index in sorted(feeding))
+            entry.reads = tuple(reads[(position, index)] for index in sorted(feeding))
             if entry.state == FAKE:
                 entry.state = DISK

@@ -109,8 +109,15 @@ class CheckpointReads:
             for size in shape:
                 numel *= size
             read = self._reads[where] = CheckpointRead(
-                graph, index, path, key, shape, dtype_name(dtype), numel * dtype.itemsize,
-                self._offsets_of(path).get(key))
+                graph,
+                index,
+                path,
+                key,
+                shape,
+                dtype_name(dtype),
+                numel * dtype.itemsize,
+                self._offsets_of(path).get(key),
+            )
         return read
 
     def _offsets_of(self, path: str) -> dict[str, int]:

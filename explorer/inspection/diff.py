@@ -68,24 +68,52 @@ def _as_key(value: object) -> object:
     return tuple(sorted(value)) if isinstance(value, list) else value
 
 
-def diff_inspections(before_modules: pd.DataFrame, before_tensors: pd.DataFrame,
-                     after_modules: pd.DataFrame, after_tensors: pd.DataFrame) -> InspectionDiff:
+def diff_inspections(
+    before_modules: pd.DataFrame, before_tensors: pd.DataFrame, after_modules: pd.DataFrame, after_tensors: pd.DataFrame
+) -> InspectionDiff:
     """The differences between two inspections' modules and tensors tables (see `InspectionDiff`)."""
     old_classes = dict(zip(before_modules["name"], before_modules["class"]))
     new_classes = dict(zip(after_modules["name"], after_modules["class"]))
-    module_rows = [{"name": n, "change": "removed", "before": old_classes[n], "after": ""}
-                   for n in old_classes if n not in new_classes]
-    module_rows += [{"name": n, "change": "added", "before": "", "after": new_classes[n]}
-                    for n in new_classes if n not in old_classes]
-    module_rows += [{"name": n, "change": "class", "before": old_classes[n], "after": new_classes[n]}
-                    for n in new_classes if n in old_classes and old_classes[n] != new_classes[n]]
+    module_rows = [
+        {"name": n, "change": "removed", "before": old_classes[n], "after": ""}
+        for n in old_classes
+        if n not in new_classes
+    ]
+    module_rows += [
+        {"name": n, "change": "added", "before": "", "after": new_classes[n]}
+        for n in new_classes
+        if n not in old_classes
+    ]
+    module_rows += [
+        {"name": n, "change": "class", "before": old_classes[n], "after": new_classes[n]}
+        for n in new_classes
+        if n in old_classes and old_classes[n] != new_classes[n]
+    ]
 
     old = before_tensors.set_index("name", drop=False)
     new = after_tensors.set_index("name", drop=False)
-    presence = [{"name": n, "change": "removed", "shape": old.at[n, "shape"], "dtype": old.at[n, "dtype"],
-                 "kind": old.at[n, "kind"]} for n in old.index if n not in new.index]
-    presence += [{"name": n, "change": "added", "shape": new.at[n, "shape"], "dtype": new.at[n, "dtype"],
-                  "kind": new.at[n, "kind"]} for n in new.index if n not in old.index]
+    presence = [
+        {
+            "name": n,
+            "change": "removed",
+            "shape": old.at[n, "shape"],
+            "dtype": old.at[n, "dtype"],
+            "kind": old.at[n, "kind"],
+        }
+        for n in old.index
+        if n not in new.index
+    ]
+    presence += [
+        {
+            "name": n,
+            "change": "added",
+            "shape": new.at[n, "shape"],
+            "dtype": new.at[n, "dtype"],
+            "kind": new.at[n, "kind"],
+        }
+        for n in new.index
+        if n not in old.index
+    ]
     changes = []
     for name in new.index:
         if name not in old.index:

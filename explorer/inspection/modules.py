@@ -10,8 +10,18 @@ from ..naming import depth_of, parent_of
 from .census import DEFERRED_STATES, DISK, PARAMETER, Census
 
 MODULE_COLUMNS = [
-    "name", "class", "depth", "own_params", "total_params", "bytes", "bytes_by_dtype", "bytes_by_device",
-    "share", "materialized_bytes", "materialized", "disk_bytes",
+    "name",
+    "class",
+    "depth",
+    "own_params",
+    "total_params",
+    "bytes",
+    "bytes_by_dtype",
+    "bytes_by_device",
+    "share",
+    "materialized_bytes",
+    "materialized",
+    "disk_bytes",
 ]
 
 

@@ -17,8 +17,17 @@ OP_KINDS: tuple[OpKind, ...] = get_args(OpKind)
 FACTORY, RANDOM, INPLACE, VIEW, COMPUTE, DATA, EXTERNAL_INPUT = OP_KINDS
 
 OP_COLUMNS = [
-    "graph", "index", "op", "kind", "inputs", "outputs", "output_shapes", "output_dtypes", "modules",
-    "source", "code",
+    "graph",
+    "index",
+    "op",
+    "kind",
+    "inputs",
+    "outputs",
+    "output_shapes",
+    "output_dtypes",
+    "modules",
+    "source",
+    "code",
 ]
 
 _VALUE_READ = torch.ops.aten._local_scalar_dense.default
@@ -61,10 +70,10 @@ def op_modules(census: Census) -> dict[tuple[int, OpIndex], list[str]]:
     """
     owners: dict[tuple[int, OpIndex], dict[str, None]] = {}
     for entry in census.tensors:
-        if entry.graph is None:
+        if entry.recorded is None:
             continue
-        for index in census.closures[(entry.graph, entry.tensor_id)]:
-            owners.setdefault((entry.graph, index), {})[entry.module] = None
+        for index in census.closures[entry.recorded]:
+            owners.setdefault((entry.recorded[0], index), {})[entry.module] = None
     return {key: list(modules) for key, modules in owners.items()}
 
 

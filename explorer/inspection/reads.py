@@ -26,11 +26,19 @@ def reads_table(census: Census) -> pd.DataFrame:
     columns: dict[str, list] = {column: [] for column in READ_COLUMNS}
     for read in sorted(fed, key=lambda read: (read.graph, read.op)):
         names = [census.tensors[position] for position in fed[read]]
-        for column, value in (("graph", read.graph), ("op", read.op), ("file", read.file), ("path", read.path),
-                              ("key", read.key), ("offset", read.offset), ("shape", read.shape),
-                              ("disk_dtype", read.dtype), ("bytes", read.nbytes),
-                              ("tensors", [entry.name for entry in names]),
-                              ("states", [entry.state for entry in names])):
+        for column, value in (
+            ("graph", read.graph),
+            ("op", read.op),
+            ("file", read.file),
+            ("path", read.path),
+            ("key", read.key),
+            ("offset", read.offset),
+            ("shape", read.shape),
+            ("disk_dtype", read.dtype),
+            ("bytes", read.nbytes),
+            ("tensors", [entry.name for entry in names]),
+            ("states", [entry.state for entry in names]),
+        ):
             columns[column].append(value)
     columns["offset"] = pd.array(columns["offset"], dtype="Int64")
     return pd.DataFrame(columns, columns=READ_COLUMNS)

@@ -45,7 +45,7 @@ class SearchResult:
         return not (self.modules or self.tensors or self.ops)
 
     def counts_text(self) -> str:
-        """"3 modules · 12 tensors · 40 ops" (or "no match")."""
+        """The counts line: "3 modules · 12 tensors · 40 ops" (or "no match")."""
         if self.empty:
             return "no match"
         parts = [(len(self.modules), "module"), (len(self.tensors), "tensor"), (len(self.ops), "op")]
@@ -53,13 +53,21 @@ class SearchResult:
 
     def targets(self) -> list[tuple[str, str]]:
         """(kind, key) in the order Enter walks them: modules, then tensors, then ops."""
-        return [("module", m) for m in self.modules] + [("tensor", t) for t in self.tensors] + \
-            [("op", o) for o in self.ops]
+        return (
+            [("module", m) for m in self.modules]
+            + [("tensor", t) for t in self.tensors]
+            + [("op", o) for o in self.ops]
+        )
 
 
 def _shape_text(values: pd.Series) -> pd.Series:
-    return values.map(lambda shape: "(" + ", ".join(str(v) for v in shape) + ("," if len(shape) == 1 else "") + ")"
-                      if isinstance(shape, tuple) else "")
+    return values.map(
+        lambda shape: (
+            "(" + ", ".join(str(v) for v in shape) + ("," if len(shape) == 1 else "") + ")"
+            if isinstance(shape, tuple)
+            else ""
+        )
+    )
 
 
 class TextIndex:
@@ -70,8 +78,13 @@ class TextIndex:
         self.module_fields = [modules["name"].astype(str), modules["class"].astype(str)]
         self.tensor_names = tensors["name"].tolist()
         self.tensor_modules = tensors["module"].tolist()
-        self.tensor_fields = [tensors["name"].astype(str), _shape_text(tensors["shape"]), _shape_text(tensors["stride"]),
-                              tensors["dtype"].astype(str), tensors["device"].astype(str)]
+        self.tensor_fields = [
+            tensors["name"].astype(str),
+            _shape_text(tensors["shape"]),
+            _shape_text(tensors["stride"]),
+            tensors["dtype"].astype(str),
+            tensors["device"].astype(str),
+        ]
         self.op_keys = (ops["graph"].astype(str) + ":" + ops["index"].astype(str)).tolist()
         self.op_fields = [ops["op"].astype(str)]
         self.op_modules = ops["modules"].tolist()
@@ -100,12 +113,20 @@ class TextIndex:
 
         modules = [path for path, hit in zip(self.module_paths, hits(self.module_fields)) if hit]
         matched_modules = set(modules)
-        tensors = [name for name, owner, hit in zip(self.tensor_names, self.tensor_modules, hits(self.tensor_fields))
-                   if hit or owner in matched_modules]
-        ops = [key for key, hit, owners in zip(self.op_keys, hits(self.op_fields), self.op_modules)
-               if hit or (matched_modules and not matched_modules.isdisjoint(owners))]
+        tensors = [
+            name
+            for name, owner, hit in zip(self.tensor_names, self.tensor_modules, hits(self.tensor_fields))
+            if hit or owner in matched_modules
+        ]
+        ops = [
+            key
+            for key, hit, owners in zip(self.op_keys, hits(self.op_fields), self.op_modules)
+            if hit or (matched_modules and not matched_modules.isdisjoint(owners))
+        ]
         found = set(tensors)
-        owners = matched_modules | {owner for name, owner in zip(self.tensor_names, self.tensor_modules) if name in found}
+        owners = matched_modules | {
+            owner for name, owner in zip(self.tensor_names, self.tensor_modules) if name in found
+        }
         return SearchResult(pattern, regex, modules, tensors, ops, _ancestors_of(owners, self.module_paths))
 
 

@@ -8,8 +8,17 @@ import torch
 from .census import Census
 
 STORAGE_COLUMNS = [
-    "storage_id", "bytes", "device", "dtype", "state", "graph", "recorded_id", "tensors", "offsets",
-    "shapes", "strides",
+    "storage_id",
+    "bytes",
+    "device",
+    "dtype",
+    "state",
+    "graph",
+    "recorded_id",
+    "tensors",
+    "offsets",
+    "shapes",
+    "strides",
 ]
 
 

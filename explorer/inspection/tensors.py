@@ -10,9 +10,33 @@ from .census import Census
 from .checkpoint_sources import CheckpointRead
 
 TENSOR_COLUMNS = [
-    "name", "module", "kind", "shape", "stride", "storage_offset", "dtype", "device", "numel", "bytes",
-    "contiguous", "requires_grad", "is_view", "storage_id", "alias_group", "tied_with", "state",
-    "graph", "tensor_id", "closure_ops", "producer", "last_write", "source", "file", "key", "offset", "disk_dtype",
+    "name",
+    "module",
+    "kind",
+    "shape",
+    "stride",
+    "storage_offset",
+    "dtype",
+    "device",
+    "numel",
+    "bytes",
+    "contiguous",
+    "requires_grad",
+    "is_view",
+    "storage_id",
+    "alias_group",
+    "tied_with",
+    "state",
+    "graph",
+    "tensor_id",
+    "closure_ops",
+    "producer",
+    "last_write",
+    "source",
+    "file",
+    "key",
+    "offset",
+    "disk_dtype",
 ]
 
 

@@ -45,3 +45,10 @@ def test_compare_with_a_missing_checkpoint_path_names_it(tmp_path):
         widgets.compare(nn.Linear(2, 2), tmp_path / "model")
     with pytest.raises(TypeError, match="compare: checking a checkpoint needs the module as before, got Inspection"):
         widgets.compare(explorer.inspect(nn.Linear(2, 2)), tmp_path / "model")
+
+
+def test_compare_shows_labels_and_class_names_as_text_not_markup():
+    evil_class = type("<b onmouseover=alert(2)>", (nn.Linear,), {})
+    view = widgets.compare(nn.Linear(2, 2), evil_class(2, 2), labels=("<img src=x onerror=alert(1)>", "a & b"))
+    assert view.summary.value == ("<b>&lt;img src=x onerror=alert(1)&gt;</b> (Linear) → <b>a &amp; b</b> "
+                                  "(&lt;b onmouseover=alert(2)&gt;): 1 module changed class")

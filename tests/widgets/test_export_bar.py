@@ -52,3 +52,11 @@ def test_a_failed_export_is_reported_in_the_bar_and_unknown_formats_raise(export
     assert ui.export_bar.status == "export failed: RuntimeError: dot crashed"
     with pytest.raises(ValueError, match=r"cannot export graph as 'jpeg'"):
         ui.export("graph", "jpeg")
+
+
+def test_every_synced_trait_says_what_it_is():
+    from widgets.export_bar import ExportBar
+
+    helps = {name: trait.help for name, trait in ExportBar.class_own_traits(sync=True).items()}
+    assert helps == {"choices": '[target, format] per button, e.g. ["graph", "svg"]',
+                     "status": "What the last export did: the path written, or why it failed"}

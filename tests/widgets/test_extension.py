@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from torch import nn
 
@@ -116,3 +117,11 @@ def test_rich_display_of_deferred_modules_and_fake_tensors_only(shell):
 def test_assigned_names_reads_the_cells_assignments_in_order():
     assert assigned_names("a = 1\nb, (c, d) = x\ne: int = 3\nf += 1\ng.h = 2\nprint(i)") == ["a", "b", "c", "d", "e", "f"]
     assert assigned_names("def broken(:") == []
+
+
+def test_the_magics_without_a_shell_say_how_to_load_them():
+    from widgets.extension import DeferredMagics
+
+    with pytest.raises(UsageError, match="^the deferred magics are used without an IPython shell: load them with "
+                                         "%load_ext widgets$"):
+        DeferredMagics(shell=None).deferred("", "x = 1")

@@ -39,3 +39,12 @@ def test_regex_errors_show_in_the_box_and_an_empty_query_clears(ui):
     ui.search("")
     assert ui.search_box.counts == "" and ui.tree.matches == [] and ui.graph_tab.view.highlighted == []
     assert len(ui.tensors_tab.table.row_keys) == 20
+
+
+def test_every_synced_trait_says_what_it_is():
+    from widgets.search_box import SearchBox
+
+    helps = {name: trait.help for name, trait in SearchBox.class_own_traits(sync=True).items()}
+    assert sorted(helps) == ["counts", "error", "query", "regex"]
+    assert [name for name, text in helps.items() if not text] == []
+    assert helps["regex"] == "Whether `query` is a regular expression (else a substring)"

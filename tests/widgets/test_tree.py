@@ -52,3 +52,13 @@ def test_a_module_read_from_a_checkpoint_is_disk_until_materialized(disk_ui):
     disk_ui.materialize_selected(wait=True)
     assert [node(disk_ui, path)["state"] for path in ("model.layers.0", "model.layers.1", "")] == [
         "materialized", "disk", "partly"]
+
+
+def test_every_synced_trait_says_what_it_is():
+    from widgets.tree import ModuleTree
+
+    helps = {name: trait.help for name, trait in ModuleTree.class_own_traits(sync=True).items()}
+    assert sorted(helps) == ["active", "aliases", "checked", "colours", "expanded", "matches", "nodes", "partial"]
+    assert [name for name, text in helps.items() if not text] == []
+    assert helps["checked"] == ("Checked module paths, tree order, closed under 'a parent selects its subtree'; "
+                                "set by Python only")

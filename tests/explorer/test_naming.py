@@ -1,0 +1,55 @@
+"""explorer.naming: the one home for module paths, dtype names and byte sizes and spans."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from explorer.naming import byte_span, common_module, dtype_name, dtype_named
+
+
+def test_byte_span_is_from_the_first_element_to_the_end_of_the_last():
+    base = torch.zeros(4, 6, dtype=torch.float64)  # 192 bytes
+    spans = {
+        label: byte_span(view.shape, view.stride(), view.storage_offset(), view.element_size())
+        for label, view in {
+            "row": base[1],
+            "column": base[:, 2],
+            "transposed": base.t(),
+            "every other of two rows": base[1:3, ::2],
+            "element": base[2, 3],
+            "empty": base[4:],
+        }.items()
+    }
+    assert spans == {
+        "row": (48, 96),
+        "column": (16, 168),  # elements 2, 8, 14, 20: the gaps between them count
+        "transposed": (0, 192),
+        "every other of two rows": (48, 136),  # elements 6 ... 16
+        "element": (120, 128),
+        "empty": (192, 192),  # reaches nothing, starts at its offset
+    }
+
+
+def test_byte_span_of_a_real_view_starts_at_its_data_pointer():
+    base = torch.arange(30, dtype=torch.int16)
+    view = base[3:].as_strided((3, 2), (5, 2), 7)
+    start, end = byte_span(view.shape, view.stride(), view.storage_offset(), view.element_size())
+    assert start == view.data_ptr() - base.data_ptr() == 14
+    assert end == view[-1, -1].data_ptr() + 2 - base.data_ptr() == (7 + 10 + 2 + 1) * 2
+
+
+def test_dtype_named_inverts_dtype_name_and_names_a_wrong_string():
+    for dtype in (torch.float32, torch.bfloat16, torch.int8, torch.bool, torch.complex64, torch.float8_e4m3fn):
+        assert dtype_named(dtype_name(dtype)) is dtype
+    with pytest.raises(ValueError, match=r"^'Tensor' is not a torch dtype name \(as `dtype_name` spells them"):
+        dtype_named("Tensor")
+    with pytest.raises(ValueError, match=r"^'float33' is not a torch dtype name"):
+        dtype_named("float33")
+
+
+def test_common_module_is_the_innermost_path_holding_all():
+    assert common_module(["layers.1.attn", "layers.1.mlp"]) == "layers.1"
+    assert common_module(["layers.1", "layers.10"]) == "layers"  # by component, not by character
+    assert common_module(["layers.1.attn", ""]) == ""
+    assert common_module(["head"]) == "head"
