@@ -46,9 +46,12 @@ fuzz: install
 		$(PY) -m pytest -q -p no:cacheprovider tests/fuzz --hypothesis-show-statistics
 
 # Every timm model and transformers architecture built deferred (about 30 min on 2 cores, not in
-# `make test`); writes build/zoo/report.md. ZOO_ARGS="--only timm --limit 50" runs a part.
+# `make test`); writes build/zoo/report.md. Then the init audit of a sample (which tensors a model
+# leaves uninitialized, each claim confirmed eagerly): build/zoo/init_report.md.
+# ZOO_ARGS="--only timm --limit 50" runs a part.
 zoo: install
 	$(PY) -m tests.zoo.coverage $(ZOO_ARGS)
+	$(PY) -m tests.zoo.init_audit $(ZOO_ARGS)
 
 bench: install
 	$(PY) benchmarks/run.py

@@ -10,6 +10,7 @@ from ._version import __version__
 from .analysis.checkpoint_check import CheckpointCheck, check_checkpoint  # noqa: E402
 from .analysis.dry_run import DryRun, DryRunError, dry_run  # noqa: E402
 from .analysis.fx_export import InitProgram, to_fx  # noqa: E402
+from .analysis.init_report import init_report  # noqa: E402
 from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices  # noqa: E402
 from .errors import CheckpointError, DeferredInitError, MaterializationError, NoDataError
 from .errors import ReleaseError
@@ -44,6 +45,7 @@ __all__ = [
     "deferred_init",
     "deferred_roots",
     "dry_run",
+    "init_report",
     "inspect",
     "is_deferred",
     "is_fake",

@@ -28,6 +28,7 @@ from .formatting import cell_text
 from .graph import GraphTab, parse_click
 from .materialize_bar import MaterializeBar
 from .materialize_preview import MaterializePreview, preview
+from .init_tab import InitTab
 from .memory_tab import MemoryTab
 from .ops_tab import OpsTab
 from .overlays import OVERLAY_MODES, Overlay, overlay
@@ -35,10 +36,11 @@ from .search_box import SearchBox
 from .tensors_tab import TensorsTab
 from .tree import ModuleTree
 
-TAB_TITLES = ("Tensors", "Ops", "Graph", "Memory")
+TAB_TITLES = ("Tensors", "Ops", "Graph", "Memory", "Init")
 GRAPH_TAB = TAB_TITLES.index("Graph")
 OPS_TAB = TAB_TITLES.index("Ops")
 TENSORS_TAB = TAB_TITLES.index("Tensors")
+INIT_TAB = TAB_TITLES.index("Init")
 
 
 class ExplorerWidget(w.VBox):
@@ -66,7 +68,8 @@ class ExplorerWidget(w.VBox):
         self.graph_tab = GraphTab(module, max_depth=int(modules["depth"].max()))
         self.memory_tab = MemoryTab(module)
         self.details = TensorDetails()
-        self.tabs = w.Tab(children=[self.tensors_tab, self.ops_tab, self.graph_tab, self.memory_tab],
+        self.init_tab = InitTab(module)
+        self.tabs = w.Tab(children=[self.tensors_tab, self.ops_tab, self.graph_tab, self.memory_tab, self.init_tab],
                           titles=list(TAB_TITLES))
         self.tabs.add_class("de-tabs")
         self.bar = MaterializeBar(module, self.selected_modules, self.refresh, preview=self.materialize_preview)
@@ -99,6 +102,7 @@ class ExplorerWidget(w.VBox):
         self.graph_tab.on_crumb = self.select
         self.tabs.observe(lambda change: self.graph_tab.set_active(change["new"] == GRAPH_TAB),
                           names="selected_index")
+        self.tabs.observe(lambda change: self.init_tab.set_active(change["new"] == INIT_TAB), names="selected_index")
         self.search_box.observe(lambda _: self.search(self.search_box.query, regex=self.search_box.regex),
                                 names=["query", "regex"])
         self.overlay_mode.observe(lambda change: self.set_overlay(change["new"]), names="value")
@@ -295,6 +299,8 @@ class ExplorerWidget(w.VBox):
             self.tree.update(self.inspection.modules)
             self.bar.show_held(self.inspection.storages)
             self._update_views(stale=True)
+            if self.init_tab.audited:  # an audit shown is kept current; an unopened tab stays lazy
+                self.init_tab.refresh()
             if self.tensor is not None:
                 self.details.show(self.inspection.tensors, self.inspection.storages, self.tensor)
             self.set_overlay(self.overlay_mode.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -36,6 +37,8 @@ class Inspection:
     ops: pd.DataFrame
     storages: pd.DataFrame
     reads: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=READ_COLUMNS))
+    # The inspected module, weakly: `init` reads its recording on first access.
+    module: "weakref.ReferenceType[nn.Module] | None" = field(default=None, compare=False)
 
     def summary(self) -> str:
         """A few lines for the terminal: sizes, fake/materialized/real bytes, dtypes, devices, ops."""
@@ -92,6 +95,19 @@ class Inspection:
 
         return networkx.node_link_data(self.to_networkx(), edges="links")
 
+    @functools.cached_property
+    def init(self) -> "InitReport":  # noqa: F821 - analysis reads this package: imported when used
+        """The init audit of the inspected module (`explorer.init_report`'s table, `.summary()`, HTML
+        display), computed on first access from the module as it is then. Raises ReferenceError
+        when the module is gone."""
+        from ..analysis.init_table import InitReport
+        from ..analysis.init_report import init_report
+
+        module = self.module() if self.module is not None else None
+        if module is None:
+            raise ReferenceError(f"Inspection.init: the inspected {self.root_class} no longer exists")
+        return InitReport(self.root_class, init_report(module))
+
     def search(self, pattern: str, *, regex: bool = False) -> SearchResult:
         """Modules (path, class), tensors (name, shape, stride, dtype, device) and ops (name) matching
         `pattern`: a case-insensitive substring, or a regular expression with `regex=True`
@@ -115,4 +131,5 @@ def inspect(module: nn.Module) -> Inspection:
         ops=ops_table(census),
         storages=storages_table(census),
         reads=reads_table(census),
+        module=weakref.ref(module),
     )

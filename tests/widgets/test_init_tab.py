@@ -1,0 +1,91 @@
+"""Init tab (kernel side): classes grouped and counted, flags marked and counted, histograms on click."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import widgets
+from explorer import deferred_init, materialize_module
+from widgets.explorer_widget import TAB_TITLES
+from widgets.init_tab import FLAG_COLOURS, InitTab
+
+
+class Audited(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 32)
+        self.norm = nn.BatchNorm1d(32)  # running stats written twice
+        self.raw = nn.Parameter(torch.empty(2, 3))  # never written
+
+
+def test_classes_are_grouped_with_their_flagged_counts_and_inits():
+    tab = InitTab(deferred_init(Audited))
+    assert tab.classes.row_keys == ["Audited", "BatchNorm1d", "Linear"]
+    assert tab.classes.rows == [
+        ["Audited", "1", "1", "uninitialized"],
+        ["BatchNorm1d", "5", "3", "constant(1.0), zeros"],
+        ["Linear", "2", "0", "uniform(-0.125, 0.125)"],
+    ]
+
+
+def test_header_counts_each_flag():
+    tab = InitTab(deferred_init(Audited))
+    assert "data-flag='uninitialized' data-count='1'" in tab.header.value
+    assert "data-flag='overwritten' data-count='3'" in tab.header.value
+    assert "data-flag='outlier'" not in tab.header.value
+
+
+def test_flagged_rows_are_marked_by_severity():
+    tab = InitTab(deferred_init(Audited))
+    colours = dict(zip(tab.table.row_keys, tab.table.row_colours))
+    assert colours["raw"] == FLAG_COLOURS["severe"]
+    assert colours["norm.running_mean"] == FLAG_COLOURS["flagged"]
+    assert colours["proj.weight"] == ""
+
+
+def test_clicking_a_class_keeps_its_tensors_and_flagged_only_filters():
+    tab = InitTab(deferred_init(Audited))
+    tab.classes.selected = "BatchNorm1d"
+    assert tab.table.row_keys == ["norm.weight", "norm.bias", "norm.running_mean", "norm.running_var",
+                                  "norm.num_batches_tracked"]
+    tab.flagged_only.value = True
+    assert tab.table.row_keys == ["norm.running_mean", "norm.running_var", "norm.num_batches_tracked"]
+
+
+def test_a_fake_tensor_asks_to_be_materialized():
+    tab = InitTab(deferred_init(Audited))
+    tab.table.selected = "proj.weight"
+    assert tab.histogram.value == ("<div class='de-init-no-values'>proj.weight is fake: materialize it to see "
+                                   "its values</div>")
+
+
+def test_a_materialized_tensor_shows_its_histogram_with_the_expected_density():
+    torch.manual_seed(0)
+    module = deferred_init(Audited)
+    tab = InitTab(module)
+    materialize_module(module.proj)
+    tab.refresh()
+    tab.table.selected = "proj.weight"
+    svg = tab.histogram.value
+    assert svg.startswith("<svg class='de-init-histogram'")
+    assert "proj.weight: uniform(-0.125, 0.125)" in svg
+    assert svg.count("class='de-init-bar'") == 40
+    assert svg.count("class='de-init-density'") == 1
+
+
+def test_the_explorer_has_an_init_tab():
+    ui = widgets.ExplorerWidget(deferred_init(Audited))
+    assert TAB_TITLES[-1] == "Init"
+    assert ui.tabs.children[-1] is ui.init_tab and ui.tabs.titles[-1] == "Init"
+    ui.close()
+
+
+def test_a_large_module_is_audited_when_the_tab_is_first_shown():
+    tab = InitTab(deferred_init(Audited), eager_limit=3)
+    assert not tab.audited and tab.table.row_keys == []
+    assert "not audited yet" in tab.header.value
+    tab.set_active(False)
+    assert not tab.audited
+    tab.set_active(True)
+    assert tab.audited and len(tab.table.row_keys) == 8
