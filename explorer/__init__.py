@@ -9,6 +9,7 @@ FX export) only read the graph; `distributed.py` hands materialization to FSDP2/
 from ._version import __version__
 from .analysis.checkpoint_check import CheckpointCheck, check_checkpoint  # noqa: E402
 from .analysis.dry_run import DryRun, DryRunError, dry_run  # noqa: E402
+from .analysis.forward_graph import ForwardGraph, ForwardGraphError, forward_graph  # noqa: E402
 from .analysis.fx_export import InitProgram, to_fx  # noqa: E402
 from .analysis.init_report import init_report  # noqa: E402
 from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices  # noqa: E402
@@ -45,6 +46,9 @@ __all__ = [
     "deferred_init",
     "deferred_roots",
     "dry_run",
+    "forward_graph",
+    "ForwardGraph",
+    "ForwardGraphError",
     "init_report",
     "inspect",
     "is_deferred",

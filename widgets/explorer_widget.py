@@ -107,6 +107,7 @@ class ExplorerWidget(w.VBox):
                                 names=["query", "regex"])
         self.overlay_mode.observe(lambda change: self.set_overlay(change["new"]), names="value")
         self.tree_toggle.observe(self._toggle_tree, names="value")
+        self.graph_tab.follow(self.memory_tab, self.search_box, self.export_bar)  # forward: inputs, search, export
         self.tree_box = w.VBox([self.tree], layout=w.Layout(flex="0 0 auto"))
         self.tree_box.add_class("de-tree-box")
         main = w.VBox([self.tabs, self.details], layout=w.Layout(flex="1 1 auto", min_width="0"))

@@ -115,10 +115,12 @@ function render({ model, el }) {
     }
     apply();
     // Start where the drawing starts: the node nearest its top-left corner, not the empty corner of
-    // a large cluster.
+    // a large cluster, nor the legend (a node Graphviz may place first).
     const origin = canvas.getBoundingClientRect();
     let best = null;
     for (const node of canvas.querySelectorAll("g.node")) {
+      const title = node.querySelector(":scope > title");
+      if (title && title.textContent.trim() === "legend:") continue;
       const box = node.getBoundingClientRect();
       if (!box.width) continue;
       const left = box.left - origin.left, top = box.top - origin.top;

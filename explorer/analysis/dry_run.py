@@ -374,3 +374,12 @@ def dry_run(module: nn.Module, *inputs: Any, **kwargs: Any) -> DryRun:
         flops_by_op=flops_by_op,
     )
 
+
+
+def fake_forward_arguments(
+    module: nn.Module, mode: FakeTensorMode, device: torch.device, inputs: tuple, kwargs: dict
+) -> tuple[tuple, dict]:
+    """Forward's arguments as fakes of `mode`, read exactly as `dry_run` reads `inputs` and `kwargs`
+    (shapes, tensors, a single dict of keyword arguments); the named entry point `train_step` uses."""
+    args, kwargs = _split_inputs(inputs, kwargs)
+    return _fake_inputs(mode, args, kwargs, device, shape_input_dtype(module))

@@ -7,15 +7,17 @@ from typing import Iterable, Union
 import graphviz
 from torch import nn
 
+from ..analysis.forward_graph import ForwardGraph
 from ..errors import DeferredInitError
 from ..graph import InitGraph
 from .diagram import Diagram
 from .dot import to_digraph
+from .forward_view import forward_layout
 from .module_view import module_diagram
 from .op_view import OpViewOptions, op_diagram
 from .scene import Scene, graph_scene, module_scene
 
-Drawable = Union[nn.Module, InitGraph, BaseException]
+Drawable = Union[nn.Module, InitGraph, BaseException, ForwardGraph]
 RANKDIRS = ("LR", "TB")
 
 
@@ -48,6 +50,8 @@ def op_layout(
 ) -> Diagram:
     """What `op_graph` draws, as plain data (nodes with styles and clusters, edges): for tests and widgets."""
     options = OpViewOptions(depth, focus, closure_of, max_nodes, edge_labels, fold_repeats, legend, frozenset(unfold))
+    if isinstance(subject, ForwardGraph):
+        return forward_layout(subject, options)
     return op_diagram(_scene(subject), options)
 
 
@@ -82,6 +86,10 @@ def op_graph(
       named tensors those ops read.
     - `closure_of`: a tensor's qualified name (or "#<graph>:<tensor id>"); draws exactly the ops
       `InitGraph.closure_of` returns for it.
+    - `subject` may also be an `explorer.forward_graph(...)`: the forward pass, drawn the same way
+      (ops in the cluster of the module whose forward ran them, parameters and inputs as the nodes
+      feeding them, FLOPs and activation bytes per module on clusters and collapsed modules; op
+      nodes are `op:forward:<i>`); `closure_of` does not apply to it.
     - `max_nodes`: beyond this many nodes (chronological order), one "N more ops/tensors not shown"
       node stands for the rest; None draws everything.
 

@@ -3,8 +3,10 @@
 The notebook widget maps a click back to Python by parsing these, so the scheme is the contract:
 
 - `op:<graph index>:<op index>`        one recorded op;
+- `op:forward:<op index>`              one op of a forward graph (`explorer.forward_graph`);
 - `tensor:<qualified name>`            a named parameter/buffer (the first name of a tied group);
 - `tensor:#<graph index>:<tensor id>`  a recorded tensor the module does not hold by name;
+- `tensor:#forward:<tensor id>`        a forward graph's input (a tensor argument of forward);
 - `module:<module path>`               a collapsed module (the root is `module:`);
 - `cluster_module:<module path>`       the cluster (subgraph) drawing one module;
 - `more:`, `legend:`, `error:`         the "N more" node, the legend, the failure of a partial graph.
@@ -29,6 +31,14 @@ def tensor_node(name: str) -> str:
 
 def unnamed_tensor_node(graph: int, tensor_id: int) -> str:
     return f"tensor:#{graph}:{tensor_id}"
+
+
+def forward_op_node(index: int) -> str:
+    return f"op:forward:{index}"
+
+
+def forward_input_node(tensor_id: int) -> str:
+    return f"tensor:#forward:{tensor_id}"
 
 
 def module_node(path: str) -> str:

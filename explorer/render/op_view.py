@@ -9,7 +9,8 @@ Steps, each over plain data:
    submodule structure, states) become one "Class ×N" node;
 4. edges: an op reading a tensor gets an edge from the latest drawn op that produced or wrote that
    tensor's storage before it (so in-place chains read left to right); a named tensor gets one from
-   the latest drawn op that produced or wrote it;
+   the latest drawn op that produced or wrote it (with `marks_feed_readers`, a forward's parameter
+   or input that no drawn op wrote gets edges to its readers instead);
 5. cap: nodes in chronological order (a tensor right after the op that last wrote it); beyond
    `max_nodes`, the rest become one "N more ops/tensors not shown" node.
 """
@@ -43,6 +44,9 @@ class OpViewOptions:
     fold_repeats: bool = True
     legend: bool = True
     unfold: frozenset[str] = frozenset()
+    # Tensor nodes no drawn op produced (a forward's parameters and inputs) feed the ops that read
+    # them: each is drawn just before its first reader, with an edge to every reader.
+    marks_feed_readers: bool = False
 
 
 # -- 4. edges (steps 1 to 3 live in scope.py and folding.py) ----------------------------------------
@@ -67,10 +71,10 @@ def op_diagram(scene: Scene, options: OpViewOptions) -> Diagram:
         raise ValueError(f"op_graph: max_nodes must be >= 1 or None, got {options.max_nodes}")
     scope = select_scope(scene, options.focus, options.closure_of)
     level = collapse_level(scene, options.depth, options.focus)
-    order = _chronological_order(scene, scope)
+    order = _chronological_order(scene, scope, options.marks_feed_readers)
     placement = _placement(scene, order.elements, level, options.fold_repeats, options.unfold)
     naming = _node_names(order.elements, placement)
-    edges = _edges(scene, scope, order.anchors, naming)
+    edges = _edges(scene, scope, order.anchors, naming, options.marks_feed_readers)
 
     kept = naming.names if options.max_nodes is None else naming.names[: options.max_nodes]
     diagram = Diagram(_title(scene, scope, options), legend=OP_LEGEND if options.legend else ())
@@ -92,8 +96,21 @@ class ChronologicalOrder(NamedTuple):
     anchors: dict[int, int | None]  # id(mark) → the drawn op that last wrote it (None: drawn first)
 
 
-def _chronological_order(scene: Scene, scope: Scope) -> ChronologicalOrder:
-    """Ops in order, each named tensor right after the drawn op that last wrote it."""
+def _first_readers(scene: Scene, scope: Scope) -> dict[tuple[int, int], tuple[int, int]]:
+    """(graph, tensor id) → (graph, op index) of the first drawn op taking it as input."""
+    first: dict[tuple[int, int], tuple[int, int]] = {}
+    for graph, indices in scope.ops.items():
+        for index in indices:
+            for tid in scene.graphs[graph].ops[index].inputs:
+                first.setdefault((graph, tid), (graph, index))
+    return first
+
+
+def _chronological_order(scene: Scene, scope: Scope, marks_feed_readers: bool = False) -> ChronologicalOrder:
+    """Ops in order, each named tensor right after the drawn op that last wrote it (or, with
+    `marks_feed_readers`, a tensor no drawn op wrote just before its first reader)."""
+    readers = _first_readers(scene, scope) if marks_feed_readers else {}
+    before: dict[tuple[int, int], list[TensorMark]] = {}
     anchors: dict[int, int | None] = {}
     after: dict[tuple[int, int], list[TensorMark]] = {}
     first: list[TensorMark] = []
@@ -103,13 +120,17 @@ def _chronological_order(scene: Scene, scope: Scope) -> ChronologicalOrder:
             drawn = scope.op_sets.get(mark.graph, set())
             anchor = _latest_source(scene.graphs[mark.graph], drawn, mark.tensor_id, len(scene.graphs[mark.graph].ops))
         anchors[id(mark)] = anchor
-        if anchor is None:
+        reader = readers.get((mark.graph, mark.tensor_id)) if anchor is None else None
+        if reader is not None:
+            before.setdefault(reader, []).append(mark)
+        elif anchor is None:
             first.append(mark)
         else:
             after.setdefault((mark.graph, anchor), []).append(mark)
     order: list[Element] = list(first)
     for graph, indices in scope.ops.items():
         for index in indices:
+            order.extend(before.get((graph, index), ()))
             order.append((graph, index))
             order.extend(after.get((graph, index), ()))
     return ChronologicalOrder(order, anchors)
@@ -171,20 +192,21 @@ def _node_names(order: list[Element], placement: Placement) -> NodeNames:
     return NodeNames(names, builders, name_of_op, name_of_mark)
 
 
-def _edges(scene: Scene, scope: Scope, anchors: dict[int, int | None],
-           naming: NodeNames) -> dict[tuple[str, str], tuple[int, int]]:
+def _edges(scene: Scene, scope: Scope, anchors: dict[int, int | None], naming: NodeNames,
+           marks_feed_readers: bool = False) -> dict[tuple[str, str], tuple[int, int]]:
     """(tail, head) → (graph, tensor id) of the first tensor seen flowing along it."""
     edges: dict[tuple[str, str], tuple[int, int]] = {}
+    feeding = {(mark.graph, mark.tensor_id): naming.of_mark[id(mark)] for mark in scope.marks
+               if marks_feed_readers and anchors[id(mark)] is None}
     for graph, indices in scope.ops.items():
         recorded, drawn = scene.graphs[graph], scope.op_sets[graph]
         for index in indices:
             head = naming.of_op[(graph, index)]
             for tid in dict.fromkeys(recorded.ops[index].inputs):
                 source = _latest_source(recorded, drawn, tid, index)
-                if source is not None:
-                    tail = naming.of_op[(graph, source)]
-                    if tail != head:
-                        edges.setdefault((tail, head), (graph, tid))
+                tail = naming.of_op[(graph, source)] if source is not None else feeding.get((graph, tid))
+                if tail is not None and tail != head:
+                    edges.setdefault((tail, head), (graph, tid))
     for mark in scope.marks:
         anchor = anchors[id(mark)]
         if anchor is not None:

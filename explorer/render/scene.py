@@ -55,6 +55,9 @@ class Scene:
     module_classes: dict[str, str] = field(default_factory=dict)  # path → class name (first occurrence)
     op_owner: dict[tuple[int, int], str] = field(default_factory=dict)  # (graph, op) → module path
     error: str | None = None  # why a partial graph stopped
+    # A forward graph (render/forward_scene.py): each op's owner is the module whose forward ran it,
+    # so focus= draws the ops run inside the focus, and closures do not apply.
+    owner_ran_ops: bool = False
     _module_bytes: dict[str, int] | None = None
 
     @property

@@ -63,6 +63,9 @@ def select_scope(scene: Scene, focus: str | None, closure_of: str | None) -> Sco
     graphs = scene.graphs
     if focus is not None and closure_of is not None:
         raise ValueError("op_graph: give focus= or closure_of=, not both")
+    if closure_of is not None and scene.owner_ran_ops:
+        raise ValueError("op_graph: closure_of= is for construction graphs; a forward graph has no closures "
+                         "(use focus= to draw one module's ops)")
     if closure_of is not None:
         mark, graph, tid = _closure_target(scene, closure_of)
         ops = {graph: scene.graphs[graph].closure_of([tid])}
@@ -81,6 +84,10 @@ def select_scope(scene: Scene, focus: str | None, closure_of: str | None) -> Sco
                 f"focus={focus!r}: {scene.root_class} has no submodule with that path "
                 f"(modules at that depth: {', '.join(children[:8]) or 'none'})"
             )
+        if scene.owner_ran_ops:
+            ops = {graph: [i for i in range(len(g.ops)) if is_inside(scene.owner(graph, i), focus)]
+                   for graph, g in enumerate(graphs)}
+            return Scope(ops, _reads_marks(scene, ops, []), f"focus {focus or '(root)'}")
         chosen = [mark for mark in scene.marks if any(is_inside(module, focus) for module in mark.modules)]
         needed: dict[int, set[int]] = {}
         census = scene.census

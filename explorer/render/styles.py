@@ -15,6 +15,7 @@ CHECKPOINT_READ = "checkpoint read"  # explorer::read_safetensors / read_torch /
 MODULE_FAKE, MODULE_PARTLY, MODULE_MATERIALIZED, MODULE_REAL, MODULE_EMPTY = (
     "module: fake", "module: partly", "module: materialized", "module: real", "module: no tensors")
 MODULE_DISK = "module: disk"
+FORWARD_INPUT = "forward input"  # a tensor argument of forward (forward graphs)
 
 _OP = {"shape": "box", "style": "rounded,filled"}
 _TENSOR = {"shape": "ellipse"}
@@ -36,6 +37,7 @@ STYLES: dict[str, dict[str, str]] = {
     SUMMARY: {"shape": "box3d", "style": "filled", "fillcolor": "#e7f5ff", "color": "#1864ab"},
     FOLDED: {"shape": "box3d", "style": "filled", "fillcolor": "#d0ebff", "color": "#1864ab", "peripheries": "2"},
     MORE: {"shape": "note", "style": "filled", "fillcolor": "#fff9db", "color": "#868e96"},
+    FORWARD_INPUT: {"shape": "cds", "style": "filled", "fillcolor": "#fff3bf", "color": "#a08000"},
     ERROR: {"shape": "octagon", "style": "filled", "fillcolor": "#ffc9c9", "color": "#c92a2a"},
     # module tree nodes, by how much of the subtree's memory exists
     MODULE_FAKE: {"shape": "box", "style": "rounded,dashed,filled", "fillcolor": "#ffffff", "color": "#1864ab"},
@@ -59,6 +61,21 @@ OP_LEGEND: tuple[tuple[str, str], ...] = (
     (DISK, "fake tensor, values on disk"),
     (MATERIALIZED, "materialized tensor"),
     (REAL, "real tensor"),
+    (SUMMARY, "collapsed module"),
+    (FOLDED, "repeated identical modules"),
+)
+
+FORWARD_LEGEND: tuple[tuple[str, str], ...] = (
+    (COMPUTE, "compute op"),
+    (VIEW, "view / alias op"),
+    (INPLACE, "in-place op"),
+    (FACTORY, "factory op (new tensor)"),
+    (RANDOM, "random op"),
+    (FORWARD_INPUT, "forward input"),
+    (FAKE, "parameter: fake"),
+    (DISK, "parameter: fake, values on disk"),
+    (MATERIALIZED, "parameter: materialized"),
+    (REAL, "parameter: real"),
     (SUMMARY, "collapsed module"),
     (FOLDED, "repeated identical modules"),
 )

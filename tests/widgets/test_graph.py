@@ -129,3 +129,131 @@ def test_direction_and_breadcrumb(ui, graph_stand_in):
     assert [c.tooltip for c in crumbs] == ["(root)", "blocks", "blocks.0", "blocks.0.mlp"]
     crumbs[1].click()  # what clicking "blocks" in the breadcrumb does
     assert ui.tree.active == "blocks" and graph_stand_in.calls[-1]["focus"] == "blocks"
+
+
+# -- forward mode (real renderer, a tiny Llama: hidden 32, 2 layers, 4 heads, vocab 96) -----------------
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import explorer  # noqa: E402
+import widgets  # noqa: E402
+from explorer.render.forward_view import format_flops  # noqa: E402
+from tests.support.hf_configs import HF_BY_NAME  # noqa: E402
+from widgets.graph import describe_forward_op, heat_colours  # noqa: E402
+from widgets.overlays import HEAT, NONE  # noqa: E402
+
+
+@pytest.fixture
+def llama_ui():
+    torch.manual_seed(0)
+    arch = HF_BY_NAME["llama"]
+    ui = widgets.explore(arch.cls, arch.config())
+    open_graph_tab(ui)
+    return ui
+
+
+def mm_index(forward, module: str) -> int:
+    ops = forward.ops
+    return int(ops[(ops["module"] == module) & (ops["op"] == "mm")]["index"].iloc[0])
+
+
+def test_forward_mode_draws_the_memory_tabs_inputs(llama_ui):
+    tab = llama_ui.graph_tab
+    llama_ui.memory_tab.shapes.value = "1x8"  # the Memory tab's dry-run box feeds the Graph tab
+    assert tab.inputs.value == "1x8"
+    tab.kind.value = "forward"
+    expected = explorer.forward_graph(llama_ui.module, (1, 8))
+    assert tab.status.value == (f"forward of [1, 8] int64: {len(expected.graph.ops)} ops, "
+                                f"{format_flops(expected.flops)} — whole module, depth 2; "
+                                'click a "×N" node to unfold it')
+    assert tab.folded == {"module:model.layers.0"}
+    assert "<title>tensor:#forward:0</title>" in tab.view.svg and "LlamaDecoderLayer ×2" in tab.view.svg
+    assert tab.closure.disabled and tab.forward_controls.layout.display is None
+    tab.inputs.value = "2x4"  # new inputs, new forward
+    assert tab.status.value.startswith("forward of [2, 4] int64: ")
+    tab.kind.value = "construction"
+    assert "op:forward:" not in tab.view.svg and not tab.closure.disabled
+
+
+def test_forward_mode_starts_a_token_model_on_a_short_sequence(llama_ui):
+    llama_ui.graph_tab.kind.value = "forward"
+    assert llama_ui.graph_tab.inputs.value == llama_ui.memory_tab.shapes.value == "1x16"
+
+
+def test_unfolding_and_clicking_in_the_forward(llama_ui):
+    tab = llama_ui.graph_tab
+    tab.inputs.value = "1x8"
+    tab.kind.value = "forward"
+    tab.view.clicked = "module:model.layers.0"  # the "LlamaDecoderLayer ×2" node
+    assert tab.unfolded == {"model.layers"} and "<title>module:model.layers.1</title>" in tab.view.svg
+    q = mm_index(tab.forward, "model.layers.0.self_attn.q_proj")
+    tab.view.clicked = f"op:forward:{q}"
+    assert tab.status.value == (f"op {q}: mm in model.layers.0.self_attn.q_proj (Linear) · [8, 32] float32, "
+                                "[32, 32] float32 → [8, 32] float32 · 16.4 kFLOP · creates 1.0 KiB")
+    assert tab.view.selected == f"op:forward:{q}" and tab.view.clicked == ""
+    assert llama_ui.tree.checked == []  # an op selects no module
+    tab.view.clicked = "module:model.layers.1"  # a plain summary: selects, and the forward focuses on it
+    assert llama_ui.tree.active == "model.layers.1"
+    assert tab.status.value.endswith("— model.layers.1, depth 5")  # depth 3 + the slider's 2
+    assert [button.description for button in tab.breadcrumb.children] == ["(root)", "model", "layers", "1"]
+    tab.view.clicked = "tensor:model.layers.1.mlp.up_proj.weight"  # parameters open as in construction
+    assert llama_ui.tensors_tab.table.selected == "model.layers.1.mlp.up_proj.weight"
+
+
+def test_search_lights_up_forward_ops(llama_ui):
+    tab = llama_ui.graph_tab
+    tab.inputs.value = "1x8"
+    tab.kind.value = "forward"
+    llama_ui.search("mm")
+    forward = tab.forward
+    expected = [f"op:forward:{i}" for i in forward.ops.index[forward.ops["op"] == "mm"]]
+    assert len(expected) == 15  # 7 projections in each of 2 layers, and lm_head
+    assert [name for name in tab.view.highlighted if name.startswith("op:forward:")] == expected
+    llama_ui.search("")
+    assert tab.view.highlighted == []
+
+
+def test_export_saves_the_forward_drawing(llama_ui):
+    tab = llama_ui.graph_tab
+    tab.inputs.value = "1x8"
+    tab.kind.value = "forward"
+    name, data = llama_ui.export_bar.produce("graph", "svg")  # what the export buttons call
+    assert name == "LlamaForCausalLM-all-forward.svg"
+    assert b"<title>module:model.layers.0</title>" in data and b"op:forward:" in data
+    assert llama_ui.export_bar.produce("table", "csv")[0] == "LlamaForCausalLM-tensors.csv"  # tables as before
+    tab.kind.value = "construction"
+    assert llama_ui.export_bar.produce("graph", "svg")[0] == "LlamaForCausalLM-all-graph.svg"
+
+
+def test_forward_colours_paint_modules_by_flops_and_give_the_overlay_back(llama_ui):
+    tab = llama_ui.graph_tab
+    tab.inputs.value = "1x8"
+    tab.kind.value = "forward"
+    explorer_colours = dict(tab.view.module_colours)
+    tab.forward_colour.value = "flops"
+    colours = tab.view.module_colours
+    assert colours[""] == HEAT[-1]  # the whole model does the most
+    assert colours["model.layers.0.input_layernorm"] == NONE  # counts no FLOPs
+    tab.forward_colour.value = ""
+    assert tab.view.module_colours == explorer_colours
+
+
+def test_unreadable_forward_inputs_are_reported(llama_ui):
+    tab = llama_ui.graph_tab
+    tab.inputs.value = "1xq"
+    tab.kind.value = "forward"
+    assert tab.status.value == "graph failed: ValueError: cannot read '1xq' as a shape (write 1x16 or (1, 16))"
+    assert tab.view.svg == ""
+
+
+def test_heat_colours_use_a_log_scale():
+    assert heat_colours({"a": 1, "b": 10, "c": 100_000, "d": 0}) == {
+        "a": HEAT[0], "b": HEAT[1], "c": HEAT[-1], "d": NONE}
+
+
+def test_describe_forward_op_names_op_module_shapes_and_cost():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    forward = explorer.forward_graph(model, (4, 3))
+    assert describe_forward_op(forward, 1) == (
+        "op 1: addmm in 0 (Linear) · [2] float32, [4, 3] float32, [3, 2] float32 → [4, 2] float32 · "
+        "48 FLOP · creates 32 B")
