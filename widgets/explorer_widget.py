@@ -107,7 +107,7 @@ class ExplorerWidget(w.VBox):
                                 names=["query", "regex"])
         self.overlay_mode.observe(lambda change: self.set_overlay(change["new"]), names="value")
         self.tree_toggle.observe(self._toggle_tree, names="value")
-        self.graph_tab.follow(self.memory_tab, self.search_box, self.export_bar)  # forward: inputs, search, export
+        self.graph_tab.follow(self.memory_tab, self.search_box)  # forward view: shared inputs, search
         self.tree_box = w.VBox([self.tree], layout=w.Layout(flex="0 0 auto"))
         self.tree_box.add_class("de-tree-box")
         main = w.VBox([self.tabs, self.details], layout=w.Layout(flex="1 1 auto", min_width="0"))
@@ -246,6 +246,8 @@ class ExplorerWidget(w.VBox):
         from explorer.render import export as diagrams
 
         stem = self.inspection.root_class
+        if target == "graph" and self.graph_tab.kind.value == "forward":
+            return self.graph_tab.export_forward(format)
         if target == "graph":
             arguments = self.graph_tab.graph_arguments()
             digraph = explorer.op_graph(self.module, **arguments)

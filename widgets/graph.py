@@ -173,20 +173,17 @@ class GraphTab(w.VBox):
                                        layout=w.Layout(flex_flow="row wrap", display="none"))
         self.forward_controls.add_class("de-graph-forward-controls")
 
-    def follow(self, memory_tab: Any, search_box: Any, export_bar: Any) -> None:
-        """Share the Memory tab's dry-run inputs (both boxes stay equal), light up forward ops
-        matching the search box, and export the forward drawing while forward mode is on.
+    def follow(self, memory_tab: Any, search_box: Any) -> None:
+        """Share the Memory tab's dry-run inputs (both boxes stay equal) and light up forward ops
+        matching the search box.
 
         Called once by the explorer; each argument is used through its public traits only
-        (`shapes`, `input_dtype`; `query`, `regex`; `produce`)."""
+        (`shapes`, `input_dtype`; `query`, `regex`)."""
         w.link((memory_tab.shapes, "value"), (self.inputs, "value"))
         w.link((memory_tab.input_dtype, "value"), (self.input_dtype, "value"))
         search_box.observe(lambda _: self.search(search_box.query, search_box.regex), names=["query", "regex"])
         # The explorer sends its own matches after (or before) the box changes: keep ours added.
         self.view.observe(lambda _: self._highlight_forward(), names="highlighted")
-        produce = export_bar.produce
-        export_bar.produce = lambda target, fmt: (
-            self.export_forward(fmt) if target == "graph" and self.kind.value == "forward" else produce(target, fmt))
 
     def update(self, focus: str | None, tensor: str | None, *, stale: bool = False) -> None:
         """Draw around module `focus` (None: everything), with `tensor` as the closure target.
