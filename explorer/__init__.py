@@ -23,6 +23,7 @@ from .record.deferred import DeferredBlock, deferred, deferred_init, deferred_ro
 from .record.fake import is_fake
 from .render import module_graph, node_kind, op_graph  # noqa: E402
 from .replay.materialize import is_deferred, materialize_module, materialize_tensor
+from .replay.slices import SlicePlan, WholeBaseWarning, slice_plan
 from .replay.save import save_checkpoint
 from .replay.release import release_module
 
@@ -62,5 +63,8 @@ __all__ = [
     "plan_devices",
     "release_module",
     "save_checkpoint",
+    "slice_plan",
+    "SlicePlan",
+    "WholeBaseWarning",
     "to_fx",
 ]

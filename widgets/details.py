@@ -1,5 +1,8 @@
 """Details pane: everything the inspection knows about one tensor, as field / value rows, then the
-names sharing its storage (views, ties, `.data` aliases) with a strip of the bytes each covers."""
+names sharing its storage (views, ties, `.data` aliases) with a strip of the bytes each covers.
+A 3-D tensor (fused experts: experts × rows × columns) also offers "materialize expert i": one
+expert's values, made alone when its base is one random fill, a constant or a checkpoint read
+(`explorer.slice_plan`), so a 30 GB fused parameter can be looked at one expert at a time."""
 
 from __future__ import annotations
 
@@ -7,8 +10,13 @@ import html
 
 import ipywidgets as w
 import pandas as pd
+import torch
+from torch import nn
 
+from explorer import materialize_tensor
 from explorer.inspection.aliasing import storage_views
+from explorer.naming import dtype_name
+from explorer import slice_plan
 
 from .formatting import bytes_text, cell_text, exact_bytes_text
 from .table import DataTable
@@ -65,11 +73,97 @@ def storage_strip_html(views: pd.DataFrame, storage_bytes: int, selected: str) -
     return head + "".join(bars)
 
 
-class TensorDetails(w.VBox):
-    """A title, a field/value table and the storage sharers (table and strip); hidden until a
-    tensor is shown. `sharers` lists the names on the shown tensor's storage."""
+def named_tensor(module: nn.Module, name: str) -> torch.Tensor | None:
+    """Parameter or buffer `name` (qualified) of `module`, or None."""
+    owner, _, key = name.rpartition(".")
+    try:
+        sub = module.get_submodule(owner) if owner else module
+    except AttributeError:
+        return None
+    found = sub._parameters.get(key) if key in sub._parameters else sub._buffers.get(key)
+    return found if isinstance(found, torch.Tensor) else None
+
+
+def expert_plan_text(expert: torch.Tensor, index: int) -> str:
+    """What materializing `expert` (number `index` of a 3-D tensor) will cost, before the click."""
+    plan = slice_plan(expert)
+    if plan.sliced:
+        return f"expert {index}: {exact_bytes_text(plan.nbytes)} drawn alone ({plan.source})"
+    if plan.reason:
+        return f"expert {index}: makes the whole tensor ({exact_bytes_text(plan.nbytes)}): {plan.reason}"
+    return f"expert {index}: {exact_bytes_text(plan.nbytes)}" if plan.nbytes else f"expert {index}: already in memory"
+
+
+def expert_values_text(values: torch.Tensor, index: int) -> str:
+    """A one-line summary of expert `index`'s materialized values."""
+    data = values.detach()
+    floating = data.float() if data.is_floating_point() else data.double()
+    first = ", ".join(f"{v:.4g}" for v in floating.reshape(-1)[:4].tolist())
+    return (f"expert {index}: {dtype_name(data.dtype)}{list(data.shape)}, mean {floating.mean().item():.4g}, "
+            f"std {floating.std().item():.4g}, first [{first}, ...]")
+
+
+class ExpertRows(w.HBox):
+    """"materialize expert i" for a 3-D tensor: an index box, a button, and what it costs / gave.
+    `values` holds the last expert materialized (None before a click)."""
 
     def __init__(self) -> None:
+        self.index = w.BoundedIntText(value=0, min=0, max=0, description="expert", layout=w.Layout(width="160px"))
+        self.button = w.Button(description="materialize expert", icon="cube", tooltip="materialize this expert alone")
+        self.status = w.Label("")
+        self.tensor: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self._experts: dict[int, torch.Tensor] = {}  # one view per index: a deferred view is recorded once
+        super().__init__([self.index, self.button, self.status], layout=w.Layout(display="none"))
+        self.add_class("de-expert-rows")
+        self.index.observe(lambda _: self._preview(), names="value")
+        self.button.on_click(lambda _: self.materialize())
+
+    def show(self, tensor: torch.Tensor | None) -> None:
+        """Offer the experts of `tensor` when it is 3-D; hide otherwise."""
+        self.tensor = tensor if tensor is not None and tensor.dim() == 3 and tensor.shape[0] > 0 else None
+        self.values = None
+        self._experts = {}
+        if self.tensor is None:
+            self.layout.display = "none"
+            return
+        self.index.max = self.tensor.shape[0] - 1
+        self.index.value = min(self.index.value, self.index.max)
+        self.layout.display = None
+        self._preview()
+
+    def expert(self, index: int) -> torch.Tensor:
+        """Expert `index` of the shown tensor as a view (`tensor[index]`), made once per index."""
+        if index not in self._experts:
+            self._experts[index] = self.tensor[index]
+        return self._experts[index]
+
+    def _preview(self) -> None:
+        if self.tensor is not None:
+            self.status.value = expert_plan_text(self.expert(self.index.value), self.index.value)
+
+    def materialize(self) -> torch.Tensor | None:
+        """Materialize the expert in the index box; its summary (or the error) goes to `status`."""
+        if self.tensor is None:
+            return None
+        index = self.index.value
+        try:
+            self.values = materialize_tensor(self.expert(index))
+        except Exception as error:  # shown in the pane: the explorer stays usable
+            self.values = None
+            self.status.value = f"expert {index}: {type(error).__name__}: {error}"
+            return None
+        self.status.value = expert_values_text(self.values, index)
+        return self.values
+
+
+class TensorDetails(w.VBox):
+    """A title, a field/value table and the storage sharers (table and strip); hidden until a
+    tensor is shown. `sharers` lists the names on the shown tensor's storage. With the `module`
+    the tables describe, a 3-D tensor also offers "materialize expert i" (`experts`)."""
+
+    def __init__(self, module: nn.Module | None = None) -> None:
+        self.module = module
         self.title = w.Label("")
         self.title.add_class("de-details-title")
         self.table = DataTable(sortable=False, captioned=False)
@@ -78,9 +172,11 @@ class TensorDetails(w.VBox):
         self.sharers_table.add_class("de-sharers-table")
         self.strip = w.HTML("")
         self.strip.add_class("de-storage-strip")
+        self.experts = ExpertRows()
         self.values: dict[str, str] = {}
         self.sharers: list[str] = []
-        super().__init__([self.title, self.table, w.Label("names on this storage"), self.sharers_table, self.strip],
+        super().__init__([self.title, self.table, self.experts, w.Label("names on this storage"), self.sharers_table,
+                          self.strip],
                          layout=w.Layout(display="none"))
         self.add_class("de-details")
 
@@ -96,10 +192,12 @@ class TensorDetails(w.VBox):
         self.sharers_table.show(views.assign(bytes_range=ranges), SHARER_COLUMNS, key="name", formats={})
         self.sharers_table.selected = name
         self.strip.value = storage_strip_html(views, storage_bytes, name)
+        self.experts.show(named_tensor(self.module, name) if self.module is not None else None)
         self.layout.display = None
 
     def hide(self) -> None:
         self.values = {}
         self.sharers = []
         self.title.value = ""
+        self.experts.show(None)
         self.layout.display = "none"

@@ -67,7 +67,7 @@ class ExplorerWidget(w.VBox):
         self.ops_tab = OpsTab()
         self.graph_tab = GraphTab(module, max_depth=int(modules["depth"].max()))
         self.memory_tab = MemoryTab(module)
-        self.details = TensorDetails()
+        self.details = TensorDetails(module)
         self.init_tab = InitTab(module)
         self.tabs = w.Tab(children=[self.tensors_tab, self.ops_tab, self.graph_tab, self.memory_tab, self.init_tab],
                           titles=list(TAB_TITLES))

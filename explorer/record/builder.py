@@ -58,17 +58,29 @@ class OpFacts(NamedTuple):
     written: tuple[tuple[int | None, str], ...]  # see `written_arguments`
     random: bool  # draws random numbers (`nondeterministic_seeded`)
     overwrites_self: bool  # overwrites `self` without reading it (OVERWRITING_OPS)
+    takes_dtype: bool  # has a keyword-only `dtype` (note [Default dtype at record time])
     may_resize: bool  # may grow a storage it writes: only out= arguments and the resize/set family
 
 
-@functools.lru_cache(maxsize=None)
+# OpOverload hashes in Python (torch/_ops.py): an op's facts are found by its id() instead, the
+# overload kept alive beside them so the id is never reused. Ops repeat by the thousand.
+_FACTS_BY_ID: dict[int, tuple[Any, "OpFacts"]] = {}
+
+
 def op_facts(func: Any) -> OpFacts:
-    """The `OpFacts` of an op overload (cached: ops repeat by the thousand)."""
+    """The `OpFacts` of an op overload (read once per overload)."""
+    entry = _FACTS_BY_ID.get(id(func))
+    if entry is None:
+        entry = _FACTS_BY_ID[id(func)] = (func, _read_facts(func))
+    return entry[1]
+
+
+def _read_facts(func: Any) -> OpFacts:
     written = written_arguments(func)
     name = func._schema.name.split("::")[-1]
     may_resize = any(argument != "self" for _, argument in written) or "resize" in name or name.startswith("set_")
     overwrites = func in OVERWRITING_OPS or func in INITIALIZER_OPS
-    return OpFacts(written, _SEEDED in func.tags, overwrites, may_resize)
+    return OpFacts(written, _SEEDED in func.tags, overwrites, _takes_dtype(func), may_resize)
 
 
 def _contents_read(inputs: list[TensorId], written_tids: list[TensorId], aliases_only: bool,
@@ -192,6 +204,7 @@ class GraphBuilder:
         self._external_views: set[int] = set()
         # ...and which externals (indices into graph.externals) each of those storages views.
         self._viewed_externals: dict[int, tuple[int, ...]] = {}
+        self._tensor_refs: list[TensorRef] = []  # TensorRef(i) at i, made once (see _tensor_ref)
 
     # -- ids ---------------------------------------------------------------------------------
     def _storage_id(self, tensor: torch.Tensor, device: torch.device, creator: int) -> tuple[int, bool]:
@@ -296,6 +309,13 @@ class GraphBuilder:
         op.output_ids = (tid,)
         return tid
 
+    def _tensor_ref(self, tid: TensorId) -> TensorRef:
+        """The graph's one (immutable) reference to tensor `tid`: ops mention a tensor many times."""
+        refs = self._tensor_refs
+        while len(refs) <= tid:
+            refs.append(TensorRef(len(refs)))
+        return refs[tid]
+
     def _external(self, tensor: torch.Tensor, func: Any) -> int:
         """Keep a real argument for replay as it is now; see note [External tensors are kept as read]."""
         fresh = func in _LIFTS
@@ -318,7 +338,7 @@ class GraphBuilder:
             if tid is None:
                 tid = self.id_of(value, source)
             inputs.append(tid)
-            return TensorRef(tid)
+            return self._tensor_ref(tid)
         if isinstance(value, torch.Tensor):
             position = self._external(value, func)
             externals.append(position)
@@ -345,7 +365,7 @@ class GraphBuilder:
                 if new_storage is not None:
                     created.append(new_storage)
             output_ids.append(tid)
-            return TensorRef(tid)
+            return self._tensor_ref(tid)
         if isinstance(value, (list, tuple)):
             return type(value)(self._out_ref(item, index, output_ids, created) for item in value)
         return value
@@ -364,7 +384,7 @@ class GraphBuilder:
         ref_kwargs = (
             {k: self._ref(v, inputs, externals, func, source, written) for k, v in kwargs.items()} if kwargs else {}
         )
-        if kwargs.get("dtype") is None and _takes_dtype(func):
+        if facts.takes_dtype and kwargs.get("dtype") is None:
             dtype = _first_tensor_dtype(out)
             if dtype is not None:  # see note [Default dtype at record time]
                 ref_kwargs["dtype"] = dtype
@@ -464,7 +484,7 @@ class GraphBuilder:
         that side effect nor replay it later without changing the tensor a second time.
         """
         ids: dict[int, TensorId] = {}
-        for position, name in written_arguments(func):
+        for position, name in op_facts(func).written:
             argument = _argument(args, kwargs, position, name)
             for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
                 if not isinstance(tensor, torch.Tensor):

@@ -155,9 +155,34 @@ def _layout_from_cpu(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | Non
     return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=_META)
 
 
+_FACTORY, _VIEW, _FILL, _LIFT, _PLAIN = "factory", "view", "fill", "lift", "plain"
+# The short path each op takes (None: FakeTensorMode), by id(): OpOverload hashes in Python.
+_PATHS: dict[int, tuple[Any, str | None]] = {}
+
+
+def _path(func: Any) -> str | None:
+    entry = _PATHS.get(id(func))
+    if entry is None:
+        if func in FACTORIES:
+            path = _FACTORY
+        elif func in VIEWS:
+            path = _VIEW
+        elif func in FILLS:
+            path = _FILL
+        elif func is _LIFT_FRESH:
+            path = _LIFT
+        else:
+            path = _PLAIN if _is_plain_compute(func) else None
+        entry = _PATHS[id(func)] = (func, path)
+    return entry[1]
+
+
 def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args: tuple, kwargs: dict) -> Any:
     """The op's fake result by the short path, or NotImplemented when the op is not one of ours."""
-    if func in FACTORIES:
+    path = _path(func)
+    if path is None:
+        return NotImplemented
+    if path is _FACTORY:
         device = kwargs.get("device") or _CPU
         if device.type == "meta" or any(isinstance(a, torch.Tensor) for a in args):
             return NotImplemented
@@ -168,7 +193,7 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
             else:
                 out = func(*args, **{**kwargs, "device": _META})
         return make(out, device)
-    if func in VIEWS or func in FILLS:
+    if path is _VIEW or path is _FILL:
         if not args or type(args[0]) is not DeferredTensor or args[0].fake_mode is not fake_mode:
             return NotImplemented
         if func is _aten.copy_.default:
@@ -177,19 +202,17 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
         elif any(isinstance(a, torch.Tensor) for a in args[1:]):
             return NotImplemented
         out = _run_meta(fake_mode, func, args, kwargs)
-        if func in FILLS:
+        if path is _FILL:
             return args[0]
         return make(out, args[0].fake_device)
-    if func is _LIFT_FRESH:
+    if path is _LIFT:
         return _lift_fresh(make, args[0])
-    if _is_plain_compute(func):
-        device = _common_device(fake_mode, (*args, *kwargs.values()))
-        if device is None:
-            return NotImplemented
-        if device.type == "cpu":
-            with torch._C._DisableTorchDispatch():
-                out = _layout_from_cpu(func, args, kwargs)
-            if out is not None:
-                return make(out, device)
-        return make(_run_meta(fake_mode, func, args, kwargs), device)
-    return NotImplemented
+    device = _common_device(fake_mode, (*args, *kwargs.values()))
+    if device is None:
+        return NotImplemented
+    if device.type == "cpu":
+        with torch._C._DisableTorchDispatch():
+            out = _layout_from_cpu(func, args, kwargs)
+        if out is not None:
+            return make(out, device)
+    return make(_run_meta(fake_mode, func, args, kwargs), device)

@@ -126,9 +126,19 @@ _RESOLVE_BIT = {
 _VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.item.default, _aten.is_nonzero.default})
 
 
-@functools.lru_cache(maxsize=None)
+# By id(): OpOverload hashes in Python (see builder._FACTS_BY_ID); the overload is kept beside it.
+_KINDS: dict[int, tuple[Any, str]] = {}
+
+
 def _kind(func: Any) -> str:
     """How the recorder treats an op, decided once per op overload."""
+    entry = _KINDS.get(id(func))
+    if entry is None:
+        entry = _KINDS[id(func)] = (func, _read_kind(func))
+    return entry[1]
+
+
+def _read_kind(func: Any) -> str:
     if func.namespace == "prim":
         return _PASS_THROUGH
     if func in _VALUE_READS:

@@ -61,6 +61,10 @@ class _Owed:
     stream: list[OpIndex]
     first: int
     last: int
+    # Draws of ops first..counted_to, once counted: a later decision counts only the ops after them
+    # (models built one after another without a reseed would otherwise recount every earlier op).
+    counted_to: int = -1
+    counted: int = 0
 
 
 @dataclass
@@ -163,7 +167,9 @@ def _jumped(state: torch.Tensor, owed: list[_Owed], where: str, cache_known: boo
     total = 0
     for part in owed:
         shim = types.SimpleNamespace(tensors=part.tensors)
-        for position in range(part.first, part.last + 1):
+        if part.counted_to < part.first - 1:
+            part.counted_to, part.counted = part.first - 1, 0
+        for position in range(part.counted_to + 1, part.last + 1):
             op = part.ops[part.stream[position]]
             count = draw_count(shim, op)  # type: ignore[arg-type]
             graph = part.graph()
@@ -181,7 +187,8 @@ def _jumped(state: torch.Tensor, owed: list[_Owed], where: str, cache_known: boo
                     f"number of draws that depends on its values; {why}. So eager's state there "
                     f"cannot be known. Call torch.manual_seed(...) before that point, or do the "
                     f"eager draws after it"))
-            total += count
+            part.counted_to, part.counted = position, part.counted + count
+        total += part.counted
     return RngRestart(base=state.clone(), jump=total, cache_known=cache_known)
 
 

@@ -24,6 +24,7 @@ _ASSIGNMENT = re.compile(r"self\.(\w+)\s*(?::[^=]*)?=")
 
 
 _library_code: dict[CodeType, bool] = {}
+_locations: dict[tuple[CodeType, int], SourceLocation] = {}
 
 
 def _is_library_code(code: CodeType) -> bool:
@@ -48,7 +49,11 @@ def user_location(skip: int = 1) -> SourceLocation | None:
         frame = frame.f_back
     if frame is None:
         return None
-    return SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    code, line = frame.f_code, frame.f_lineno
+    location = _locations.get((code, line))
+    if location is None:  # a constructor's lines repeat layer after layer: one immutable record each
+        location = _locations[(code, line)] = SourceLocation(code.co_filename, line, code.co_name)
+    return location
 
 
 def building_modules(skip: int = 1) -> str:

@@ -78,6 +78,10 @@ _EXPONENTIAL = Family("exponential", lambda t, g: t.exponential_(generator=g), (
 _CAUCHY = Family("cauchy", lambda t, g: t.cauchy_(generator=g), (_two_per_element,))
 _GEOMETRIC = Family("geometric", lambda t, g: t.geometric_(0.5, generator=g), (_two_per_element,))
 
+# Every family with a draw-count rule (tests and the parallel fill's checks go through them all).
+FAMILIES: tuple[Family, ...] = (_UNIFORM, _NORMAL, _RANDOM_FULL, _RANDOM_NARROW, _RANDOM_WIDE, _BERNOULLI_SCALAR,
+                                _BERNOULLI_TENSOR, _EXPONENTIAL, _CAUCHY, _GEOMETRIC)
+
 _BY_PACKET = {
     "uniform_": _UNIFORM, "rand": _UNIFORM, "rand_like": _UNIFORM,
     "normal_": _NORMAL, "randn": _NORMAL, "randn_like": _NORMAL,

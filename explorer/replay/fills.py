@@ -5,27 +5,41 @@ rng="fast" a seed from its position, with rng="eager" eager's state before it, r
 fills do not depend on each other's order and can run on a thread pool while replay goes on (CPU
 random kernels are single-threaded). Replay waits for a storage's fill before the next op that
 touches it.
+
+One large fill is split over the threads too: a contiguous fill whose draws are positional
+(`fill_layout.py`) runs as block-aligned pieces, each from the generator jumped to its first draw,
+bit for bit the whole fill (note [normal_fill block layout]). A piece costs a jump (tens of ms for
+a new distance), so only fills that would otherwise leave threads idle are split: those the fills
+still to come cannot balance (the last large fills of a layer, a lone embedding).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..graph import InitGraph, OpIndex, OpNode, StorageId, accepts_generator, is_inplace_random
+from .draws import family_of
+from .fill_layout import Piece, RecordedFill, fill_layout, fill_pieces
+
+# A fill is split only into pieces of at least this many elements: a piece costs a generator jump
+# (a few ms; the same distances recur across same-shaped tensors and are cached).
+MIN_PIECE_ELEMENTS = 1 << 22
 
 
 class ParallelFills:
     """A pool of fill threads for one replay; use as a context manager (joined on exit)."""
 
-    def __init__(self, graph: InitGraph, generator_for: Callable[[str, int], torch.Generator | None]) -> None:
+    def __init__(self, graph: InitGraph, generator_for: Callable[[str, int], torch.Generator | None],
+                 ops: Sequence[OpIndex] = ()) -> None:
         self.graph = graph
         self.generator_for = generator_for  # (stream key, position) → its own generator, or None
         self.workers = torch.get_num_threads()
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: dict[StorageId, Future] = {}
+        self._pending: dict[StorageId, list[Future]] = {}
+        self._later = elements_filled_after(graph, ops)  # op → elements of the fills after it
 
     def __enter__(self) -> "ParallelFills":
         if self.workers >= 2:
@@ -49,8 +63,7 @@ class ParallelFills:
             op = self.graph.ops[index]
             storages = [self.graph.tensors[tid].storage for tid in op.inputs]
         for sid in storages:
-            future = self._pending.pop(sid, None)
-            if future is not None:
+            for future in self._pending.pop(sid, ()):
                 future.result()
 
     def submit(self, op: OpNode, args: tuple, kwargs: dict) -> bool:
@@ -64,10 +77,61 @@ class ParallelFills:
         if generator is None:
             return False
         sid = self.graph.tensors[op.inputs[0]].storage
-        self._pending[sid] = self._pool.submit(
-            _fill_in_mode, op.inference, op.func, args, {**kwargs, "generator": generator}
-        )
+        groups = None
+        if worth_splitting(target.numel(), self._later.get(op.index, 0), self.workers):
+            groups = split_fill(self.graph, op, args, self.workers)
+        if groups is None:
+            futures = [self._pool.submit(_fill_in_mode, op.inference, op.func, args, {**kwargs, "generator": generator})]
+        else:
+            state, fill = generator.get_state(), RecordedFill(op.func, args[1:], kwargs)
+            futures = [self._pool.submit(_pieces_in_mode, op.inference, fill, target, state, group) for group in groups]
+        self._pending.setdefault(sid, []).extend(futures)
         return True
+
+
+def elements_filled_after(graph: InitGraph, ops: Sequence[OpIndex]) -> dict[OpIndex, int]:
+    """For each in-place random fill among `ops` (in order), the elements the fills after it write."""
+    later, total = {}, 0
+    for index in reversed(ops):
+        op = graph.ops[index]
+        if op.stream is not None and op.inputs and is_inplace_random(op.func):
+            later[index] = total
+            numel = 1
+            for size in graph.tensors[op.inputs[0]].shape:
+                numel *= size
+            total += numel
+    return later
+
+
+def worth_splitting(numel: int, later: int, workers: int) -> bool:
+    """Whether a fill of `numel` elements, with `later` elements of fills still to come, should be
+    split: when the later fills cannot keep the other threads busy while it runs whole."""
+    return workers >= 2 and later < numel * (workers - 1)
+
+
+def split_fill(graph: InitGraph, op: OpNode, args: tuple, parts: int,
+               min_elements: int | None = None) -> list[list[Piece]] | None:
+    """Pieces to run in-place random fill `op` (resolved `args`) as `parts` side by side, or None
+    when it runs whole: too small, not contiguous, reading other tensors, or draws not positional."""
+    target = args[0]
+    min_elements = MIN_PIECE_ELEMENTS if min_elements is None else min_elements
+    if parts < 2 or target.numel() < 2 * min_elements or not target.is_contiguous():
+        return None
+    if any(isinstance(value, torch.Tensor) for value in args[1:]):
+        return None  # bernoulli_(p tensor): p would need the same pieces
+    family = family_of(graph, op)
+    layout = None if family is None else fill_layout(family, target.dtype, target.numel())
+    if layout is None:
+        return None
+    groups = layout.split(parts, min_elements)
+    return groups if len(groups) > 1 else None
+
+
+def _pieces_in_mode(inference: bool, fill: RecordedFill, target: torch.Tensor, state: torch.Tensor,
+                    pieces: list[Piece]) -> None:
+    """Some pieces of a split fill, on a pool thread under the op's recorded inference mode."""
+    with torch.inference_mode(inference):
+        fill_pieces(fill, target.view(-1), state, pieces)
 
 
 def _fill_in_mode(inference: bool, func: Any, args: tuple, kwargs: dict) -> Any:

@@ -10,9 +10,11 @@ from torch import nn
 from ..errors import MaterializationError
 from ..record.fake import handle_of, is_fake
 from .deferred_forms import remember_deferred_forms
+from .preflight import check_materializable
 from .provenance import remember_origins
 from .replay import Progress, Replay, StepReport
 from .rng import RngMode
+from .slices import materialize_slice
 from .routing import DeviceLike, DeviceMap, TensorPlacement, route_devices
 
 TensorSlot = tuple[nn.Module, str, str, str]  # (owner, "_parameters" | "_buffers", key, qualified name)
@@ -29,17 +31,6 @@ def _module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
     for sub in module.modules():
         yield from (p for p in sub._parameters.values() if p is not None)
         yield from (b for b in sub._buffers.values() if b is not None)
-
-
-def check_materializable(fake: torch.Tensor, name: str) -> None:
-    """Refuse what cannot be replayed (an uninitialized lazy parameter), naming it."""
-    if isinstance(fake, nn.parameter.UninitializedTensorMixin):
-        raise MaterializationError(
-            f"{name!r} is an uninitialized lazy parameter: call the module once on an example input "
-            "inside module_fn so its shape is known"
-        )
-    # No version check: every op on a deferred tensor after deferred_init is recorded into its graph
-    # (record/extension.py), so an in-place change is part of what replay reproduces.
 
 
 def materialize_fakes(
@@ -99,7 +90,11 @@ def materialize_tensor(tensor: torch.Tensor, *, device: DeviceMap = None, rng: R
     """The real tensor for a fake one (a real tensor passes through unchanged).
 
     Memoized: the same fake, or another name for it, gives the same object; a view shares storage
-    with its base materialized earlier. A fake parameter comes back as an `nn.Parameter`, so
+    with its base materialized earlier. A view selecting rows of a base not materialized yet
+    (`t[i]`, `t[a:b]`, `t.narrow(0, a, n)`, `t.select(0, i)`) whose value is one random fill, a
+    constant or a checkpoint read is made alone, at the cost of the view (`explorer.slice_plan`
+    says which); it then shares no memory with a base materialized later. Other views of a larger
+    base make the whole base, with a `WholeBaseWarning`. A fake parameter comes back as an `nn.Parameter`, so
     `module.w = materialize_tensor(module.w)` works. `device` is a device, or a map from recorded to
     target device ("meta" gives shapes only); `rng` is "eager" (bit-identical to eager construction)
     or "fast" (order-independent per-op seeds). Raises MaterializationError naming the culprit;
@@ -114,6 +109,9 @@ def materialize_tensor(tensor: torch.Tensor, *, device: DeviceMap = None, rng: R
                 "so there is nothing recorded to replay"
             )
         return tensor
+    sliced = materialize_slice(tensor, device, rng)
+    if sliced is not None:
+        return sliced
     return materialize_fakes([tensor], ["<tensor>"], device, rng, None)[0]
 
 

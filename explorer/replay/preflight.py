@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from torch import nn
 
 from ..errors import MaterializationError
 from ..graph import InitGraph, OpIndex, TensorId
@@ -70,3 +71,14 @@ def check_replayable(
                     f"construction would, but {describe_absence(recorded)}; use rng='fast' for "
                     f"reproducible values that differ from eager, or materialize where {key} exists"
                 )
+
+
+def check_materializable(fake: torch.Tensor, name: str) -> None:
+    """Refuse what cannot be replayed (an uninitialized lazy parameter), naming it."""
+    if isinstance(fake, nn.parameter.UninitializedTensorMixin):
+        raise MaterializationError(
+            f"{name!r} is an uninitialized lazy parameter: call the module once on an example input "
+            "inside module_fn so its shape is known"
+        )
+    # No version check: every op on a deferred tensor after deferred_init is recorded into its graph
+    # (record/extension.py), so an in-place change is part of what replay reproduces.

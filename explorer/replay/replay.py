@@ -43,6 +43,7 @@ class ReplayState:
         self.streams = RngStreams(graph, eager_state_after)
         self.results: dict[tuple, weakref.WeakValueDictionary] = {}
         self.anchors: dict[tuple, weakref.WeakValueDictionary] = {}
+        self.slices: dict[tuple, weakref.WeakValueDictionary] = {}  # views made alone (slices.py)
         self.lock = threading.RLock()
 
     def forget_states(self, key: str, position: int) -> None:
@@ -198,7 +199,7 @@ class Replay:
             total_bytes = sum(self._nbytes(tid) for tid in set(tids))
             total_tensors = len(set(tids))
             with outside_recording(), RngSession(self.state.streams, self.routing.rng, self.run_scratch) as rng, \
-                    ParallelFills(self.graph, rng.fill_generator) as fills:
+                    ParallelFills(self.graph, rng.fill_generator, ops) as fills:
                 self._position_generators(ops, rng, on_step)
                 finished, finished_bytes = 0, 0
                 for position, index in enumerate(ops):
@@ -207,6 +208,8 @@ class Replay:
                         self._run_op(index, rng, fills)
                         if position == len(ops) - 1:
                             fills.wait_for(None)
+                    except MaterializationError:
+                        raise  # the engine's own refusals (eager's generator state unknowable) name their op
                     except Exception as error:
                         op = self.graph.ops[index]
                         raise MaterializationError(
@@ -227,10 +230,11 @@ class Replay:
             return results
 
     def _position_generators(self, ops: Sequence[OpIndex], rng: RngSession, on_step: StepReport | None) -> None:
-        """With rng="eager", reach eager's generator state before every random op to run, as a step
-        of its own (jumps, plus scratch runs of ops of unknown draw count); the ops then find them
-        cached."""
-        if self.routing.rng != "eager":
+        """With rng="eager" and a step report, reach eager's generator state before every random op
+        to run, as a step of its own (jumps, plus scratch runs of ops of unknown draw count); the
+        ops then find them cached. Without a report the ops reach their states as they come, so
+        the jump for one op runs while the fill threads draw the ones before it."""
+        if self.routing.rng != "eager" or on_step is None:
             return
         wanted = [op.stream for op in map(self.graph.ops.__getitem__, ops)
                   if op.stream is not None and self.routing.exec_device(torch.device(op.stream[0])).type != "meta"]

@@ -61,10 +61,21 @@ def test_tensors_not_made_by_one_fill_are_refused(restore_rng) -> None:
         def __init__(self) -> None:
             super().__init__()
             self.scaled = nn.Parameter(torch.empty(8, 4).normal_() * 2)  # an op after the fill
-            self.low = nn.Parameter(torch.empty(32, 2, dtype=torch.float16).normal_())
             base = torch.empty(10, 4).uniform_()
             self.view = nn.Parameter(base[2:])  # part of a larger storage
             self.small = nn.Parameter(torch.empty(3, 2).normal_())  # normal_ below 16: cached sample
 
     module = deferred_init(Mixed)
-    assert [draw_rows(t, 0, 1) for t in module.parameters()] == [None] * 4
+    assert [draw_rows(t, 0, 1) for t in module.parameters()] == [None] * 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(32, 2), (9, 5), (3, 16)], ids=str)
+def test_half_precision_normal_rows_equal_the_whole_tensors_rows(shape, dtype, restore_rng) -> None:
+    # Half precision draws its tail after the whole blocks, not after every element (fill_layout).
+    torch.manual_seed(4)
+    module = deferred_init(Filled, shape, dtype, FILLS["normal_"])
+    whole = materialize_tensor(module.weight)
+    for start in range(shape[0]):
+        part = draw_rows(module.weight, start, shape[0])
+        assert part.view(torch.uint8).equal(whole[start:].contiguous().view(torch.uint8)), start

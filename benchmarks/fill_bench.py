@@ -1,0 +1,248 @@
+"""Materializing at the machine's limit: random fills against raw fills, a slice at the slice's cost,
+recording against meta-device construction.
+
+Child workloads, each in a fresh process (time ratios: the two sides interleaved, the order
+swapped every round, medians):
+- `fill_layer`: `materialize_module(model.model.layers[79], rng="eager")` of a deferred Llama-70B
+  (rng="eager": eager's values, generator jumps included) against `raw_fill` of the same tensors:
+  `torch.empty` and `normal_` split over every thread (`ones` for the norms), no bookkeeping;
+  target ≤ 1.15×;
+- `fill_embedding`: the Llama-3-70B embedding (128256 × 8192 float32, 3.9 GiB, one tensor) of a
+  deferred model, rng="eager", against `raw_fill` of that one tensor split over the threads;
+  target ≤ 1.25×;
+- `expert_slice_rss`: one expert of DeepSeek-V3's layer-3 fused `gate_up_proj` (transformers'
+  default DeepseekV3Config, 256 experts × 4096 × 7168 float32 = 30 GB, deferred):
+  `materialize_tensor(gate_up_proj[0])`; RSS growth (sampled peak) ≤ 2 × the expert's bytes + 100 MB;
+- recording Llama-2-7B (cases.deferred_init_time, interleaved with meta-device construction):
+  ≤ 2.0×; RSS growth of holding it (cases.deferred_init_rss) ≤ 150 MB.
+
+`--quick` uses small shapes with the same structure (a smoke run, not the targets).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from cases import CONFIGS, MB, RssSampler, llama_config, rss_bytes
+from harness import ChildError, Report, Row, log, run_child, seconds, verdict
+
+TOPIC = "fill"
+LAYER_TARGET, EMBEDDING_TARGET, RECORD_TARGET = 1.15, 1.25, 2.0
+RECORD_RSS_MB = 150
+STD = 0.02  # Hugging Face's initializer_range: what the layer's and the embedding's normal_ use
+
+# Llama-3-70B: the 70B shapes with its 128256-token vocabulary.
+LLAMA3_70B = dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                  num_key_value_heads=8, vocab_size=128256)
+QUICK_LLAMA3 = dict(hidden_size=512, intermediate_size=1792, num_hidden_layers=8, num_attention_heads=8,
+                    num_key_value_heads=2, vocab_size=32000)
+# DeepSeek-V3 shrunk for --quick: same structure (dense first layers, fused routed experts).
+QUICK_DEEPSEEK = dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_hidden_layers=5,
+                      n_routed_experts=32, num_experts_per_tok=4, first_k_dense_replace=3, vocab_size=4000,
+                      num_attention_heads=8, num_key_value_heads=8, q_lora_rank=64, kv_lora_rank=32,
+                      qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16)
+
+
+def _warm_engine() -> None:
+    """Pay imports and the generator jump's one-time setup outside the timed region."""
+    import torch
+    from torch import nn
+
+    from explorer import deferred_init, materialize_module
+    from explorer.replay.mt19937 import jump_state
+
+    jump_state(torch.get_rng_state(), 10**9)
+    materialize_module(deferred_init(nn.Linear, 64, 64))
+    gc.collect()
+
+
+# -- raw fills (the baseline) --------------------------------------------------------------------
+def _raw_fill(specs: list[tuple[list[int], str]]) -> float:
+    """Allocate each tensor and fill it (`normal_` split into one piece per thread, or ones), as
+    replay does but with no bookkeeping; seconds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    workers = torch.get_num_threads()
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures, tensors = [], []
+        for shape, kind in specs:
+            tensor = torch.empty(shape)
+            tensors.append(tensor)
+            if kind == "ones":
+                tensor.fill_(1.0)
+                continue
+            flat = tensor.view(-1)
+            edges = [16 * (flat.numel() // 16 * part // workers) for part in range(workers)] + [flat.numel()]
+            for part, (lo, hi) in enumerate(zip(edges, edges[1:])):
+                generator = torch.Generator()
+                generator.manual_seed(part)
+                futures.append(pool.submit(flat[lo:hi].normal_, 0.0, STD, generator=generator))
+        for future in futures:
+            future.result()
+    return time.perf_counter() - start
+
+
+def _layer_specs(config: dict[str, int]) -> list[tuple[list[int], str]]:
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    with torch.device("meta"):
+        layer = LlamaDecoderLayer(LlamaConfig(**config), 0)
+    return [(list(p.shape), "ones" if p.dim() == 1 else "normal") for p in layer.parameters()]
+
+
+def raw_fill(what: str, quick: bool) -> dict:
+    """The baseline for `fill_layer` ("layer") or `fill_embedding` ("embedding")."""
+    _warm_engine()
+    if what == "layer":
+        specs = _layer_specs(CONFIGS["quick-70b" if quick else "llama-70b"])
+    else:
+        config = QUICK_LLAMA3 if quick else LLAMA3_70B
+        specs = [([config["vocab_size"], config["hidden_size"]], "normal")]
+    return {"time": _raw_fill(specs)}
+
+
+# -- replay ------------------------------------------------------------------------------------
+def fill_layer(quick: bool) -> dict:
+    """materialize_module(layers[-1], rng="eager") of a deferred Llama-70B; seconds and bytes."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from explorer import deferred_init, materialize_module
+
+    _warm_engine()
+    torch.manual_seed(0)
+    model = deferred_init(LlamaForCausalLM, llama_config("quick-70b" if quick else "llama-70b"))
+    layer = model.model.layers[-1]
+    gc.collect()
+    start = time.perf_counter()
+    materialize_module(layer, rng="eager")
+    elapsed = time.perf_counter() - start
+    return {"time": elapsed, "bytes": sum(p.numel() * p.element_size() for p in layer.parameters())}
+
+
+def fill_embedding(quick: bool) -> dict:
+    """materialize_module(model.embed_tokens, rng="eager") of a deferred Llama-3-70B; seconds."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from explorer import deferred_init, materialize_module
+
+    _warm_engine()
+    torch.manual_seed(0)
+    model = deferred_init(LlamaForCausalLM, LlamaConfig(**(QUICK_LLAMA3 if quick else LLAMA3_70B)))
+    embedding = model.model.embed_tokens
+    gc.collect()
+    start = time.perf_counter()
+    materialize_module(embedding, rng="eager")
+    elapsed = time.perf_counter() - start
+    return {"time": elapsed, "bytes": embedding.weight.numel() * embedding.weight.element_size()}
+
+
+def expert_slice_rss(quick: bool) -> dict:
+    """One expert of DeepSeek-V3's layer-3 fused gate_up_proj, deferred; RSS growth and time."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from explorer import deferred_init, materialize_tensor, slice_plan
+
+    _warm_engine()
+    torch.manual_seed(0)
+    config = DeepseekV3Config(**(QUICK_DEEPSEEK if quick else {}))
+    started = time.perf_counter()
+    model = deferred_init(DeepseekV3ForCausalLM, config)
+    built = time.perf_counter() - started
+    fused = model.model.layers[3].mlp.experts.gate_up_proj
+    expert = fused[0]
+    plan = slice_plan(expert)
+    gc.collect()
+    before = rss_bytes()
+    with RssSampler() as sampler:
+        start = time.perf_counter()
+        values = materialize_tensor(expert)
+        elapsed = time.perf_counter() - start
+    return {"growth": sampler.peak - before, "expert_bytes": values.numel() * values.element_size(),
+            "fused_bytes": fused.numel() * fused.element_size(), "shape": list(fused.shape), "time": elapsed,
+            "deferred_init": built, "sliced": plan.sliced, "source": plan.source}
+
+
+CASES = {"raw_fill": raw_fill, "fill_layer": fill_layer, "fill_embedding": fill_embedding,
+         "expert_slice_rss": expert_slice_rss}
+
+
+# -- rows ----------------------------------------------------------------------------------------
+def _interleaved(cases: list[tuple[str, dict]], rounds: int, timeout: float) -> list[list[float]]:
+    """Times of each (case, kwargs), one fresh child each, the order rotated every round."""
+    times: list[list[float]] = [[] for _ in cases]
+    for round_ in range(rounds):
+        order = list(range(len(cases)))
+        if round_ % 2:
+            order.reverse()
+        for position in order:
+            case, kwargs = cases[position]
+            times[position].append(run_child(case, timeout, **kwargs)["time"])
+    return times
+
+
+def _ratio_row(report: Report, name: str, replay: tuple[str, dict], raw: tuple[str, dict], target: float,
+               rounds: int, timeout: float) -> None:
+    try:
+        ours, theirs = _interleaved([replay, raw], rounds, timeout)
+    except ChildError as error:
+        report.error(name, f"≤ {target:.2f}×", error)
+        return
+    ratio = statistics.median(ours) / statistics.median(theirs)
+    report.add(Row(name, f"{statistics.median(ours):.2f} s", f"{statistics.median(theirs):.2f} s (raw fill)",
+                   f"{ratio:.2f}×", f"≤ {target:.2f}×", verdict(ratio <= target)))
+    report.notes.append(f"{name}: replay s {seconds(ours)}; raw fill s {seconds(theirs)}")
+
+
+def bench(report: Report, quick: bool, timeout: float) -> None:
+    rounds = 1 if quick else 3
+    log("fill: 70B layers[79] rng=eager vs raw parallel fill")
+    _ratio_row(report, f"{'quick-70b' if quick else 'llama-70b'} layers[-1] materialize (rng=eager) vs raw fill",
+               ("fill_layer", {"quick": quick}), ("raw_fill", {"what": "layer", "quick": quick}),
+               LAYER_TARGET, rounds, timeout)
+    log("fill: Llama-3-70B embedding rng=eager vs raw fill split over the threads")
+    _ratio_row(report, f"{'quick' if quick else 'Llama-3-70B'} embedding materialize (rng=eager) vs raw fill",
+               ("fill_embedding", {"quick": quick}), ("raw_fill", {"what": "embedding", "quick": quick}),
+               EMBEDDING_TARGET, rounds, timeout)
+    log("fill: one expert of DeepSeek-V3 layer 3 gate_up_proj")
+    name = f"DeepSeek-V3{' (quick)' if quick else ''} layers[3] gate_up_proj[0] materialize_tensor RSS growth"
+    try:
+        r = run_child("expert_slice_rss", timeout, quick=quick)
+        limit = 2 * r["expert_bytes"] / MB + 100
+        report.add(Row(name, f"{r['growth'] / MB:.0f} MB", f"{r['expert_bytes'] / MB:.0f} MB (expert)",
+                       f"{r['growth'] / r['expert_bytes']:.2f}×", f"≤ {limit:.0f} MB (2× expert + 100 MB)",
+                       verdict(r["growth"] <= limit * MB)))
+        report.notes.append(f"{name}: fused {r['shape']} = {r['fused_bytes'] / 1e9:.1f} GB; sliced={r['sliced']} "
+                            f"({r['source']}); materialize_tensor {r['time']:.2f} s; deferred_init "
+                            f"{r['deferred_init']:.2f} s")
+    except ChildError as error:
+        report.error(name, "≤ 2× expert + 100 MB", error)
+    _record_rows(report, quick)
+
+
+def _record_rows(report: Report, quick: bool) -> None:
+    config = "quick-7b" if quick else "llama-7b"
+    name = f"deferred_init {config} vs meta-device construction (time)"
+    log(f"fill: recording {config} vs meta")
+    try:
+        times = run_child("deferred_init_time", 900, config=config, reps=3 if quick else 15)
+        deferred, meta = statistics.median(times["deferred"]), statistics.median(times["meta"])
+        report.add(Row(name, f"{deferred * 1e3:.0f} ms", f"{meta * 1e3:.0f} ms", f"{deferred / meta:.2f}×",
+                       f"≤ {RECORD_TARGET:.2f}×", verdict(deferred / meta <= RECORD_TARGET)))
+        report.notes.append(f"{name}: deferred s {seconds(times['deferred'])}; meta s {seconds(times['meta'])}")
+    except ChildError as error:
+        report.error(name, f"≤ {RECORD_TARGET:.2f}×", error)
+    name = f"deferred_init {config} RSS growth"
+    try:
+        grown = run_child("deferred_init_rss", 900, config=config)["growth"] / MB
+        report.add(Row(name, f"{grown:.1f} MB", "—", "—", f"≤ {RECORD_RSS_MB} MB", verdict(grown <= RECORD_RSS_MB)))
+    except ChildError as error:
+        report.error(name, f"≤ {RECORD_RSS_MB} MB", error)

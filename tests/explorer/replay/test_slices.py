@@ -1,0 +1,171 @@
+"""`materialize_tensor` of a view selecting rows makes only those rows (`replay/slices.py`), bit for
+bit eager's rows; anything else makes the whole base and says so."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from explorer import deferred_init, load_checkpoint, materialize_module, materialize_tensor
+from explorer.replay.slices import WholeBaseWarning, slice_plan
+
+INITS = {
+    "normal_": lambda t: nn.init.normal_(t, std=0.02),
+    "kaiming_uniform_ then normal_": lambda t: nn.init.normal_(nn.init.kaiming_uniform_(t), std=0.02),
+    "uniform_": lambda t: nn.init.uniform_(t, -0.5, 0.5),
+    "xavier_uniform_": nn.init.xavier_uniform_,
+    "exponential_": lambda t: t.exponential_(2.0),
+    "cauchy_": lambda t: t.cauchy_(),
+    "geometric_": lambda t: t.geometric_(0.3),
+    "random_": lambda t: t.random_(0, 200),
+    "bernoulli_": lambda t: t.bernoulli_(0.3),
+}
+VIEWS = {
+    "t[i]": lambda t: t[2],
+    "t[-1]": lambda t: t[-1],
+    "t[a:b]": lambda t: t[1:4],
+    "t.narrow": lambda t: t.narrow(0, 3, 2),
+    "t.select": lambda t: t.select(0, 4),
+}
+
+
+class FusedExperts(nn.Module):
+    """Experts fused into 3-D parameters, as transformers 5 builds MoE layers."""
+
+    def __init__(self, init, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.router = nn.Linear(8, 5)  # draws before the experts: their fill starts mid-stream
+        self.gate_up_proj = nn.Parameter(init(torch.empty(5, 6, 7, dtype=dtype)))
+        self.down_proj = nn.Parameter(init(torch.empty(5, 7, 3, dtype=dtype)))
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().view(torch.uint8)
+
+
+def _quiet_materialize(view: torch.Tensor) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WholeBaseWarning)  # a fallback fails the test
+        return materialize_tensor(view)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("init", INITS)
+def test_rows_of_fused_experts_are_drawn_alone_and_equal_eagers_rows(init, dtype, restore_rng) -> None:
+    torch.manual_seed(7)
+    eager = FusedExperts(INITS[init], dtype)
+    torch.manual_seed(7)
+    deferred = deferred_init(FusedExperts, INITS[init], dtype)
+    for view_name, view in VIEWS.items():
+        for name in ("gate_up_proj", "down_proj"):
+            fake_view = view(getattr(deferred, name))
+            plan = slice_plan(fake_view)
+            assert (plan.sliced, plan.source, plan.nbytes) == (True, "random fill", fake_view.numel() * dtype.itemsize)
+            real = _quiet_materialize(fake_view)
+            expected = view(getattr(eager, name))
+            assert real.shape == expected.shape and real.requires_grad
+            assert _bits(real).equal(_bits(expected)), (view_name, name)
+
+
+def test_rows_of_a_trunc_normal_fill_make_the_whole_base_with_eagers_values(restore_rng) -> None:
+    # rejection sampling: how many draws a row takes depends on the values, so rows cannot be jumped to
+    torch.manual_seed(9)
+    eager = FusedExperts(nn.init.trunc_normal_)
+    torch.manual_seed(9)
+    deferred = deferred_init(FusedExperts, nn.init.trunc_normal_)
+    assert not slice_plan(deferred.down_proj[1]).sliced
+    with pytest.warns(WholeBaseWarning, match=r"\(84 bytes\) makes its whole base \(420 bytes\): its base's value is not one"):
+        rows = materialize_tensor(deferred.down_proj[1])
+    assert _bits(rows).equal(_bits(eager.down_proj[1]))
+
+
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_embedding_rows_equal_eagers_rows(padding_idx, restore_rng) -> None:
+    torch.manual_seed(2)
+    eager = nn.Embedding(50, 16, padding_idx=padding_idx)
+    torch.manual_seed(2)
+    deferred = deferred_init(nn.Embedding, 50, 16, padding_idx=padding_idx)
+    if padding_idx is None:
+        assert slice_plan(deferred.weight[10:20]).sliced
+        assert _bits(_quiet_materialize(deferred.weight[10:20])).equal(_bits(eager.weight[10:20]))
+    else:  # normal_ then the padding row zeroed: not one fill, so the whole table is made
+        plan = slice_plan(deferred.weight[10:20])
+        assert (plan.sliced, plan.nbytes) == (False, 50 * 16 * 4)
+        assert plan.reason.startswith("its base's value is not one random fill, constant or checkpoint read")
+        with pytest.warns(WholeBaseWarning, match=r"\(640 bytes\) makes its whole base \(3,200 bytes\)"):
+            rows = materialize_tensor(deferred.weight[10:20])
+        assert _bits(rows).equal(_bits(eager.weight[10:20]))
+
+
+def test_rows_with_rng_fast_equal_the_rows_of_the_whole_fast_tensor(restore_rng) -> None:
+    module = deferred_init(FusedExperts, INITS["normal_"])
+    rows = materialize_tensor(module.gate_up_proj[1:3], rng="fast")
+    whole = materialize_tensor(module.gate_up_proj, rng="fast")
+    assert _bits(rows).equal(_bits(whole[1:3]))
+
+
+class Constants(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ones = nn.Parameter(torch.ones(4, 3))
+        self.full = nn.Parameter(torch.full((4, 3), 2.5))
+        self.zeroed = nn.Parameter(nn.init.zeros_(torch.empty(4, 3)))
+        self.filled = nn.Parameter(torch.empty(4, 3, dtype=torch.float64).fill_(-7.25))
+
+
+@pytest.mark.parametrize("name", ["ones", "full", "zeroed", "filled"])
+def test_rows_of_a_constant_are_that_constant(name) -> None:
+    eager, deferred = Constants(), deferred_init(Constants)
+    view = getattr(deferred, name)[1:3]
+    assert slice_plan(view).source == "constant"
+    rows = _quiet_materialize(view)
+    assert rows.dtype == getattr(eager, name).dtype and _bits(rows).equal(_bits(getattr(eager, name)[1:3]))
+
+
+def test_rows_of_a_checkpoint_read_are_read_alone(tmp_path, restore_rng) -> None:
+    source = FusedExperts(INITS["uniform_"])
+    save_file({k: v.detach().contiguous() for k, v in source.state_dict().items()}, tmp_path / "w.safetensors")
+    deferred = deferred_init(FusedExperts, INITS["normal_"])
+    load_checkpoint(deferred, tmp_path / "w.safetensors")
+    view = deferred.gate_up_proj[3]
+    assert slice_plan(view).source == "checkpoint read"
+    assert _bits(_quiet_materialize(view)).equal(_bits(source.gate_up_proj[3]))
+
+
+def test_a_view_that_is_not_rows_makes_the_whole_base_and_warns(restore_rng) -> None:
+    torch.manual_seed(1)
+    eager = FusedExperts(INITS["normal_"])
+    torch.manual_seed(1)
+    deferred = deferred_init(FusedExperts, INITS["normal_"])
+    plan = slice_plan(deferred.gate_up_proj[:, 2])
+    assert (plan.sliced, plan.nbytes, plan.source) == (False, 5 * 6 * 7 * 4, None)
+    assert plan.reason == "it is not a contiguous run of its base's elements (only rows are drawn alone: t[i], t[a:b])"
+    with pytest.warns(WholeBaseWarning, match=r"materializing <tensor> \(140 bytes\) makes its whole base \(840 bytes\)"):
+        column = materialize_tensor(deferred.gate_up_proj[:, 2])
+    assert _bits(column).equal(_bits(eager.gate_up_proj[:, 2]))
+
+
+def test_a_slice_is_memoized_and_leaves_the_generators_alone(restore_rng) -> None:
+    deferred = deferred_init(FusedExperts, INITS["normal_"])
+    view = deferred.gate_up_proj[2]
+    state = torch.get_rng_state()
+    first = _quiet_materialize(view)
+    assert _quiet_materialize(view) is first
+    assert torch.get_rng_state().equal(state)
+
+
+def test_a_view_of_a_base_materialized_earlier_shares_its_memory(restore_rng) -> None:
+    deferred = deferred_init(FusedExperts, INITS["normal_"])
+    materialize_module(deferred)
+    # the module now holds real tensors: a view of it is an ordinary real view
+    assert slice_plan(deferred.gate_up_proj[1]) == slice_plan(torch.zeros(1))
+    other = deferred_init(FusedExperts, INITS["normal_"])
+    base = materialize_tensor(other.gate_up_proj)
+    plan = slice_plan(other.gate_up_proj[1])
+    assert (plan.sliced, plan.nbytes) == (False, 0)
+    row = materialize_tensor(other.gate_up_proj[1])
+    assert row.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
