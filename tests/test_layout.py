@@ -140,3 +140,26 @@ def test_no_module_imports_another_modules_private_names() -> None:
         if imported.startswith("_") and not imported.startswith("__")
     ]
     assert offenders == []
+
+
+def _synced_traits_without_help(tree: ast.AST) -> list[int]:
+    """Lines of `trait(...).tag(sync=True)` calls whose trait has no `help=`."""
+    return [
+        node.lineno for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "tag"
+        and any(k.arg == "sync" for k in node.keywords) and isinstance(node.func.value, ast.Call)
+        and not any(k.arg == "help" for k in node.func.value.keywords)
+    ]
+
+
+def test_the_trait_check_finds_a_synced_trait_without_help() -> None:
+    tree = ast.parse('a = traitlets.Unicode("").tag(sync=True)\n'
+                     'b = traitlets.Int(1, help="the first view\'s scale").tag(sync=True)\n'
+                     "c = traitlets.Int(1).tag(config=True)\n")
+    assert _synced_traits_without_help(tree) == [1]
+
+
+def test_every_synced_widget_trait_says_what_it_is() -> None:
+    offenders = [f"{path.relative_to(ROOT)}:{line}" for name, path in module_files().items()
+                 if name.startswith("widgets") for line in _synced_traits_without_help(ast.parse(path.read_text()))]
+    assert offenders == []

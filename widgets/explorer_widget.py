@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import html
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import ipywidgets as w
 from torch import nn
 
 import explorer
-
 from explorer.inspection import SearchError, SearchResult
 from explorer.record.failure import FailureReport, failure_report
 
@@ -26,9 +27,9 @@ from .export_bar import ExportBar
 from .failure_banner import FailureBanner
 from .formatting import cell_text
 from .graph import GraphTab, parse_click
+from .init_tab import InitTab
 from .materialize_bar import MaterializeBar
 from .materialize_preview import MaterializePreview, preview
-from .init_tab import InitTab
 from .memory_tab import MemoryTab
 from .ops_tab import OpsTab
 from .overlays import OVERLAY_MODES, Overlay, overlay
@@ -69,8 +70,10 @@ class ExplorerWidget(w.VBox):
         self.memory_tab = MemoryTab(module)
         self.details = TensorDetails(module)
         self.init_tab = InitTab(module)
-        self.tabs = w.Tab(children=[self.tensors_tab, self.ops_tab, self.graph_tab, self.memory_tab, self.init_tab],
-                          titles=list(TAB_TITLES))
+        self.tabs = w.Tab(
+            children=[self.tensors_tab, self.ops_tab, self.graph_tab, self.memory_tab, self.init_tab],
+            titles=list(TAB_TITLES),
+        )
         self.tabs.add_class("de-tabs")
         self.bar = MaterializeBar(module, self.selected_modules, self.refresh, preview=self.materialize_preview)
         self.bar.show_held(self.inspection.storages)
@@ -80,14 +83,20 @@ class ExplorerWidget(w.VBox):
         self.search_box.add_class("de-search-box")
         self.search_result = SearchResult("", False)
         self.match_index = -1  # the match Enter last jumped to
-        self.overlay_mode = w.Dropdown(options=list(OVERLAY_MODES), value="state", description="colour by",
-                                       layout=w.Layout(width="200px"))
+        self.overlay_mode = w.Dropdown(
+            options=list(OVERLAY_MODES), value="state", description="colour by", layout=w.Layout(width="200px")
+        )
         self.overlay_mode.add_class("de-overlay")
         self.legend = w.HTML("")
         self.legend.add_class("de-overlay-legend")
         self.overlay: Overlay | None = None
-        self.tree_toggle = w.ToggleButton(value=True, description="tree", icon="sitemap",
-                                          tooltip="show or hide the module tree", layout=w.Layout(width="80px"))
+        self.tree_toggle = w.ToggleButton(
+            value=True,
+            description="tree",
+            icon="sitemap",
+            tooltip="show or hide the module tree",
+            layout=w.Layout(width="80px"),
+        )
         self.tree_toggle.add_class("de-tree-toggle-button")
         self.export_bar = ExportBar(self.export_data)
         self.export_bar.add_class("de-export-bar")
@@ -100,11 +109,11 @@ class ExplorerWidget(w.VBox):
         self.memory_tab.table.observe(self._on_memory_row, names="selected")
         self.graph_tab.view.observe(self._on_graph_click, names="clicked")
         self.graph_tab.on_crumb = self.select
-        self.tabs.observe(lambda change: self.graph_tab.set_active(change["new"] == GRAPH_TAB),
-                          names="selected_index")
+        self.tabs.observe(lambda change: self.graph_tab.set_active(change["new"] == GRAPH_TAB), names="selected_index")
         self.tabs.observe(lambda change: self.init_tab.set_active(change["new"] == INIT_TAB), names="selected_index")
-        self.search_box.observe(lambda _: self.search(self.search_box.query, regex=self.search_box.regex),
-                                names=["query", "regex"])
+        self.search_box.observe(
+            lambda _: self.search(self.search_box.query, regex=self.search_box.regex), names=["query", "regex"]
+        )
         self.overlay_mode.observe(lambda change: self.set_overlay(change["new"]), names="value")
         self.tree_toggle.observe(self._toggle_tree, names="value")
         self.graph_tab.follow(self.memory_tab, self.search_box)  # forward view: shared inputs, search
@@ -112,8 +121,10 @@ class ExplorerWidget(w.VBox):
         self.tree_box.add_class("de-tree-box")
         main = w.VBox([self.tabs, self.details], layout=w.Layout(flex="1 1 auto", min_width="0"))
         banner = [FailureBanner(self.failure)] if self.failure is not None else []
-        toolbar = w.HBox([self.search_box, self.overlay_mode, self.legend, self.tree_toggle, self.export_bar],
-                         layout=w.Layout(flex_flow="row wrap", align_items="center"))
+        toolbar = w.HBox(
+            [self.search_box, self.overlay_mode, self.legend, self.tree_toggle, self.export_bar],
+            layout=w.Layout(flex_flow="row wrap", align_items="center"),
+        )
         toolbar.add_class("de-toolbar")
         super().__init__([*banner, self.summary, toolbar, w.HBox([self.tree_box, main]), self.bar])
         self.add_class("de-explorer")
@@ -180,9 +191,12 @@ class ExplorerWidget(w.VBox):
             return self.search_result
         self.search_result, self.match_index = result, -1
         active = bool(pattern.strip())
-        matched_modules = list(dict.fromkeys(
-            result.modules + self.inspection.tensors.loc[
-                self.inspection.tensors["name"].isin(result.tensors), "module"].tolist()))
+        matched_modules = list(
+            dict.fromkeys(
+                result.modules
+                + self.inspection.tensors.loc[self.inspection.tensors["name"].isin(result.tensors), "module"].tolist()
+            )
+        )
         with self._views_lock:
             with self.tree.hold_sync():
                 if active:
@@ -191,8 +205,14 @@ class ExplorerWidget(w.VBox):
             self.tensors_tab.set_search(result.tensors if active else None)
             self.ops_tab.set_search(result.ops if active else None)
             self.graph_tab.view.highlighted = (
-                [f"module:{m}" for m in result.modules] + [f"tensor:{t}" for t in result.tensors]
-                + [f"op:{o}" for o in result.ops]) if active else []
+                (
+                    [f"module:{m}" for m in result.modules]
+                    + [f"tensor:{t}" for t in result.tensors]
+                    + [f"op:{o}" for o in result.ops]
+                )
+                if active
+                else []
+            )
         self.search_box.counts, self.search_box.error = (result.counts_text() if active else ""), False
         return result
 
@@ -213,7 +233,9 @@ class ExplorerWidget(w.VBox):
         else:
             self.tabs.selected_index = OPS_TAB
             self.ops_tab.table.selected = key
-        self.search_box.counts = f"{self.search_result.counts_text()} — {self.match_index + 1} of {len(targets)}: {key or '(root)'}"
+        self.search_box.counts = (
+            f"{self.search_result.counts_text()} — {self.match_index + 1} of {len(targets)}: {key or '(root)'}"
+        )
         return kind, key
 
     def _module_of(self, tensor: str) -> str:
@@ -232,11 +254,12 @@ class ExplorerWidget(w.VBox):
         self.legend.value = "".join(
             f'<span class="de-overlay-legend-item" data-label="{html.escape(label)}">'
             f'<span class="de-overlay-legend-swatch" style="background:{colour}"></span>{html.escape(label)}</span>'
-            for label, colour in result.legend)
+            for label, colour in result.legend
+        )
         return result
 
     # -- export --------------------------------------------------------------------------------------
-    def export(self, target: str, format: str) -> "Path | None":  # noqa: F821
+    def export(self, target: str, format: str) -> Path | None:
         """Save the current diagram ("graph": svg, png, html) or the current tab's table ("table":
         csv, parquet) beside the notebook (`export_bar.folder`), as the export buttons do."""
         return self.export_bar.export(target, format)
@@ -259,8 +282,9 @@ class ExplorerWidget(w.VBox):
                 return name, diagrams.to_png(digraph)
             return name, diagrams.to_html(digraph, title=f"{stem}: {where}").encode()
         tab = TAB_TITLES[self.tabs.selected_index or 0]
-        table = {"Tensors": self.tensors_tab.table, "Ops": self.ops_tab.table,
-                 "Memory": self.memory_tab.table}.get(tab, self.tensors_tab.table)
+        table = {"Tensors": self.tensors_tab.table, "Ops": self.ops_tab.table, "Memory": self.memory_tab.table}.get(
+            tab, self.tensors_tab.table
+        )
         frame = table.current_frame()
         name = f"{stem}-{tab.lower() if tab != 'Graph' else 'tensors'}.{format}"
         if format == "csv":
@@ -288,8 +312,14 @@ class ExplorerWidget(w.VBox):
         """What materializing the selection (`what="selection"`) or the "whole module" on `device`
         (default: the bar's) would do: tensors, bytes, checkpoint files read, whether it fits, time."""
         scope = set(self.tree.checked) if what == "selection" else None
-        return preview(self.inspection.tensors, scope, what=what, device=device or self.bar.device.value,
-                       throughput=self.bar.throughput, reads=self.inspection.reads)
+        return preview(
+            self.inspection.tensors,
+            scope,
+            what=what,
+            device=device or self.bar.device.value,
+            throughput=self.bar.throughput,
+            reads=self.inspection.reads,
+        )
 
     def cancel(self) -> None:
         """Cancel a running materialization; the module keeps its previous state."""
@@ -333,7 +363,8 @@ class ExplorerWidget(w.VBox):
         scope = set(checked) if checked else None
         roots = self.tree.selection.roots(checked)
         self.summary.value = inspection.summary().splitlines()[0] + (
-            f" — selected: {len(checked)} modules" if checked else " — nothing selected: showing everything")
+            f" — selected: {len(checked)} modules" if checked else " — nothing selected: showing everything"
+        )
         self.tensors_tab.update(inspection.tensors, scope)
         self.ops_tab.update(inspection.ops, scope)
         self.memory_tab.update(inspection.tensors, inspection.modules, inspection.storages, scope, roots)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import html
 import math
 import re
-from typing import Any, Callable, Literal, get_args
+from collections.abc import Callable
+from typing import Any, Literal, get_args
 
 import anywidget
 import ipywidgets as w
@@ -35,14 +36,17 @@ from explorer.naming import depth_of, dtype_name, format_bytes, parent_of
 from explorer.render.forward_view import format_flops
 from explorer.render.styles import FOLDED
 
-# Folded nodes carry their style as an SVG class (explorer/render/dot.py); the title is the node name.
-# Graphviz writes "-" in a class as "&#45;".
-_FOLDED_NODE = re.compile(r'<g id="[^"]*" class="node ' + "(?:-|&#45;)".join(
-    re.escape(part) for part in ("de-style-" + FOLDED.replace(" ", "-")).split("-")) + r'">\s*<title>([^<]*)</title>')
-
 from .front_end import source
 from .memory_tab import parse_shapes
 from .overlays import HEAT, NONE
+
+# Folded nodes carry their style as an SVG class (explorer/render/dot.py); the title is the node name.
+# Graphviz writes "-" in a class as "&#45;".
+_FOLDED_NODE = re.compile(
+    r'<g id="[^"]*" class="node '
+    + "(?:-|&#45;)".join(re.escape(part) for part in ("de-style-" + FOLDED.replace(" ", "-")).split("-"))
+    + r'">\s*<title>([^<]*)</title>'
+)
 
 DEFAULT_DEPTH = 2  # module levels drawn below the focus before collapsing into summary nodes
 GraphKind = Literal["construction", "forward"]
@@ -66,13 +70,17 @@ class GraphView(anywidget.AnyWidget):
     _esm = source("graph.js")
     _css = source("style.css")
 
-    svg = traitlets.Unicode("").tag(sync=True)
-    clicked = traitlets.Unicode("").tag(sync=True)
-    selected = traitlets.Unicode("").tag(sync=True)  # node name drawn highlighted (the open tensor)
-    highlighted = traitlets.List(traitlets.Unicode()).tag(sync=True)  # search matches (node names, no cluster_)
-    aliases = traitlets.List(traitlets.Unicode()).tag(sync=True)  # names sharing the open tensor's storage
-    module_colours = traitlets.Dict().tag(sync=True)  # module path → overlay colour
-    min_label_px = traitlets.Int(9).tag(sync=True)  # the first view's scale keeps node labels this high
+    svg = traitlets.Unicode("", help="The diagram drawn, as Graphviz SVG text").tag(sync=True)
+    clicked = traitlets.Unicode(
+        "", help='The last node or cluster clicked ("" after it is handled); the browser writes it'
+    ).tag(sync=True)
+    selected = traitlets.Unicode("", help="The node name drawn highlighted (the open tensor)").tag(sync=True)
+    highlighted = traitlets.List(
+        traitlets.Unicode(), help="Node names the search matched, drawn marked (no cluster_ prefix)"
+    ).tag(sync=True)
+    aliases = traitlets.List(traitlets.Unicode(), help="Node names sharing the open tensor's storage").tag(sync=True)
+    module_colours = traitlets.Dict(help="Module path → overlay colour").tag(sync=True)
+    min_label_px = traitlets.Int(9, help="Node label height in pixels that the first view's scale keeps").tag(sync=True)
 
 
 def heat_colours(values: dict[str, int]) -> dict[str, str]:
@@ -108,8 +116,10 @@ def describe_forward_op(forward: explorer.ForwardGraph, index: int) -> str:
     row = forward.ops.iloc[index]
     inputs = ", ".join(f"{list(s)} {d}" for s, d in zip(row["input_shapes"], row["input_dtypes"]))
     outputs = ", ".join(f"{list(s)} {d}" for s, d in zip(row["output_shapes"], row["output_dtypes"]))
-    return (f"op {index}: {row['op']} in {row['module'] or '(root)'} ({row['class']}) · {inputs or 'no tensors'} → "
-            f"{outputs or 'no tensors'} · {format_flops(int(row['flops']))} · creates {format_bytes(int(row['bytes']))}")
+    return (
+        f"op {index}: {row['op']} in {row['module'] or '(root)'} ({row['class']}) · {inputs or 'no tensors'} → "
+        f"{outputs or 'no tensors'} · {format_flops(int(row['flops']))} · creates {format_bytes(int(row['bytes']))}"
+    )
 
 
 class GraphTab(w.VBox):
@@ -117,19 +127,34 @@ class GraphTab(w.VBox):
 
     def __init__(self, module: nn.Module, max_depth: int) -> None:
         self.module = module
-        self.depth = w.IntSlider(value=min(DEFAULT_DEPTH, max(max_depth, 1)), min=0, max=max(max_depth, 1),
-                                 description="depth", tooltip="module levels drawn below the focus")
+        self.depth = w.IntSlider(
+            value=min(DEFAULT_DEPTH, max(max_depth, 1)),
+            min=0,
+            max=max(max_depth, 1),
+            description="depth",
+            tooltip="module levels drawn below the focus",
+        )
         self.depth.add_class("de-graph-depth")
-        self.closure = w.ToggleButton(value=False, description="closure", icon="sitemap",
-                                      tooltip="draw only what materializing the selected tensor replays")
+        self.closure = w.ToggleButton(
+            value=False,
+            description="closure",
+            icon="sitemap",
+            tooltip="draw only what materializing the selected tensor replays",
+        )
         self.closure.add_class("de-graph-closure")
-        self.rankdir = w.ToggleButtons(options=[("left → right", "LR"), ("top → down", "TB")], value="LR",
-                                       tooltips=["ops flow left to right", "ops flow top to bottom"],
-                                       style={"button_width": "90px"})
+        self.rankdir = w.ToggleButtons(
+            options=[("left → right", "LR"), ("top → down", "TB")],
+            value="LR",
+            tooltips=["ops flow left to right", "ops flow top to bottom"],
+            style={"button_width": "90px"},
+        )
         self.rankdir.add_class("de-graph-rankdir")
-        self.kind = w.ToggleButtons(options=list(GRAPH_KINDS), value="construction",
-                                    tooltips=["what the constructor recorded", "what forward computes, on fake inputs"],
-                                    style={"button_width": "100px"})
+        self.kind = w.ToggleButtons(
+            options=list(GRAPH_KINDS),
+            value="construction",
+            tooltips=["what the constructor recorded", "what forward computes, on fake inputs"],
+            style={"button_width": "100px"},
+        )
         self.kind.add_class("de-graph-kind")
         self._build_forward_controls()
         self.breadcrumb = w.HBox([], layout=w.Layout(flex_flow="row wrap"))
@@ -159,18 +184,26 @@ class GraphTab(w.VBox):
         self.add_class("de-graph-tab")
 
     def _build_forward_controls(self) -> None:
-        self.inputs = w.Text(placeholder="forward inputs, e.g. 1x128", description="inputs",
-                             tooltip="shapes of forward's tensor arguments (the Memory tab's dry-run inputs)")
+        self.inputs = w.Text(
+            placeholder="forward inputs, e.g. 1x128",
+            description="inputs",
+            tooltip="shapes of forward's tensor arguments (the Memory tab's dry-run inputs)",
+        )
         self.inputs.add_class("de-graph-inputs")
-        self.input_dtype = w.Dropdown(options=list(INPUT_DTYPES), value="int64", description="dtype",
-                                      layout=w.Layout(width="180px"))
+        self.input_dtype = w.Dropdown(
+            options=list(INPUT_DTYPES), value="int64", description="dtype", layout=w.Layout(width="180px")
+        )
         self.input_dtype.add_class("de-graph-input-dtype")
-        self.forward_colour = w.Dropdown(options=[("explorer overlay", ""), ("FLOPs", "flops"),
-                                                  ("activation bytes", "activation_bytes")],
-                                         value="", description="colour", layout=w.Layout(width="260px"))
+        self.forward_colour = w.Dropdown(
+            options=[("explorer overlay", ""), ("FLOPs", "flops"), ("activation bytes", "activation_bytes")],
+            value="",
+            description="colour",
+            layout=w.Layout(width="260px"),
+        )
         self.forward_colour.add_class("de-graph-forward-colour")
-        self.forward_controls = w.HBox([self.inputs, self.input_dtype, self.forward_colour],
-                                       layout=w.Layout(flex_flow="row wrap", display="none"))
+        self.forward_controls = w.HBox(
+            [self.inputs, self.input_dtype, self.forward_colour], layout=w.Layout(flex_flow="row wrap", display="none")
+        )
         self.forward_controls.add_class("de-graph-forward-controls")
 
     def follow(self, memory_tab: Any, search_box: Any) -> None:
@@ -293,7 +326,7 @@ class GraphTab(w.VBox):
     def _on_click(self, change: dict) -> None:
         name = change["new"]
         if name.startswith(FORWARD_OP) and self.forward is not None:
-            self.status.value = describe_forward_op(self.forward, int(name[len(FORWARD_OP):]))
+            self.status.value = describe_forward_op(self.forward, int(name[len(FORWARD_OP) :]))
             self.view.selected = name
 
     def _paint_forward(self) -> None:
@@ -312,8 +345,11 @@ class GraphTab(w.VBox):
         paths = [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
         buttons = []
         for path in paths:
-            button = w.Button(description=(path.rpartition(".")[2] or "(root)"), tooltip=path or "(root)",
-                              layout=w.Layout(width="auto"))
+            button = w.Button(
+                description=(path.rpartition(".")[2] or "(root)"),
+                tooltip=path or "(root)",
+                layout=w.Layout(width="auto"),
+            )
             button.add_class("de-graph-crumb")
             button.on_click(lambda _, path=path: self.on_crumb(path) if self.on_crumb else None)
             buttons.append(button)
@@ -352,7 +388,7 @@ class GraphTab(w.VBox):
         else:
             self.folded = {html.unescape(name) for name in _FOLDED_NODE.findall(svg)}
             self.view.svg = svg
-            folds = "; click a \"×N\" node to unfold it" if self.folded else ""
+            folds = '; click a "×N" node to unfold it' if self.folded else ""
             self.status.value = f"{self._forward_facts()}{where}, depth {arguments['depth']}{folds}"
             self._paint_forward()
             self.search(*self._search)
@@ -362,6 +398,7 @@ class GraphTab(w.VBox):
         if self.kind.value != "forward" or self.forward is None:
             return ""
         tensors = self.forward.graph.tensors
-        inputs = ", ".join(f"{list(tensors[tid].shape)} {dtype_name(tensors[tid].dtype)}"
-                           for tid in self.forward.inputs.values())
+        inputs = ", ".join(
+            f"{list(tensors[tid].shape)} {dtype_name(tensors[tid].dtype)}" for tid in self.forward.inputs.values()
+        )
         return f"forward of {inputs}: {len(self.forward.graph.ops)} ops, {format_flops(self.forward.flops)} — "

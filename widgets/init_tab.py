@@ -35,12 +35,14 @@ def class_rows(report: pd.DataFrame) -> pd.DataFrame:
     """One row per module class: how many tensors, how many flagged, and their distinct inits."""
     flagged = report["flags"].map(bool)
     groups = report.assign(flagged=flagged).groupby("module_class", sort=True)
-    return pd.DataFrame({
-        "module_class": list(groups.groups),
-        "tensors": groups.size().tolist(),
-        "flagged": groups["flagged"].sum().astype(int).tolist(),
-        "inits": [", ".join(dict.fromkeys(inits)) for inits in groups["init"].agg(list)],
-    })
+    return pd.DataFrame(
+        {
+            "module_class": list(groups.groups),
+            "tensors": groups.size().tolist(),
+            "flagged": groups["flagged"].sum().astype(int).tolist(),
+            "inits": [", ".join(dict.fromkeys(inits)) for inits in groups["init"].agg(list)],
+        }
+    )
 
 
 def flag_colour(flags: list[str]) -> str:
@@ -52,11 +54,16 @@ def flag_colour(flags: list[str]) -> str:
 def flag_counts_html(report: pd.DataFrame) -> str:
     """The header: one chip per flag some tensor carries, with its count (or "no flags")."""
     counts = {flag: int(report["flags"].map(lambda flags, flag=flag: flag in flags).sum()) for flag in FLAGS}
-    chips = [f"<span class='de-init-flag' data-flag='{html.escape(flag)}' data-count='{count}' "
-             f"style='border-left:4px solid {FLAG_COLOURS['severe' if flag in SEVERE else 'flagged']};"
-             f"padding:0 6px;margin-right:8px'>{html.escape(flag)}: {count}</span>"
-             for flag, count in counts.items() if count]
-    return "<div class='de-init-flags'>" + ("".join(chips) or "<span class='de-init-flag-none'>no flags</span>") + "</div>"
+    chips = [
+        f"<span class='de-init-flag' data-flag='{html.escape(flag)}' data-count='{count}' "
+        f"style='border-left:4px solid {FLAG_COLOURS['severe' if flag in SEVERE else 'flagged']};"
+        f"padding:0 6px;margin-right:8px'>{html.escape(flag)}: {count}</span>"
+        for flag, count in counts.items()
+        if count
+    ]
+    return (
+        "<div class='de-init-flags'>" + ("".join(chips) or "<span class='de-init-flag-none'>no flags</span>") + "</div>"
+    )
 
 
 class InitTab(w.VBox):
@@ -71,8 +78,9 @@ class InitTab(w.VBox):
         self.module = module
         self.header = w.HTML("")
         self.header.add_class("de-init-header")
-        self.refresh_button = w.Button(description="audit", tooltip="run the init report (again)",
-                                       layout=w.Layout(width="100px"))
+        self.refresh_button = w.Button(
+            description="audit", tooltip="run the init report (again)", layout=w.Layout(width="100px")
+        )
         self.refresh_button.on_click(lambda _: self.refresh())
         self.flagged_only = w.Checkbox(value=False, description="flagged only", indent=False)
         self.flagged_only.observe(lambda _: self._draw_tensors(), names="value")
@@ -85,12 +93,16 @@ class InitTab(w.VBox):
         self.histogram = w.HTML("")
         self.histogram.add_class("de-init-histogram-box")
         self.report = pd.DataFrame()
-        super().__init__([w.HBox([self.header, self.flagged_only, self.refresh_button]), self.classes,
-                          self.table, self.histogram])
+        super().__init__(
+            [w.HBox([self.header, self.flagged_only, self.refresh_button]), self.classes, self.table, self.histogram]
+        )
         self.add_class("de-init-tab")
         self.audited = False
-        if sum(1 for _ in module.named_parameters(remove_duplicate=False)) + sum(
-                1 for _ in module.named_buffers(remove_duplicate=False)) <= eager_limit:
+        if (
+            sum(1 for _ in module.named_parameters(remove_duplicate=False))
+            + sum(1 for _ in module.named_buffers(remove_duplicate=False))
+            <= eager_limit
+        ):
             self.refresh()
         else:
             self.header.value = "<div class='de-init-flags'>not audited yet: open this tab or click audit</div>"
@@ -131,10 +143,13 @@ class InitTab(w.VBox):
             return
         row = self.report.set_index("name").loc[name]
         if row["state"] not in ("materialized", "real"):
-            self.histogram.value = (f"<div class='de-init-no-values'>{html.escape(name)} is {row['state']}: "
-                                    "materialize it to see its values</div>")
+            self.histogram.value = (
+                f"<div class='de-init-no-values'>{html.escape(name)} is {row['state']}: "
+                "materialize it to see its values</div>"
+            )
             return
         tensor = self.module.get_parameter(name) if row["kind"] == "parameter" else self.module.get_buffer(name)
         with torch.no_grad():
-            self.histogram.value = histogram_svg(tensor, row["family"], row["params"], row["mean"], row["std"],
-                                                 title=f"{name}: {row['init']}")
+            self.histogram.value = histogram_svg(
+                tensor, row["family"], row["params"], row["mean"], row["std"], title=f"{name}: {row['init']}"
+            )

@@ -81,23 +81,30 @@ class CheckpointCheck:
     @property
     def ok(self) -> bool:
         """Nothing missing or unexpected, no shape mismatch, no tie conflict (dtypes may differ)."""
-        return not (self.missing or self.unexpected or len(self.tie_conflicts)
-                    or (self.mismatches["kind"] == "shape").any())
+        return not (
+            self.missing or self.unexpected or len(self.tie_conflicts) or (self.mismatches["kind"] == "shape").any()
+        )
 
     def summary(self) -> str:
         """One line: the verdict, the problems counted, what was compared."""
         kinds = self.mismatches["kind"].value_counts()
         counts = [
-            (len(self.missing), "missing", "missing"), (len(self.unexpected), "unexpected", "unexpected"),
+            (len(self.missing), "missing", "missing"),
+            (len(self.unexpected), "unexpected", "unexpected"),
             (int(kinds.get("shape", 0)), "shape mismatch", "shape mismatches"),
             (len(self.tie_conflicts), "tie conflict", "tie conflicts"),
-            (int(kinds.get("dtype", 0)), "dtype difference (converted on load)",
-             "dtype differences (converted on load)"),
+            (
+                int(kinds.get("dtype", 0)),
+                "dtype difference (converted on load)",
+                "dtype differences (converted on load)",
+            ),
             (len(self.filled_by_tie), "tied key filled by its partner", "tied keys filled by their partners"),
         ]
         found = ", ".join(f"{n} {one if n == 1 else many}" for n, one, many in counts if n)
-        return (f"{'ok' if self.ok else 'not ok'}: {found or 'every key matches'} — {self.module_class} "
-                f"({self.module_keys} keys) vs {self.path} ({self.format}, {len(self.headers.entries)} keys)")
+        return (
+            f"{'ok' if self.ok else 'not ok'}: {found or 'every key matches'} — {self.module_class} "
+            f"({self.module_keys} keys) vs {self.path} ({self.format}, {len(self.headers.entries)} keys)"
+        )
 
     def to_frame(self) -> pd.DataFrame:
         """One row per problem and key, what fails the check first: missing, unexpected, shape, tie (a
@@ -105,8 +112,10 @@ class CheckpointCheck:
         all text ("" where a side has nothing to say)."""
         stored = self.headers.entries
         rows: list[tuple[Problem, str, str, str, str]] = [("missing", key, "", "", "") for key in self.missing]
-        rows += [("unexpected", key, "", _describe(stored[key].shape, stored[key].dtype), stored[key].file)
-                 for key in self.unexpected]
+        rows += [
+            ("unexpected", key, "", _describe(stored[key].shape, stored[key].dtype), stored[key].file)
+            for key in self.unexpected
+        ]
         rows += self._mismatch_rows("shape") + self._tie_rows() + self._mismatch_rows("dtype")
         return pd.DataFrame(rows, columns=FRAME_COLUMNS)
 
@@ -167,7 +176,7 @@ def _compare_key(key: str, mine: _ModuleKey, stored: CheckpointEntry) -> list[di
         return []
     if stored.shape is None:
         return [dict(key=key, kind="shape", module=mine.shape, checkpoint=NOT_A_TENSOR, file=stored.file)]
-    rows = []
+    rows: list[dict] = []
     if mine.shape is not None and stored.shape != mine.shape:
         rows.append(dict(key=key, kind="shape", module=mine.shape, checkpoint=stored.shape, file=stored.file))
     if stored.dtype != mine.dtype:
@@ -179,8 +188,12 @@ def _tie_conflict(group: list[str], entries: dict[str, CheckpointEntry]) -> dict
     stored = [entries[key] for key in group if key in entries]
     if len({(entry.shape, entry.dtype) for entry in stored}) < 2:
         return None
-    return dict(keys=tuple(e.key for e in stored), shapes=tuple(e.shape for e in stored),
-                dtypes=tuple(e.dtype for e in stored), files=tuple(e.file for e in stored))
+    return dict(
+        keys=tuple(e.key for e in stored),
+        shapes=tuple(e.shape for e in stored),
+        dtypes=tuple(e.dtype for e in stored),
+        files=tuple(e.file for e in stored),
+    )
 
 
 def check_checkpoint(module: nn.Module, path: str | os.PathLike) -> CheckpointCheck:
@@ -210,7 +223,10 @@ def check_checkpoint(module: nn.Module, path: str | os.PathLike) -> CheckpointCh
             conflicts.append(conflict)
     rows = [row for key, mine in keys.items() if key in entries for row in _compare_key(key, mine, entries[key])]
     return CheckpointCheck(
-        path=str(path), headers=headers, module_class=type(module).__name__, module_keys=len(keys),
+        path=str(path),
+        headers=headers,
+        module_class=type(module).__name__,
+        module_keys=len(keys),
         missing=[key for key in keys if key not in entries and key not in filled],
         unexpected=sorted(key for key in entries if key not in keys),
         mismatches=pd.DataFrame(rows, columns=MISMATCH_COLUMNS),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 import torch
@@ -41,7 +41,14 @@ from ..record.scope import recording_graph
 from .fake_copies import FakeCopies, layout_extent
 
 MODULE_COLUMNS = [
-    "name", "class", "calls", "output_shapes", "output_dtypes", "activation_bytes", "peak_activation_bytes", "flops",
+    "name",
+    "class",
+    "calls",
+    "output_shapes",
+    "output_dtypes",
+    "activation_bytes",
+    "peak_activation_bytes",
+    "flops",
 ]
 
 
@@ -92,8 +99,10 @@ class DryRun:
 
 # -- fake copies -----------------------------------------------------------------------------------
 
+
 def _extent_bytes(tensor: torch.Tensor) -> int:
-    return layout_extent(tensor.shape, tensor.stride(), tensor.storage_offset(), tensor.element_size())
+    offset = cast(int, tensor.storage_offset())  # no ShapeEnv here: offsets are ints; torch's hint allows a SymInt
+    return layout_extent(tensor.shape, tensor.stride(), offset, tensor.element_size())
 
 
 def fake_state(census: Census, mode: FakeTensorMode) -> dict[str, FakeTensor]:
@@ -104,7 +113,7 @@ def fake_state(census: Census, mode: FakeTensorMode) -> dict[str, FakeTensor]:
     by_storage: dict[int, list] = {}
     with torch._C.DisableTorchFunctionSubclass():
         for entry in census.tensors:
-            if isinstance(entry.tensor, nn.parameter.UninitializedTensorMixin):
+            if isinstance(entry.tensor, nn.parameter.UninitializedTensorMixin):  # type: ignore[attr-defined]  # parameter.pyi omits it
                 raise DryRunError(
                     f"{entry.name!r} is an uninitialized lazy parameter: its shape is only known after a "
                     "first forward with real inputs"
@@ -134,7 +143,7 @@ def _fake_input(mode: FakeTensorMode, value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)(_fake_input(mode, v) for v in value)
     if isinstance(value, Mapping):
-        return type(value)({k: _fake_input(mode, v) for k, v in value.items()})
+        return type(value)({k: _fake_input(mode, v) for k, v in value.items()})  # type: ignore[call-arg]  # dict-like class; the ABC's hint has no __init__ args
     return value
 
 
@@ -171,6 +180,7 @@ def _fake_inputs(
 
 
 # -- tracking --------------------------------------------------------------------------------------
+
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
     """The tensors in a forward's output (pytree order; caches and other objects are skipped)."""
@@ -230,7 +240,7 @@ class _ActivationTracker(TorchDispatchMode):
         self.tracked.add(id(tensor))
         weakref.finalize(tensor, self._release, key, id(tensor))
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for leaf in tensor_leaves(out):
             self._track(leaf)
@@ -287,7 +297,7 @@ class _ModuleHooks:
         path, module = self.modules[self.stack[-1][0]]
         return f"{path or '<root>'} ({type(module).__name__})"
 
-    def __enter__(self) -> "_ModuleHooks":
+    def __enter__(self) -> _ModuleHooks:
         self._handles = [
             nn.modules.module.register_module_forward_pre_hook(self._pre),
             nn.modules.module.register_module_forward_hook(self._post),
@@ -313,6 +323,7 @@ class _ModuleHooks:
 
 
 # -- the public function ---------------------------------------------------------------------------
+
 
 def _split_inputs(inputs: tuple, kwargs: dict) -> tuple[tuple, dict]:
     if len(inputs) == 1 and isinstance(inputs[0], Mapping) and all(isinstance(k, str) for k in inputs[0]):
@@ -349,11 +360,13 @@ def dry_run(module: nn.Module, *inputs: Any, **kwargs: Any) -> DryRun:
     counter = FlopCounterMode(display=False)
     tracker = _ActivationTracker(excluded)
     hooks = _ModuleHooks(module, counter, tracker)
+    # functional_call's hint is an invariant dict of Tensor; it only reads the fakes
+    state_tensors = cast(dict[str, torch.Tensor], state)
     rng_state = torch.get_rng_state()
     try:
         with torch.no_grad(), mode, counter, tracker, hooks:
             try:
-                output = torch.func.functional_call(module, state, tuple(args), kwargs, strict=False)
+                output = torch.func.functional_call(module, state_tensors, tuple(args), kwargs, strict=False)
             except Exception as error:
                 where = hooks.running() or f"<root> ({type(module).__name__})"
                 why = ""
@@ -373,7 +386,6 @@ def dry_run(module: nn.Module, *inputs: Any, **kwargs: Any) -> DryRun:
         output=output,
         flops_by_op=flops_by_op,
     )
-
 
 
 def fake_forward_arguments(

@@ -7,7 +7,8 @@ becomes one meta byte buffer, and each tensor a view of it with the original lay
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import cast
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -33,7 +34,12 @@ class FakeCopies:
             self._storages[key] = torch.empty(nbytes, dtype=torch.uint8, device="meta")
 
     def tensor(
-        self, key: Hashable, shape: Sequence[int], stride: Sequence[int], offset: int, dtype: torch.dtype,
+        self,
+        key: Hashable,
+        shape: Sequence[int],
+        stride: Sequence[int],
+        offset: int,
+        dtype: torch.dtype,
         device: torch.device,
     ) -> FakeTensor:
         """A fake on `device` with this layout over storage `key`."""
@@ -43,4 +49,5 @@ class FakeCopies:
 
     def like(self, key: Hashable, tensor: torch.Tensor) -> FakeTensor:
         """A fake with `tensor`'s layout, dtype and device over storage `key`."""
-        return self.tensor(key, tensor.shape, tensor.stride(), tensor.storage_offset(), tensor.dtype, tensor.device)
+        offset = cast(int, tensor.storage_offset())  # no ShapeEnv here: offsets are ints; torch's hint allows a SymInt
+        return self.tensor(key, tensor.shape, tensor.stride(), offset, tensor.dtype, tensor.device)

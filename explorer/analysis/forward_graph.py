@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 import torch
@@ -31,8 +31,18 @@ from .dry_run import DryRunError, fake_forward_arguments, fake_state
 from .forward_record import ForwardRecorder, ModuleStack
 
 OP_COLUMNS = [
-    "index", "op", "aten", "kind", "module", "class", "input_shapes", "input_dtypes", "output_shapes",
-    "output_dtypes", "flops", "bytes",
+    "index",
+    "op",
+    "aten",
+    "kind",
+    "module",
+    "class",
+    "input_shapes",
+    "input_dtypes",
+    "output_shapes",
+    "output_dtypes",
+    "flops",
+    "bytes",
 ]
 MODULE_COLUMNS = ["name", "class", "ops", "flops", "activation_bytes"]
 
@@ -84,14 +94,17 @@ class ForwardGraph:
 
     def summary(self) -> str:
         """One line: ops, FLOPs, activation bytes."""
-        return (f"{self.root_class} forward: {len(self.graph.ops)} ops, {self.flops:,} FLOPs, "
-                f"{int(self.ops['bytes'].sum()):,} activation bytes")
+        return (
+            f"{self.root_class} forward: {len(self.graph.ops)} ops, {self.flops:,} FLOPs, "
+            f"{int(self.ops['bytes'].sum()):,} activation bytes"
+        )
 
     def __repr__(self) -> str:
         return self.summary()
 
 
 # -- tables ----------------------------------------------------------------------------------------
+
 
 def _op_table(recorder: ForwardRecorder, classes: dict[str, str]) -> pd.DataFrame:
     graph = recorder.graph
@@ -125,13 +138,20 @@ def _module_table(ops: pd.DataFrame, classes: dict[str, str]) -> pd.DataFrame:
             entry[1] += int(flops)
             entry[2] += int(created)
     names = [path for path in classes if path in totals]  # named_modules() order
-    return pd.DataFrame({
-        "name": names, "class": [classes[p] for p in names], "ops": [totals[p][0] for p in names],
-        "flops": [totals[p][1] for p in names], "activation_bytes": [totals[p][2] for p in names],
-    }, columns=MODULE_COLUMNS)
+    return pd.DataFrame(
+        {
+            "name": names,
+            "class": [classes[p] for p in names],
+            "ops": [totals[p][0] for p in names],
+            "flops": [totals[p][1] for p in names],
+            "activation_bytes": [totals[p][2] for p in names],
+        },
+        columns=MODULE_COLUMNS,
+    )
 
 
 # -- the public function ---------------------------------------------------------------------------
+
 
 def forward_graph(module: nn.Module, *inputs: Any, **kwargs: Any) -> ForwardGraph:
     """Record `module`'s forward on fake tensors, op by op, each op owned by the module that ran it.
@@ -152,7 +172,9 @@ def forward_graph(module: nn.Module, *inputs: Any, **kwargs: Any) -> ForwardGrap
     if not isinstance(module, nn.Module):
         raise TypeError(f"explorer.forward_graph expects an nn.Module, got {type(module).__name__}")
     if recording_graph() is not None:
-        raise ForwardGraphError("forward_graph cannot run inside deferred_init: call it on the module deferred_init returned")
+        raise ForwardGraphError(
+            "forward_graph cannot run inside deferred_init: call it on the module deferred_init returned"
+        )
     census = take_census(module)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     state = fake_state(census, mode)
@@ -163,11 +185,13 @@ def forward_graph(module: nn.Module, *inputs: Any, **kwargs: Any) -> ForwardGrap
     recorder = ForwardRecorder(modules)
     named_inputs = {f"input {i}": recorder.tensor_id(v) for i, v in enumerate(args) if isinstance(v, torch.Tensor)}
     named_inputs.update({k: recorder.tensor_id(v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
+    # functional_call's hint is an invariant dict of Tensor; it only reads the fakes
+    state_tensors = cast(dict[str, torch.Tensor], state)
     rng_state = torch.get_rng_state()
     try:
         with torch.no_grad(), mode, recorder, modules:
             try:
-                output = torch.func.functional_call(module, state, args, kwargs, strict=False)
+                output = torch.func.functional_call(module, state_tensors, args, kwargs, strict=False)
             except Exception as error:
                 raise _failure(error, modules) from error
         read = {name: recorder.known_id(fake) for name, fake in state.items()}
@@ -182,9 +206,17 @@ def forward_graph(module: nn.Module, *inputs: Any, **kwargs: Any) -> ForwardGrap
         if flops:
             flops_by_op[name] = flops_by_op.get(name, 0) + int(flops)
     return ForwardGraph(
-        root_class=type(module).__name__, graph=recorder.graph, owners=recorder.owners,
-        module_classes=modules.classes, parameters=parameters, inputs=named_inputs, ops=ops,
-        modules=_module_table(ops, modules.classes), census=census, output=output, flops_by_op=flops_by_op,
+        root_class=type(module).__name__,
+        graph=recorder.graph,
+        owners=recorder.owners,
+        module_classes=modules.classes,
+        parameters=parameters,
+        inputs=named_inputs,
+        ops=ops,
+        modules=_module_table(ops, modules.classes),
+        census=census,
+        output=output,
+        flops_by_op=flops_by_op,
     )
 
 

@@ -15,7 +15,7 @@ Ops recorded here are never replayed: a parameter or input has no producer in th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -57,7 +57,7 @@ class ModuleStack:
         if path is not None and len(self.stack) > 1 and self.stack[-1] == path:
             self.stack.pop()
 
-    def __enter__(self) -> "ModuleStack":
+    def __enter__(self) -> ModuleStack:
         self._handles = [
             nn.modules.module.register_module_forward_pre_hook(self._pre),
             nn.modules.module.register_module_forward_hook(self._post),
@@ -146,12 +146,21 @@ class ForwardRecorder(TorchDispatchMode):
                 self.graph.writers[sid] = [producer]
         tid = self._tensor_ids[id(tensor)] = len(self._tensor_ids)
         self.graph.tensors[tid] = TensorInfo(
-            tid, sid, producer, tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(),
-            tensor.dtype, tensor.device, tensor.requires_grad, isinstance(tensor, nn.Parameter))
+            tid,
+            sid,
+            producer,
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            cast(int, tensor.storage_offset()),  # no ShapeEnv here: offsets are ints; torch's hint allows a SymInt
+            tensor.dtype,
+            tensor.device,
+            tensor.requires_grad,
+            isinstance(tensor, nn.Parameter),
+        )
         self._alive.append(tensor)
         return tid
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func.namespace != "prim":  # metadata queries (`prim.device`): no data flows
@@ -173,13 +182,24 @@ class ForwardRecorder(TorchDispatchMode):
         for sid in written:
             self.graph.writers.setdefault(sid, []).append(index)
         aliases_only = not creates and not written and bool(output_ids)
-        self.graph.ops.append(OpNode(
-            index=index, func=func,
-            args=self._references(args), kwargs=self._references(kwargs),
-            outputs=None, output_ids=output_ids, inputs=inputs,
-            reads=frozenset() if aliases_only else frozenset(inputs), externals=(), writes=tuple(written),
-            creates=creates, aliases_only=aliases_only, random=draws_random(func, args, kwargs), source=None,
-        ))
+        self.graph.ops.append(
+            OpNode(
+                index=index,
+                func=func,
+                args=self._references(args),
+                kwargs=self._references(kwargs),
+                outputs=None,
+                output_ids=output_ids,
+                inputs=inputs,
+                reads=frozenset() if aliases_only else frozenset(inputs),
+                externals=(),
+                writes=tuple(written),
+                creates=creates,
+                aliases_only=aliases_only,
+                random=draws_random(func, args, kwargs),
+                source=None,
+            )
+        )
         self.owners.append(self.modules.current)
         self.flops.append(op_flops(func, args, kwargs, out))
         self.created_bytes.append(sum(self.graph.storages[sid].nbytes for sid in creates))

@@ -21,7 +21,7 @@ rng="eager", and leaves the global RNG as it was.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import fx, nn
@@ -38,6 +38,9 @@ from ..replay.replay import Replay, replayed_func
 from ..replay.rng import RngSession, RngStreams
 from ..replay.routing import route_devices
 from .fake_copies import FakeCopies
+
+if TYPE_CHECKING:
+    from ..record.fake import DeferredHandle
 
 
 class InitRng:
@@ -201,21 +204,22 @@ def to_fx(module: nn.Module) -> InitProgram:
     if not isinstance(module, nn.Module):
         raise TypeError(f"explorer.to_fx expects an nn.Module, got {type(module).__name__}")
     slots = deferred_slots(module)
-    graphs = {id(handle_of(fake).graph): handle_of(fake).graph for _, fake in slots}
+    handles = [cast("DeferredHandle", handle_of(fake)) for _, fake in slots]  # deferred_slots keeps handled fakes only
+    graphs = {id(handle.graph): handle.graph for handle in handles}
     if len(graphs) > 1:
         raise MaterializationError(
             f"to_fx exports one recorded initialization, but the tensors of this {type(module).__name__} "
             f"come from {len(graphs)} deferred_init calls; export its submodules one at a time"
         )
     names = [slot[3] for slot, _ in slots]
-    for (slot, fake) in slots:
+    for slot, fake in slots:
         check_materializable(fake, slot[3])
     if not slots:
         empty = fx.Graph()
         empty.output({})
         return InitProgram(nn.Module(), empty, class_name=f"{type(module).__name__}Init")
     graph = next(iter(graphs.values()))
-    tids = [handle_of(fake).tensor_id for _, fake in slots]
+    tids = [handle.tensor_id for handle in handles]
     ops = graph.closure_of(tids)
     rng = InitRng(graph)
     check_replayable(graph, rng.replay.routing, ops, tids, dict(zip(tids, names)))
@@ -228,6 +232,5 @@ def to_fx(module: nn.Module) -> InitProgram:
     root = nn.Module()
     for name, tensor in builder.constants.items():
         root.register_buffer(name, tensor, persistent=False)
-    root._rng = rng
+    root._rng = rng  # type: ignore[assignment]  # Module.__setattr__'s hint names tensors and modules only
     return InitProgram(root, builder.fx_graph, class_name=f"{type(module).__name__}Init")
-

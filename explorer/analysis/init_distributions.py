@@ -15,12 +15,24 @@ rounded to 6 significant digits.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Sequence
+from typing import Literal
 
 Family = Literal[
-    "normal", "uniform", "trunc_normal", "constant", "zeros", "eye", "orthogonal", "random", "copied",
-    "computed", "uninitialized", "mixed", "unrecorded",
+    "normal",
+    "uniform",
+    "trunc_normal",
+    "constant",
+    "zeros",
+    "eye",
+    "orthogonal",
+    "random",
+    "copied",
+    "computed",
+    "uninitialized",
+    "mixed",
+    "unrecorded",
 ]
 RANDOM_FAMILIES = frozenset({"normal", "uniform", "trunc_normal", "orthogonal", "random"})
 
@@ -48,23 +60,38 @@ class Distribution:
         """What two initializations must share to count as the same (families and rounded parameters)."""
         return (self.family, tuple(float(f"{p:.6g}") if isinstance(p, float) else p for p in self.params))
 
-    def scaled(self, factor: float, op: str) -> "Distribution":
+    def scaled(self, factor: float, op: str) -> Distribution:
         """The values multiplied by `factor` (`mul_`, `div_` by a number): parameters follow."""
         if self.family == "orthogonal":
             gain = self.params[0] * factor
-            return replace(self, text=f"orthogonal(gain={number(gain)})", mean=self.mean * factor,
-                           std=self.std * abs(factor), params=(gain,))
+            return replace(
+                self,
+                text=f"orthogonal(gain={number(gain)})",
+                mean=self.mean * factor,
+                std=self.std * abs(factor),
+                params=(gain,),
+            )
         if self.family in ("zeros", "constant"):
             return constant(self.mean * factor)
-        return replace(self, text=f"{self.text} {op} {number(factor)}", mean=self.mean * factor,
-                       std=self.std * abs(factor), params=(*self.params, op, factor), family=self.family)
+        return replace(
+            self,
+            text=f"{self.text} {op} {number(factor)}",
+            mean=self.mean * factor,
+            std=self.std * abs(factor),
+            params=(*self.params, op, factor),
+            family=self.family,
+        )
 
-    def shifted(self, offset: float, op: str) -> "Distribution":
+    def shifted(self, offset: float, op: str) -> Distribution:
         """The values plus `offset` (`add_`, `sub_` of a number)."""
         if self.family in ("zeros", "constant"):
             return constant(self.mean + offset)
-        return replace(self, text=f"{self.text} {op} {number(abs(offset))}", mean=self.mean + offset,
-                       params=(*self.params, op, offset))
+        return replace(
+            self,
+            text=f"{self.text} {op} {number(abs(offset))}",
+            mean=self.mean + offset,
+            params=(*self.params, op, offset),
+        )
 
 
 def normal(mean: float, std: float) -> Distribution:
@@ -72,21 +99,33 @@ def normal(mean: float, std: float) -> Distribution:
 
 
 def uniform(low: float, high: float) -> Distribution:
-    return Distribution("uniform", f"uniform({number(low)}, {number(high)})", (low + high) / 2,
-                        (high - low) / math.sqrt(12), True, (low, high))
+    return Distribution(
+        "uniform",
+        f"uniform({number(low)}, {number(high)})",
+        (low + high) / 2,
+        (high - low) / math.sqrt(12),
+        True,
+        (low, high),
+    )
 
 
 def trunc_normal(mean: float, std: float, low: float, high: float) -> Distribution:
     """The normal(mean, std) restricted to [low, high] (what `nn.init.trunc_normal_` draws)."""
     alpha, beta = (low - mean) / std, (high - mean) / std
-    pdf = lambda x: math.exp(-x * x / 2) / math.sqrt(2 * math.pi)  # noqa: E731
-    cdf = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
+
+    def pdf(x: float) -> float:
+        return math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+
+    def cdf(x: float) -> float:
+        return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
     mass = cdf(beta) - cdf(alpha)
     shift = (pdf(alpha) - pdf(beta)) / mass
     variance = 1 + (alpha * pdf(alpha) - beta * pdf(beta)) / mass - shift * shift
     text = f"trunc_normal(mean={number(mean)}, std={number(std)}, a={number(low)}, b={number(high)})"
-    return Distribution("trunc_normal", text, mean + std * shift, std * math.sqrt(variance), True,
-                        (mean, std, low, high))
+    return Distribution(
+        "trunc_normal", text, mean + std * shift, std * math.sqrt(variance), True, (mean, std, low, high)
+    )
 
 
 def constant(value: float) -> Distribution:
@@ -148,8 +187,14 @@ def mixture(parts: Sequence[tuple[int, Distribution]]) -> Distribution:
         return parts[0][1]
     total = sum(count for count, _ in parts)
     mean = sum(count * dist.mean for count, dist in parts) / total
-    second = sum(count * (dist.std ** 2 + dist.mean ** 2) for count, dist in parts) / total
+    second = sum(count * (dist.std**2 + dist.mean**2) for count, dist in parts) / total
     std = math.sqrt(max(second - mean * mean, 0.0))
     text = parts[0][1].text + "".join(f"; {count} elements: {dist.text}" for count, dist in parts[1:])
-    return Distribution("mixed", text, mean, std, any(dist.random for _, dist in parts),
-                        tuple((count, dist.key) for count, dist in parts))
+    return Distribution(
+        "mixed",
+        text,
+        mean,
+        std,
+        any(dist.random for _, dist in parts),
+        tuple((count, dist.key) for count, dist in parts),
+    )

@@ -46,8 +46,14 @@ def measure(tensor: torch.Tensor) -> Measured:
             values = values[torch.isfinite(values)]
         if values.numel() == 0:
             return Measured(math.nan, math.nan, math.nan, math.nan, nan, inf)
-        return Measured(float(values.mean()), float(values.std(unbiased=False)) if values.numel() > 1 else 0.0,
-                        float(values.min()), float(values.max()), nan, inf)
+        return Measured(
+            float(values.mean()),
+            float(values.std(unbiased=False)) if values.numel() > 1 else 0.0,
+            float(values.min()),
+            float(values.max()),
+            nan,
+            inf,
+        )
 
 
 def disagrees(measured: Measured, mean: float, std: float, count: int, random: bool, dtype: torch.dtype) -> bool:

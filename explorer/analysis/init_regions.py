@@ -15,8 +15,8 @@ element; the audit then may miss unwritten bytes between its runs (never invents
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -31,18 +31,18 @@ class Region:
     ends: np.ndarray
 
     @staticmethod
-    def empty() -> "Region":
+    def empty() -> Region:
         return Region(np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     @staticmethod
-    def span(start: int, end: int) -> "Region":
+    def span(start: int, end: int) -> Region:
         """The bytes [start, end): one interval (none when end <= start)."""
         if end <= start:
             return Region.empty()
         return Region(np.array([start], np.int64), np.array([end], np.int64))
 
     @staticmethod
-    def of_layout(shape: Sequence[int], stride: Sequence[int], offset: int, itemsize: int) -> "Region":
+    def of_layout(shape: Sequence[int], stride: Sequence[int], offset: int, itemsize: int) -> Region:
         """The bytes a strided layout's elements occupy (`offset` and `stride` in elements)."""
         dims = sorted(((size, step) for size, step in zip(shape, stride) if size != 1), key=lambda d: abs(d[1]))
         if any(size == 0 for size, _ in dims):
@@ -51,7 +51,8 @@ class Region:
         for size, step in dims:  # negative strides cannot occur in torch; kept general
             if step < 0:
                 base += (size - 1) * step
-        run, outer = 1, []
+        run = 1
+        outer: list[tuple[int, int]] = []  # (size, step) of the dims beyond the contiguous run
         for size, step in dims:
             if not outer and abs(step) == run:
                 run *= size
@@ -69,7 +70,7 @@ class Region:
         return Region._merged(starts * itemsize, (starts + run) * itemsize)
 
     @staticmethod
-    def _merged(starts: np.ndarray, ends: np.ndarray) -> "Region":
+    def _merged(starts: np.ndarray, ends: np.ndarray) -> Region:
         if starts.size <= 1:
             return Region(starts.astype(np.int64), ends.astype(np.int64))
         order = np.argsort(starts, kind="stable")
@@ -96,7 +97,7 @@ class Region:
     def is_empty(self) -> bool:
         return self.starts.size == 0
 
-    def union(self, other: "Region") -> "Region":
+    def union(self, other: Region) -> Region:
         if other.is_empty():
             return self
         if self.is_empty():
@@ -106,7 +107,7 @@ class Region:
             return Region.span(min(first[0], second[0]), max(first[1], second[1]))
         return Region._merged(np.concatenate([self.starts, other.starts]), np.concatenate([self.ends, other.ends]))
 
-    def intersection(self, other: "Region") -> "Region":
+    def intersection(self, other: Region) -> Region:
         if self.is_empty() or other.is_empty():
             return Region.empty()
         first, second = self._single(), other._single()
@@ -114,8 +115,14 @@ class Region:
             return Region.span(max(first[0], second[0]), min(first[1], second[1]))
         # Boundaries of both sets, swept once: a byte is in the intersection where both counts are 1.
         points = np.concatenate([self.starts, self.ends, other.starts, other.ends])
-        deltas = np.concatenate([np.ones(self.starts.size, np.int64), -np.ones(self.ends.size, np.int64),
-                                 np.ones(other.starts.size, np.int64), -np.ones(other.ends.size, np.int64)])
+        deltas = np.concatenate(
+            [
+                np.ones(self.starts.size, np.int64),
+                -np.ones(self.ends.size, np.int64),
+                np.ones(other.starts.size, np.int64),
+                -np.ones(other.ends.size, np.int64),
+            ]
+        )
         order = np.lexsort((deltas, points))  # at equal points, ends (-1) before starts
         points, depth = points[order], np.cumsum(deltas[order])
         inside = depth == 2
@@ -123,7 +130,7 @@ class Region:
         keep = ends > starts
         return Region._merged(starts[keep], ends[keep])
 
-    def difference(self, other: "Region") -> "Region":
+    def difference(self, other: Region) -> Region:
         """The bytes of this region that `other` does not hold."""
         if self.is_empty() or other.is_empty():
             return self
@@ -138,14 +145,14 @@ class Region:
         high = max(int(self.ends[-1]), int(other.ends[-1]))
         return self.intersection(other.complement(low, high))
 
-    def complement(self, low: int, high: int) -> "Region":
+    def complement(self, low: int, high: int) -> Region:
         """The bytes of [low, high) outside this region."""
         starts = np.concatenate([[low], self.ends])
         ends = np.concatenate([self.starts, [high]])
         keep = ends > starts
         return Region(starts[keep].astype(np.int64), ends[keep].astype(np.int64))
 
-    def covers(self, other: "Region") -> bool:
+    def covers(self, other: Region) -> bool:
         if other.is_empty():
             return True
         first, second = self._single(), other._single()
@@ -153,5 +160,5 @@ class Region:
             return first[0] <= second[0] and second[1] <= first[1]
         return other.difference(self).is_empty()
 
-    def overlaps(self, other: "Region") -> bool:
+    def overlaps(self, other: Region) -> bool:
         return not self.intersection(other).is_empty()

@@ -17,9 +17,10 @@ recording and the RNG ledger are left as they were (the shell's draws are hypoth
 
 from __future__ import annotations
 
-import inspect as pyinspect
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -89,7 +90,7 @@ def _shell(root: nn.Module) -> nn.Module:
         new._buffers = {}
         new._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
         for slots, parameter in ((module._parameters, True), (module._buffers, False)):
-            target = new._parameters if parameter else new._buffers
+            target: dict[str, Any] = new._parameters if parameter else new._buffers  # Parameters, or tensors
             for key, tensor in slots.items():  # one new tensor per slot: to_empty unties (see above)
                 target[key] = None if tensor is None else _empty_like(tensor, parameter)
         new._modules = {key: None if child is None else copy(child) for key, child in module._modules.items()}
@@ -125,7 +126,11 @@ def record_reinit(module: nn.Module, fn: ReinitFunction) -> ReinitRecording:
     try:
         shell = deferred_init(build)
     except Exception as error:
-        error.add_note(f"while recording reinit={describe_function(fn)} on an empty copy of {type(module).__name__}")
+        # add_note is new in 3.11; on 3.10 the error goes up without the note
+        if sys.version_info >= (3, 11):
+            error.add_note(
+                f"while recording reinit={describe_function(fn)} on an empty copy of {type(module).__name__}"
+            )
         raise
     graph = None
     ids: dict[str, TensorId | None] = {}

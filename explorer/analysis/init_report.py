@@ -12,7 +12,8 @@ import contextlib
 import gc
 import math
 import re
-from typing import Callable, Iterator, Literal
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -29,17 +30,52 @@ from .init_reinit import ReinitFunction, named_slots, record_reinit
 from .init_writes import GraphAudit, TensorInit
 
 Flag = Literal[
-    "uninitialized", "overwritten", "outlier", "constant matrix", "nan/inf", "measured differs",
-    "uninitialized after reinit", "reinit differs",
+    "uninitialized",
+    "overwritten",
+    "outlier",
+    "constant matrix",
+    "nan/inf",
+    "measured differs",
+    "uninitialized after reinit",
+    "reinit differs",
 ]
 FLAGS: tuple[Flag, ...] = (
-    "uninitialized", "overwritten", "outlier", "constant matrix", "nan/inf", "measured differs",
-    "uninitialized after reinit", "reinit differs",
+    "uninitialized",
+    "overwritten",
+    "outlier",
+    "constant matrix",
+    "nan/inf",
+    "measured differs",
+    "uninitialized after reinit",
+    "reinit differs",
 )
 INIT_COLUMNS = [
-    "name", "module", "module_class", "kind", "shape", "dtype", "numel", "state", "init", "family", "params", "mean", "std",
-    "writes", "dead_writes", "dead_bytes", "uninitialized", "source", "role", "flags",
-    "measured_mean", "measured_std", "measured_min", "measured_max", "nan_count", "inf_count",
+    "name",
+    "module",
+    "module_class",
+    "kind",
+    "shape",
+    "dtype",
+    "numel",
+    "state",
+    "init",
+    "family",
+    "params",
+    "mean",
+    "std",
+    "writes",
+    "dead_writes",
+    "dead_bytes",
+    "uninitialized",
+    "source",
+    "role",
+    "flags",
+    "measured_mean",
+    "measured_std",
+    "measured_min",
+    "measured_max",
+    "nan_count",
+    "inf_count",
 ]
 REINIT_COLUMNS = ["reinit", "reinit_source"]
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)")
@@ -116,35 +152,56 @@ class _Audits:
 
 
 def _rows(module: nn.Module) -> list[dict]:
-    audits, measured_cache, rows = _Audits(), {}, []
+    audits, rows = _Audits(), []
+    measured_cache: dict[int, tuple[Any, ...]] = {}
     for name, path, owner, kind, tensor, _ in named_slots(module):
         with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
-            shape, dtype = tuple(tensor.shape), tensor.dtype
+            shape, dtype, device_type = tuple(tensor.shape), tensor.dtype, tensor.device.type
         graph, tid, state = _recorded(tensor)
-        init = audits.init_of(graph, tid) if graph is not None else None
+        init = audits.init_of(graph, tid) if graph is not None and tid is not None else None  # both or neither
         distribution = init.distribution if init is not None else UNRECORDED
         flags = _recorded_flags(init, kind, shape, distribution)
         measured = (math.nan,) * 4 + (pd.NA, pd.NA)
-        if state != "fake":
+        if state != "fake" and device_type != "meta":  # a meta tensor (materialized to "meta") has no values
             measured = measured_cache.get(id(tensor)) or measured_cache.setdefault(id(tensor), tuple(measure(tensor)))
             flags += _measured_flags(Measured(*measured), init, distribution, math.prod(shape), dtype)
-        rows.append({
-            "name": name, "module": path, "module_class": type(owner).__name__, "kind": kind, "shape": shape,
-            "dtype": dtype_name(dtype), "numel": math.prod(shape), "state": state, "init": distribution.text,
-            "family": distribution.family, "params": distribution.params, "mean": distribution.mean,
-            "std": distribution.std, "writes": init.writes if init else pd.NA,
-            "dead_writes": init.dead_writes if init else pd.NA, "dead_bytes": init.dead_bytes if init else pd.NA,
-            "uninitialized": init.uninitialized if init else pd.NA,
-            "source": str(init.source) if init is not None and init.source is not None else None,
-            "role": role_of(name), "flags": flags,
-            "measured_mean": measured[0], "measured_std": measured[1], "measured_min": measured[2],
-            "measured_max": measured[3], "nan_count": measured[4], "inf_count": measured[5],
-            "_key": distribution.key,
-        })
+        rows.append(
+            {
+                "name": name,
+                "module": path,
+                "module_class": type(owner).__name__,
+                "kind": kind,
+                "shape": shape,
+                "dtype": dtype_name(dtype),
+                "numel": math.prod(shape),
+                "state": state,
+                "init": distribution.text,
+                "family": distribution.family,
+                "params": distribution.params,
+                "mean": distribution.mean,
+                "std": distribution.std,
+                "writes": init.writes if init else pd.NA,
+                "dead_writes": init.dead_writes if init else pd.NA,
+                "dead_bytes": init.dead_bytes if init else pd.NA,
+                "uninitialized": init.uninitialized if init else pd.NA,
+                "source": str(init.source) if init is not None and init.source is not None else None,
+                "role": role_of(name),
+                "flags": flags,
+                "measured_mean": measured[0],
+                "measured_std": measured[1],
+                "measured_min": measured[2],
+                "measured_max": measured[3],
+                "nan_count": measured[4],
+                "inf_count": measured[5],
+                "_key": distribution.key,
+            }
+        )
     return rows
 
 
-def _recorded_flags(init: TensorInit | None, kind: str, shape: tuple[int, ...], distribution: Distribution) -> list[str]:
+def _recorded_flags(
+    init: TensorInit | None, kind: str, shape: tuple[int, ...], distribution: Distribution
+) -> list[str]:
     """The flags the recording alone raises: uninitialized, overwritten, constant matrix."""
     flags = []
     if init is not None and init.uninitialized:
@@ -156,12 +213,16 @@ def _recorded_flags(init: TensorInit | None, kind: str, shape: tuple[int, ...], 
     return flags
 
 
-def _measured_flags(measured: Measured, init: TensorInit | None, distribution: Distribution, count: int,
-                    dtype: torch.dtype) -> list[str]:
+def _measured_flags(
+    measured: Measured, init: TensorInit | None, distribution: Distribution, count: int, dtype: torch.dtype
+) -> list[str]:
     """The flags a tensor with memory raises: nan/inf, and a measurement the expectation rules out."""
     flags = ["nan/inf"] if measured.nan or measured.inf else []
-    if init is not None and not init.uninitialized and disagrees(
-            measured, distribution.mean, distribution.std, count, distribution.random, dtype):
+    if (
+        init is not None
+        and not init.uninitialized
+        and disagrees(measured, distribution.mean, distribution.std, count, distribution.random, dtype)
+    ):
         flags.append("measured differs")
     return flags
 
@@ -210,7 +271,8 @@ def _compare_reinit(table: pd.DataFrame, module: nn.Module, reinit: Callable) ->
     """Add the `reinit` columns and flags: what `reinit` gives each name after `to_empty()`."""
     recording = record_reinit(module, reinit)
     audit = GraphAudit(recording.graph)
-    texts, sources = [], []
+    texts: list[str] = []
+    sources: list[str | None] = []
     for position, name in enumerate(table["name"]):
         tid = recording.tensor_ids.get(name)
         flags = table.at[table.index[position], "flags"]
@@ -226,8 +288,9 @@ def _compare_reinit(table: pd.DataFrame, module: nn.Module, reinit: Callable) ->
             sources.append(f"never written by {recording.function}")
         if init.uninitialized:
             flags.append("uninitialized after reinit")
-        elif init.distribution.key != table.at[table.index[position], "_key"] and \
-                not _both_computed(init.distribution.family, table.at[table.index[position], "family"]):
+        elif init.distribution.key != table.at[table.index[position], "_key"] and not _both_computed(
+            init.distribution.family, table.at[table.index[position], "family"]
+        ):
             flags.append("reinit differs")
     table["reinit"] = texts
     table["reinit_source"] = sources

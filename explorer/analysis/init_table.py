@@ -51,8 +51,10 @@ class InitReport:
             cells = "".join(f"<td>{html.escape(_cell(value))}</td>" for value in record)
             style = f' style="{_FLAGGED_STYLE}"' if record.flags else ""
             rows.append(f"<tr{style}>{cells}</tr>")
-        return (f"<div class='explorer-init'><p><b>{html.escape(self.summary())}</b></p>"
-                f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+        return (
+            f"<div class='explorer-init'><p><b>{html.escape(self.summary())}</b></p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        )
 
 
 def _cell(value: object) -> str:

@@ -38,22 +38,69 @@ from .init_distributions import Distribution
 from .init_regions import Region
 
 # Allocations that leave memory as it was (`torch.empty`, `to_empty`, `new_empty`): no write.
-_ALLOCATIONS = frozenset({
-    "empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like", "empty_permuted",
-})
+_ALLOCATIONS = frozenset(
+    {
+        "empty",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "empty_like",
+        "empty_permuted",
+    }
+)
 # Writes to elements chosen by the values of an index or mask: an unknown part of their view.
-_SELECTED_WRITES = frozenset({
-    "index_put_", "index_fill_", "index_copy_", "index_add_", "index_reduce_", "masked_fill_",
-    "masked_scatter_", "scatter_", "scatter_add_", "scatter_reduce_", "put_", "_index_put_impl_",
-})
+_SELECTED_WRITES = frozenset(
+    {
+        "index_put_",
+        "index_fill_",
+        "index_copy_",
+        "index_add_",
+        "index_reduce_",
+        "masked_fill_",
+        "masked_scatter_",
+        "scatter_",
+        "scatter_add_",
+        "scatter_reduce_",
+        "put_",
+        "_index_put_impl_",
+    }
+)
 # Ops whose output is their input's values (dtype, layout or device changed at most).
-_VALUE_COPIES = frozenset({
-    "_to_copy", "clone", "contiguous", "to", "_unsafe_view", "view_copy", "alias_copy", "detach_copy",
-    "lift_fresh_copy", "reshape", "expand_copy", "permute_copy", "t_copy", "transpose_copy",
-})
+_VALUE_COPIES = frozenset(
+    {
+        "_to_copy",
+        "clone",
+        "contiguous",
+        "to",
+        "_unsafe_view",
+        "view_copy",
+        "alias_copy",
+        "detach_copy",
+        "lift_fresh_copy",
+        "reshape",
+        "expand_copy",
+        "permute_copy",
+        "t_copy",
+        "transpose_copy",
+    }
+)
 # In-place writes that replace every element of their target without reading it.
-_OVERWRITING_NAMES = frozenset({"fill_", "zero_", "copy_", "uniform_", "normal_", "trunc_normal_", "random_",
-                                "exponential_", "geometric_", "log_normal_", "cauchy_", "bernoulli_"})
+_OVERWRITING_NAMES = frozenset(
+    {
+        "fill_",
+        "zero_",
+        "copy_",
+        "uniform_",
+        "normal_",
+        "trunc_normal_",
+        "random_",
+        "exponential_",
+        "geometric_",
+        "log_normal_",
+        "cauchy_",
+        "bernoulli_",
+    }
+)
 _CONSTANT_CREATORS = {"zeros": 0.0, "zeros_like": 0.0, "new_zeros": 0.0, "ones": 1.0, "ones_like": 1.0, "new_ones": 1.0}
 _FULL_CREATORS = frozenset({"full", "full_like", "new_full"})
 _COMPUTED_DEPTH = 6  # how many producers back a "computed (...)" text names
@@ -157,12 +204,15 @@ class GraphAudit:
                     events.setdefault(tensors[tid].storage, []).append(ReadEvent(op.index, self.region(tid)))
             for tid, reads_target in targets.items():
                 events.setdefault(tensors[tid].storage, []).append(
-                    WriteEvent(op.index, tid, self.region(tid), reads_target, name in _SELECTED_WRITES, False))
+                    WriteEvent(op.index, tid, self.region(tid), reads_target, name in _SELECTED_WRITES, False)
+                )
             if op.creates and name not in _ALLOCATIONS:
                 for tid in op.output_ids:
                     sid = tensors[tid].storage
                     if sid in op.creates and tensors[tid].producer == op.index:
-                        events.setdefault(sid, []).append(WriteEvent(op.index, tid, self.region(tid), False, False, True))
+                        events.setdefault(sid, []).append(
+                            WriteEvent(op.index, tid, self.region(tid), False, False, True)
+                        )
 
     def _written_targets(self, op: OpNode) -> dict[TensorId, bool]:
         """The views `op` writes, each with whether the op reads the bytes it overwrites."""
@@ -222,7 +272,9 @@ class GraphAudit:
             else:
                 covered_unread = covered_unread.union(event.region)
         unwritten = Region.span(0, self.graph.storages[sid].nbytes).difference(later)
-        outcome = StorageOutcome(tuple(reversed(contributions)), tuple(reversed(dead)), tuple(reversed(writes)), unwritten)
+        outcome = StorageOutcome(
+            tuple(reversed(contributions)), tuple(reversed(dead)), tuple(reversed(writes)), unwritten
+        )
         self._outcomes[key] = outcome
         return outcome
 
@@ -241,12 +293,19 @@ class GraphAudit:
         numel = math.prod(info.shape)
         last = main.op if main is not None else None
         return TensorInit(
-            distribution, len(touching), len(dead), sum(w.region.nbytes for w in dead), unwritten, numel,
-            self.graph.ops[last].source if last is not None else None, last,
+            distribution,
+            len(touching),
+            len(dead),
+            sum(w.region.nbytes for w in dead),
+            unwritten,
+            numel,
+            self.graph.ops[last].source if last is not None else None,
+            last,
         )
 
-    def _region_value(self, sid: StorageId, region: Region, itemsize: int, until: OpIndex,
-                      shape: tuple[int, ...]) -> tuple[Distribution, WriteEvent | None]:
+    def _region_value(
+        self, sid: StorageId, region: Region, itemsize: int, until: OpIndex, shape: tuple[int, ...]
+    ) -> tuple[Distribution, WriteEvent | None]:
         """The distribution of `region`'s bytes of storage `sid` just before op `until`, and the write
         determining most of them."""
         outcome = self.outcome(sid, until)
@@ -295,7 +354,7 @@ class GraphAudit:
             source = arguments.get("src", arguments.get("values", arguments.get("value")))
             return self._scalar_value(source, op)
         if name == "eye":
-            columns = arguments.get("m", arguments.get("n"))
+            columns = arguments.get("m", arguments["n"])
             return dists.eye(int(arguments["n"]), int(columns))
         if name in ("mul_", "div_", "add_", "sub_"):
             return self._transformed(event, share, itemsize, shape, name, arguments)
@@ -314,14 +373,26 @@ class GraphAudit:
             return external_value(self.graph.externals[value.index].value())
         return dists.computed([short_name(op)])
 
-    def _transformed(self, event: WriteEvent, share: Region, itemsize: int, shape: tuple[int, ...], name: str,
-                     arguments: dict[str, Any]) -> Distribution:
+    def _transformed(
+        self,
+        event: WriteEvent,
+        share: Region,
+        itemsize: int,
+        shape: tuple[int, ...],
+        name: str,
+        arguments: dict[str, Any],
+    ) -> Distribution:
         """`mul_`/`div_`/`add_`/`sub_` by a number: the previous values of these bytes, transformed."""
         op = self.graph.ops[event.op]
         previous, _ = self._region_value(self.graph.tensors[event.tensor].storage, share, itemsize, op.index, shape)
         other = arguments.get("other")
-        if isinstance(other, TensorRef) and name == "mul_" and self._is_sign(other.id) \
-                and previous.family in ("orthogonal", "normal", "uniform", "trunc_normal") and previous.mean == 0:
+        if (
+            isinstance(other, TensorRef)
+            and name == "mul_"
+            and self._is_sign(other.id)
+            and previous.family in ("orthogonal", "normal", "uniform", "trunc_normal")
+            and previous.mean == 0
+        ):
             return previous  # random signs keep a zero-mean symmetric distribution (orthogonal_'s QR fix-up)
         if not isinstance(other, (int, float)) or isinstance(other, bool) or previous.family == "uninitialized":
             return dists.computed([*_computed_names(previous), name])
@@ -390,7 +461,7 @@ class GraphAudit:
         """The names of `op` and the ops producing its inputs, breadth first, a few levels back."""
         names, frontier, seen = [], [op.index], set()
         for _ in range(_COMPUTED_DEPTH):
-            following = []
+            following: list[int] = []
             for index in frontier:
                 if index in seen:
                     continue
@@ -404,19 +475,27 @@ class GraphAudit:
 
 
 def _computed_names(previous: Distribution) -> list[str]:
-    return [previous.family] if previous.family != "computed" else [previous.text.removeprefix("computed (").rstrip(")")]
+    return (
+        [previous.family] if previous.family != "computed" else [previous.text.removeprefix("computed (").rstrip(")")]
+    )
 
 
 def external_value(tensor: torch.Tensor) -> Distribution:
     """A tensor from outside the recording (a constant, an argument): its exact moments, or a
     constant when every element is the same number."""
     with torch.no_grad():
-        values = tensor.detach().to("cpu", torch.float64) if tensor.is_floating_point() or tensor.dtype == torch.bool \
-            or not tensor.is_complex() else None
+        values = (
+            tensor.detach().to("cpu", torch.float64)
+            if tensor.is_floating_point() or tensor.dtype == torch.bool or not tensor.is_complex()
+            else None
+        )
         if values is None or values.numel() == 0:
             return dists.copied("a tensor from outside the recording")
         low, high = float(values.min()), float(values.max())
         if low == high:
             return dists.constant(low)
-        return dists.copied(f"a tensor from outside the recording {tuple(tensor.shape)}",
-                            float(values.mean()), float(values.std(unbiased=False)))
+        return dists.copied(
+            f"a tensor from outside the recording {tuple(tensor.shape)}",
+            float(values.mean()),
+            float(values.std(unbiased=False)),
+        )

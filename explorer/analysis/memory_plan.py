@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Union
 
 import pandas as pd
 import torch
@@ -34,11 +34,18 @@ from ..replay.replay import Progress
 from ..replay.rng import RngMode
 from ..replay.routing import parse_device
 
-Size = Union[int, str]
+Size = int | str
 _UNITS = {
-    "": 1, "B": 1,
-    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
 }
 TABLE_COLUMNS = ["device", "budget_bytes", "planned_bytes", "free_bytes", "entries"]
 
@@ -139,8 +146,9 @@ class MemoryPlan:
 class _Planner:
     """The greedy placement over one census (see the module docstring)."""
 
-    def __init__(self, census: Census, devices: list[str], budgets: list[int], no_split: Iterable,
-                 storage_bytes: list[int]) -> None:
+    def __init__(
+        self, census: Census, devices: list[str], budgets: list[int], no_split: Iterable, storage_bytes: list[int]
+    ) -> None:
         self.census = census
         self.storage_bytes = storage_bytes
         self.devices = devices
@@ -168,20 +176,29 @@ class _Planner:
     def _subunits(self, unit: _Unit) -> list[_Unit]:
         prefix = f"{unit.name}." if unit.name else ""
         module = unit.module
+        assert module is not None  # _split runs on _splittable units, which hold a module
         tensors = self.census.tensors
         direct = {tensors[i].name: i for i in unit.entries if tensors[i].module == unit.name}
-        units = [_Unit(prefix + key, None, [direct[prefix + key]])
-                 for key, p in module._parameters.items() if p is not None and prefix + key in direct]
-        units += [_Unit(prefix + name, child, self.under.get(prefix + name, []))
-                  for name, child in module._modules.items() if child is not None]
-        units += [_Unit(prefix + key, None, [direct[prefix + key]])
-                  for key, b in module._buffers.items() if b is not None and prefix + key in direct]
+        units = [
+            _Unit(prefix + key, None, [direct[prefix + key]])
+            for key, p in module._parameters.items()
+            if p is not None and prefix + key in direct
+        ]
+        units += [
+            _Unit(prefix + name, child, self.under.get(prefix + name, []))
+            for name, child in module._modules.items()
+            if child is not None
+        ]
+        units += [
+            _Unit(prefix + key, None, [direct[prefix + key]])
+            for key, b in module._buffers.items()
+            if b is not None and prefix + key in direct
+        ]
         return units
 
     def _splittable(self, unit: _Unit) -> bool:
         return (
-            unit.module is not None and bool(unit.module._modules)
-            and type(unit.module).__name__ not in self.no_split
+            unit.module is not None and bool(unit.module._modules) and type(unit.module).__name__ not in self.no_split
         )
 
     def _split(self, unit: _Unit) -> None:
@@ -246,6 +263,7 @@ class _Planner:
 
     def device_map(self) -> dict[str, str]:
         """Placed units in module order; a split module whose units all went to one device is one entry."""
+
         def collect(name: str) -> list[tuple[str, str]]:
             if name not in self.split:
                 return [(name, self.placed[name])]
@@ -278,7 +296,7 @@ def per_rank_storage_bytes(census: Census, world_size: int) -> list[int]:
 
 def plan_devices(
     module: nn.Module,
-    budgets: Mapping[Union[str, int, torch.device], Size],
+    budgets: Mapping[str | int | torch.device, Size],
     *,
     no_split: Iterable = (),
     world_size: int = 1,

@@ -5,19 +5,25 @@ from __future__ import annotations
 import functools
 import weakref
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from torch import nn
 
 from .census import take_census
+from .diff import InspectionDiff, diff_inspections
 from .modules import modules_table
 from .ops import ops_table
 from .reads import READ_COLUMNS, reads_table
-from .diff import InspectionDiff, diff_inspections
 from .search import SearchResult, TextIndex
 from .storages import storages_table
 from .summary import summary_text
 from .tensors import tensors_table
+
+if TYPE_CHECKING:
+    import networkx
+
+    from ..analysis.init_table import InitReport  # analysis imports this package: at runtime only when used
 
 
 @dataclass(frozen=True, repr=False)
@@ -38,7 +44,7 @@ class Inspection:
     storages: pd.DataFrame
     reads: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=READ_COLUMNS))
     # The inspected module, weakly: `init` reads its recording on first access.
-    module: "weakref.ReferenceType[nn.Module] | None" = field(default=None, compare=False)
+    module: weakref.ReferenceType[nn.Module] | None = field(default=None, compare=False)
 
     def summary(self) -> str:
         """A few lines for the terminal: sizes, fake/materialized/real bytes, dtypes, devices, ops."""
@@ -58,14 +64,14 @@ class Inspection:
         """The tables as searchable text, built on the first search."""
         return TextIndex(self.tensors, self.modules, self.ops)
 
-    def diff(self, other: "Inspection") -> InspectionDiff:
+    def diff(self, other: Inspection) -> InspectionDiff:
         """What changed from this inspection to `other`: modules and tensors added or removed, module
         classes, and tensor metadata (shape, stride, offset, dtype, device, kind, tie group)."""
         if not isinstance(other, Inspection):
             raise TypeError(f"Inspection.diff expects another Inspection, got {type(other).__name__}")
         return diff_inspections(self.modules, self.tensors, other.modules, other.tensors)
 
-    def to_networkx(self) -> "networkx.DiGraph":  # noqa: F821 - networkx comes with torch
+    def to_networkx(self) -> networkx.DiGraph:  # networkx comes with torch
         """The recorded ops as a directed graph for other tools: nodes "op:<graph>:<index>" (attributes
         op, kind, source) and "tensor:<name>" or "tensor:#<graph>:<id>" for unnamed intermediates
         (shape, dtype), edges input → op → output. The names are those `explorer.op_graph` draws."""
@@ -85,7 +91,7 @@ class Inspection:
                 node = tensor_node(row.graph, label)
                 graph.add_node(node, type="tensor", shape=list(shape), dtype=dtype)
                 graph.add_edge(op, node)
-        for node, data in graph.nodes(data=True):
+        for _node, data in graph.nodes(data=True):
             data.setdefault("type", "tensor")  # inputs from outside the recording (module arguments)
         return graph
 
@@ -96,12 +102,12 @@ class Inspection:
         return networkx.node_link_data(self.to_networkx(), edges="links")
 
     @functools.cached_property
-    def init(self) -> "InitReport":  # noqa: F821 - analysis reads this package: imported when used
+    def init(self) -> InitReport:
         """The init audit of the inspected module (`explorer.init_report`'s table, `.summary()`, HTML
         display), computed on first access from the module as it is then. Raises ReferenceError
         when the module is gone."""
-        from ..analysis.init_table import InitReport
         from ..analysis.init_report import init_report
+        from ..analysis.init_table import InitReport
 
         module = self.module() if self.module is not None else None
         if module is None:

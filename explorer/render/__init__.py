@@ -10,6 +10,17 @@ from .export import save, to_html, to_png, to_svg
 from .names import node_kind
 
 __all__ = [
-    "Diagram", "DiagramCluster", "DiagramEdge", "DiagramNode", "module_graph", "module_layout", "node_kind",
-    "op_graph", "op_layout", "save", "to_html", "to_png", "to_svg",
+    "Diagram",
+    "DiagramCluster",
+    "DiagramEdge",
+    "DiagramNode",
+    "module_graph",
+    "module_layout",
+    "node_kind",
+    "op_graph",
+    "op_layout",
+    "save",
+    "to_html",
+    "to_png",
+    "to_svg",
 ]

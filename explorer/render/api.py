@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Union
+from collections.abc import Iterable
 
 import graphviz
 from torch import nn
@@ -17,7 +17,7 @@ from .module_view import module_diagram
 from .op_view import OpViewOptions, op_diagram
 from .scene import Scene, graph_scene, module_scene
 
-Drawable = Union[nn.Module, InitGraph, BaseException, ForwardGraph]
+Drawable = nn.Module | InitGraph | BaseException | ForwardGraph
 RANKDIRS = ("LR", "TB")
 
 
@@ -31,9 +31,13 @@ def _scene(subject: Drawable) -> Scene:
         graph = subject.graph if isinstance(subject, DeferredInitError) else getattr(subject, "deferred_graph", None)
         if isinstance(graph, InitGraph):
             return graph_scene(graph, error=f"{type(subject).__name__}: {subject}")
-        raise ValueError(f"op_graph: this {type(subject).__name__} carries no recorded graph "
-                         "(only errors raised by deferred_init do)")
-    raise TypeError(f"op_graph expects an nn.Module, an InitGraph or a deferred_init error, got {type(subject).__name__}")
+        raise ValueError(
+            f"op_graph: this {type(subject).__name__} carries no recorded graph "
+            "(only errors raised by deferred_init do)"
+        )
+    raise TypeError(
+        f"op_graph expects an nn.Module, an InitGraph or a deferred_init error, got {type(subject).__name__}"
+    )
 
 
 def op_layout(
@@ -99,23 +103,34 @@ def op_graph(
     """
     if rankdir not in RANKDIRS:
         raise ValueError(f"op_graph: rankdir must be one of {', '.join(RANKDIRS)}, got {rankdir!r}")
-    diagram = op_layout(subject, depth=depth, focus=focus, closure_of=closure_of, max_nodes=max_nodes,
-                        edge_labels=edge_labels, fold_repeats=fold_repeats, legend=legend, unfold=unfold)
+    diagram = op_layout(
+        subject,
+        depth=depth,
+        focus=focus,
+        closure_of=closure_of,
+        max_nodes=max_nodes,
+        edge_labels=edge_labels,
+        fold_repeats=fold_repeats,
+        legend=legend,
+        unfold=unfold,
+    )
     digraph = to_digraph(diagram, name="op_graph")
     digraph.graph_attr["rankdir"] = rankdir
     return digraph
 
 
-def module_layout(module: nn.Module, *, depth: int | None = None, fold_repeats: bool = True,
-                  legend: bool = True) -> Diagram:
+def module_layout(
+    module: nn.Module, *, depth: int | None = None, fold_repeats: bool = True, legend: bool = True
+) -> Diagram:
     """What `module_graph` draws, as plain data."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"module_graph expects an nn.Module, got {type(module).__name__}")
     return module_diagram(module, depth, fold_repeats, legend)
 
 
-def module_graph(module: nn.Module, *, depth: int | None = None, fold_repeats: bool = True,
-                 legend: bool = True) -> graphviz.Digraph:
+def module_graph(
+    module: nn.Module, *, depth: int | None = None, fold_repeats: bool = True, legend: bool = True
+) -> graphviz.Digraph:
     """The module tree of `module` as a diagram, one node `module:<path>` per module path.
 
     Each node shows the class, parameters, bytes (each storage once, as in `inspect(m).modules`) and
@@ -123,5 +138,4 @@ def module_graph(module: nn.Module, *, depth: int | None = None, fold_repeats: b
     deeper than `depth` (root = 0) are left out, their parent saying how many; identical sibling
     subtrees are drawn once as "Class ×N" unless `fold_repeats=False`.
     """
-    return to_digraph(module_layout(module, depth=depth, fold_repeats=fold_repeats, legend=legend),
-                      name="module_graph")
+    return to_digraph(module_layout(module, depth=depth, fold_repeats=fold_repeats, legend=legend), name="module_graph")

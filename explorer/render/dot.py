@@ -31,8 +31,10 @@ def _label(title: str, lines: list[str], small: bool = True) -> str:
 def _node_statement(node: DiagramNode) -> str:
     # The style as an SVG class ("node de-style-repeated-modules"): viewers can find folded nodes.
     css_class = "de-style-" + node.style.replace(" ", "-")
-    statement = (f"{dot_id(node.name)} [label={_label(node.title, node.lines)} {_attributes(STYLES[node.style])}"
-                 f" class={esc_string(css_class)}")
+    statement = (
+        f"{dot_id(node.name)} [label={_label(node.title, node.lines)} {_attributes(STYLES[node.style])}"
+        f" class={esc_string(css_class)}"
+    )
     if node.tooltip:
         statement += f" tooltip={esc_string(node.tooltip)}"
     return statement + "]"
@@ -69,8 +71,10 @@ def to_digraph(diagram: Diagram, name: str = "diagram") -> graphviz.Digraph:
         for cluster in children.get(scope, ()):
             body.append(f"{indent}subgraph {dot_id(cluster_name(cluster.path))} {{\n")
             inner = indent + "\t"
-            body.append(f"{inner}graph [{_attributes(CLUSTER_ATTRS)} "
-                        f"label={_label(cluster.title, [cluster.subtitle] if cluster.subtitle else [])}]\n")
+            body.append(
+                f"{inner}graph [{_attributes(CLUSTER_ATTRS)} "
+                f"label={_label(cluster.title, [cluster.subtitle] if cluster.subtitle else [])}]\n"
+            )
             emit(cluster.path, inner)
             body.append(f"{indent}}}\n")
 
@@ -85,6 +89,4 @@ def to_digraph(diagram: Diagram, name: str = "diagram") -> graphviz.Digraph:
         body.append(f"\t{dot_id(edge.tail)} -> {dot_id(edge.head)}{suffix}\n")
     if diagram.legend:
         body.append(f"\t{_legend_statement(diagram.legend)}\n")
-    return graphviz.Digraph(
-        name=name, graph_attr=GRAPH_ATTRS, node_attr=NODE_ATTRS, edge_attr=EDGE_ATTRS, body=body
-    )
+    return graphviz.Digraph(name=name, graph_attr=GRAPH_ATTRS, node_attr=NODE_ATTRS, edge_attr=EDGE_ATTRS, body=body)

@@ -24,8 +24,15 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # not allowed in XML
 _ODD_BACKSLASHES = re.compile(r'(?<!\\)(?:\\\\)*\\(?=["\n]|$)')
 
 _HTML_ENTITIES = {
-    "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;", "\\": "\\\\",
-    "\n": "<br/>", "\r": "", "\t": " ",
+    "&": "&amp;",
+    "<": "&lt;",
+    ">": "&gt;",
+    '"': "&quot;",
+    "'": "&#39;",
+    "\\": "\\\\",
+    "\n": "<br/>",
+    "\r": "",
+    "\t": " ",
 }
 _HTML_SPECIAL = re.compile(r"[&<>\"'\\\n\r\t]")
 

@@ -42,7 +42,7 @@ def to_png(digraph: graphviz.Digraph) -> bytes:
 def to_html(digraph: graphviz.Digraph, title: str | None = None) -> str:
     """A self-contained HTML page showing the diagram: the SVG inline, no script, nothing fetched."""
     svg = to_svg(digraph)
-    svg = svg[svg.index("<svg"):]  # drop the XML prolog and DOCTYPE, which are not valid inside HTML
+    svg = svg[svg.index("<svg") :]  # drop the XML prolog and DOCTYPE, which are not valid inside HTML
     return _PAGE.format(title=html.escape(title or digraph.name or "diagram"), svg=svg)
 
 

@@ -51,16 +51,21 @@ def _signature(scene: Scene, summary: Summary, structure: list[tuple[str, str]])
     for graph, index in summary.ops:
         op = scene.graphs[graph].ops[index]
         tensors = scene.graphs[graph].tensors
-        op_part.append((
-            op.label, op_kind(op), (scene.owner(graph, index) or "")[base:],
-            tuple((tensors[tid].shape, tensors[tid].dtype) for tid in op.output_ids),
-        ))
+        op_part.append(
+            (
+                op.label,
+                op_kind(op),
+                (scene.owner(graph, index) or "")[base:],
+                tuple((tensors[tid].shape, tensors[tid].dtype) for tid in op.output_ids),
+            )
+        )
     mark_part = [(m.name[base:], m.kind, m.state, m.shape, m.dtype, len(m.also)) for m in summary.marks]
     return scene.module_classes.get(summary.path), tuple(op_part), tuple(mark_part), tuple(structure)
 
 
-def fold_siblings(scene: Scene, summaries: dict[str, Summary], level: int,
-                  unfold: frozenset[str] = frozenset()) -> dict[str, str]:
+def fold_siblings(
+    scene: Scene, summaries: dict[str, Summary], level: int | None, unfold: frozenset[str] = frozenset()
+) -> dict[str, str]:
     """Summary path → the path of the summary that draws it (itself unless folded into a sibling).
 
     Children of a module in `unfold` are never folded (the user expanded "Class ×N")."""
@@ -68,8 +73,8 @@ def fold_siblings(scene: Scene, summaries: dict[str, Summary], level: int,
     for path, cls in scene.module_classes.items():
         anchor = collapsed_into(path, level)
         if anchor in structure:
-            structure[anchor].append((path[len(anchor):], cls))
-    groups: dict[tuple, list[str]] = {}
+            structure[anchor].append((path[len(anchor) :], cls))
+    groups: dict[tuple | str, list[str]] = {}  # a fold signature, or the path of a module drawn alone
     for path, summary in summaries.items():
         foldable = is_repeat_slot(path) and parent_of(path) not in unfold
         key = (parent_of(path), _signature(scene, summary, structure[path])) if foldable else path
@@ -90,14 +95,16 @@ def _path_range(paths: list[str]) -> str:
 
 def summary_node(scene: Scene, summary: Summary) -> DiagramNode:
     cls = scene.module_classes.get(summary.path, "?")
-    counts = (f"{len(summary.ops)} ops · {len(summary.marks)} tensors · "
-              f"{format_bytes(scene.module_bytes(summary.path))}")
+    counts = f"{len(summary.ops)} ops · {len(summary.marks)} tensors · {format_bytes(scene.module_bytes(summary.path))}"
     cluster = parent_of(summary.path) if summary.path else None
     if len(summary.folded) > 1:
         total = sum(scene.module_bytes(path) for path in summary.folded)
         return DiagramNode(
-            module_node(summary.path), FOLDED, f"{cls} ×{len(summary.folded)}",
-            [_path_range(summary.folded), f"each: {counts}", f"total: {format_bytes(total)}"], cluster,
+            module_node(summary.path),
+            FOLDED,
+            f"{cls} ×{len(summary.folded)}",
+            [_path_range(summary.folded), f"each: {counts}", f"total: {format_bytes(total)}"],
+            cluster,
             tooltip="identical modules, drawn once:\n" + "\n".join(summary.folded[:64]),
         )
     return DiagramNode(module_node(summary.path), SUMMARY, summary.path or scene.root_class, [cls, counts], cluster)

@@ -33,13 +33,22 @@ def _parameter_marks(forward: ForwardGraph) -> list[TensorMark]:
         for entries in groups.values():
             first = entries[0]
             tensor = first.tensor
-            marks.append(TensorMark(
-                node=tensor_node(first.name), graph=0, tensor_id=forward.parameters[first.name],
-                module=first.module, name=first.name, kind=first.kind, state=first.state,
-                shape=tuple(tensor.shape), dtype=dtype_name(tensor.dtype), nbytes=first.numel * tensor.dtype.itemsize,
-                also=[entry.name for entry in entries[1:]],
-                modules=tuple(dict.fromkeys(entry.module for entry in entries)),
-            ))
+            marks.append(
+                TensorMark(
+                    node=tensor_node(first.name),
+                    graph=0,
+                    tensor_id=forward.parameters[first.name],
+                    module=first.module,
+                    name=first.name,
+                    kind=first.kind,
+                    state=first.state,
+                    shape=tuple(tensor.shape),
+                    dtype=dtype_name(tensor.dtype),
+                    nbytes=first.numel * tensor.dtype.itemsize,
+                    also=[entry.name for entry in entries[1:]],
+                    modules=tuple(dict.fromkeys(entry.module for entry in entries)),
+                )
+            )
     return marks
 
 
@@ -47,16 +56,33 @@ def _input_marks(forward: ForwardGraph) -> list[TensorMark]:
     marks = []
     for name, tid in forward.inputs.items():
         info = forward.graph.tensors[tid]
-        marks.append(TensorMark(
-            node=forward_input_node(tid), graph=0, tensor_id=tid, module="", name=name, kind=INPUT_KIND,
-            state=FORWARD_INPUT, shape=tuple(info.shape), dtype=dtype_name(info.dtype),
-            nbytes=math.prod(info.shape) * info.dtype.itemsize, modules=("",),
-        ))
+        marks.append(
+            TensorMark(
+                node=forward_input_node(tid),
+                graph=0,
+                tensor_id=tid,
+                module="",
+                name=name,
+                kind=INPUT_KIND,
+                state=FORWARD_INPUT,
+                shape=tuple(info.shape),
+                dtype=dtype_name(info.dtype),
+                nbytes=math.prod(info.shape) * info.dtype.itemsize,
+                modules=("",),
+            )
+        )
     return marks
 
 
 def forward_scene(forward: ForwardGraph) -> Scene:
     """The drawable material of a forward graph (see the module docstring)."""
     owners = {(0, index): owner for index, owner in enumerate(forward.owners)}
-    return Scene(forward.root_class, [forward.graph], _input_marks(forward) + _parameter_marks(forward),
-                 forward.census, dict(forward.module_classes), owners, owner_ran_ops=True)
+    return Scene(
+        forward.root_class,
+        [forward.graph],
+        _input_marks(forward) + _parameter_marks(forward),
+        forward.census,
+        dict(forward.module_classes),
+        owners,
+        owner_ran_ops=True,
+    )

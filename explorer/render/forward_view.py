@@ -32,7 +32,7 @@ def format_flops(count: int) -> str:
 
 
 def module_facts(forward: ForwardGraph, path: str, times: int = 1) -> str:
-    """"126 ops · 295.0 kFLOP · act 58.1 KiB" for module `path`'s subtree (× `times`)."""
+    """ "126 ops · 295.0 kFLOP · act 58.1 KiB" for module `path`'s subtree (× `times`)."""
     ops, flops, created = forward.module_totals(path)
     return f"{ops * times} ops · {format_flops(flops * times)} · act {format_bytes(created * times)}"
 
@@ -68,24 +68,34 @@ def _label_op(forward: ForwardGraph, node: DiagramNode) -> None:
     node.lines = [format_flops(int(row["flops"]))] if row["flops"] else []
     inputs = ", ".join(f"{list(s)} {d}" for s, d in zip(row["input_shapes"], row["input_dtypes"]))
     outputs = ", ".join(f"{list(s)} {d}" for s, d in zip(row["output_shapes"], row["output_dtypes"]))
-    node.tooltip = (f"{row['aten']} in {row['module'] or '(root)'} ({row['class']})\n"
-                    f"inputs: {inputs or 'none'}\noutputs: {outputs or 'none'}\n"
-                    f"{format_flops(int(row['flops']))} · creates {format_bytes(int(row['bytes']))}")
+    node.tooltip = (
+        f"{row['aten']} in {row['module'] or '(root)'} ({row['class']})\n"
+        f"inputs: {inputs or 'none'}\noutputs: {outputs or 'none'}\n"
+        f"{format_flops(int(row['flops']))} · creates {format_bytes(int(row['bytes']))}"
+    )
 
 
 def _label_module(forward: ForwardGraph, node: DiagramNode) -> None:
     path = node.name.removeprefix("module:")
     if node.style == FOLDED:  # "Class ×N": N identical modules, the first one's totals N times
         times = int(node.title.rpartition("×")[2])
-        node.lines = [node.lines[0], f"each: {module_facts(forward, path)}", f"total: {module_facts(forward, path, times)}"]
+        node.lines = [
+            node.lines[0],
+            f"each: {module_facts(forward, path)}",
+            f"total: {module_facts(forward, path, times)}",
+        ]
     else:
         node.lines = [node.lines[0], module_facts(forward, path)]
 
 
 def _title(forward: ForwardGraph, title: str) -> str:
     _, _, rest = title.partition("; ")
-    inputs = ", ".join(f"{name} {list(forward.graph.tensors[tid].shape)} {dtype_name(forward.graph.tensors[tid].dtype)}"
-                       for name, tid in forward.inputs.items())
-    head = (f"{forward.root_class} forward ({inputs or 'no tensor inputs'}): {len(forward.graph.ops)} ops, "
-            f"{format_flops(forward.flops)}, activations {format_bytes(int(forward.ops['bytes'].sum()))}")
+    inputs = ", ".join(
+        f"{name} {list(forward.graph.tensors[tid].shape)} {dtype_name(forward.graph.tensors[tid].dtype)}"
+        for name, tid in forward.inputs.items()
+    )
+    head = (
+        f"{forward.root_class} forward ({inputs or 'no tensor inputs'}): {len(forward.graph.ops)} ops, "
+        f"{format_flops(forward.flops)}, activations {format_bytes(int(forward.ops['bytes'].sum()))}"
+    )
     return f"{head}; {rest}" if rest else head

@@ -58,8 +58,14 @@ def op_node_of(scene: Scene, graph: int, index: int, cluster: str | None) -> Dia
     tooltip = f"{op.label}({arguments})"
     if op.source is not None:
         tooltip += f"\n{op.source}\n{op.source.line}"
-    return DiagramNode(op_node(graph, index), op_kind(op), f"{_prefix(scene, graph, index)}: {short_op_name(op)}",
-                       lines, cluster, tooltip)
+    return DiagramNode(
+        op_node(graph, index),
+        op_kind(op),
+        f"{_prefix(scene, graph, index)}: {short_op_name(op)}",
+        lines,
+        cluster,
+        tooltip,
+    )
 
 
 def _prefix(scene: Scene, graph: int, index: int) -> str:
@@ -73,8 +79,14 @@ def _read_node(scene: Scene, graph: int, op: OpNode, cluster: str | None) -> Dia
     tooltip = f"{op.label}: {key} {list(shape)} {dtype_name(dtype)}\nfrom {path}"
     if op.source is not None:
         tooltip += f"\n{op.source}\n{op.source.line}"
-    return DiagramNode(op_node(graph, op.index), CHECKPOINT_READ, f"{_prefix(scene, graph, op.index)}: read {file}",
-                       [_shorten(key)], cluster, tooltip)
+    return DiagramNode(
+        op_node(graph, op.index),
+        CHECKPOINT_READ,
+        f"{_prefix(scene, graph, op.index)}: read {file}",
+        [_shorten(key)],
+        cluster,
+        tooltip,
+    )
 
 
 def edge_label(graph: InitGraph, tid: int) -> str:

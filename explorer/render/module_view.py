@@ -17,8 +17,8 @@ from ..naming import format_bytes, is_repeat_slot, parent_of
 from .diagram import Diagram, DiagramEdge, DiagramNode
 from .names import module_node
 from .styles import (
-    MODULE_EMPTY,
     MODULE_DISK,
+    MODULE_EMPTY,
     MODULE_FAKE,
     MODULE_LEGEND,
     MODULE_MATERIALIZED,
@@ -46,8 +46,9 @@ def _state(fraction: float, recorded: bool, disk_share: float = 0.0) -> tuple[st
     return MODULE_PARTLY, f"partly materialized ({100 * fraction:.0f}%)"
 
 
-def module_diagram(module: nn.Module, depth: int | None = None, fold_repeats: bool = True,
-                   legend: bool = True) -> Diagram:
+def module_diagram(
+    module: nn.Module, depth: int | None = None, fold_repeats: bool = True, legend: bool = True
+) -> Diagram:
     """Decide what `module_graph` draws."""
     if depth is not None and depth < 0:
         raise ValueError(f"module_graph: depth must be >= 0 (root = 0), got {depth}")
@@ -63,8 +64,17 @@ def module_diagram(module: nn.Module, depth: int | None = None, fold_repeats: bo
                     break
                 path = parent_of(path)
 
-    rows = list(zip(table["name"], table["class"], table["depth"], table["total_params"], table["bytes"],
-                    table["materialized"], table["disk_bytes"]))
+    rows = list(
+        zip(
+            table["name"],
+            table["class"],
+            table["depth"],
+            table["total_params"],
+            table["bytes"],
+            table["materialized"],
+            table["disk_bytes"],
+        )
+    )
     children: dict[str, list[str]] = {}
     info: dict[str, tuple] = {}
     for path, cls, level, params, nbytes, fraction, disk in rows:
@@ -98,7 +108,7 @@ def module_diagram(module: nn.Module, depth: int | None = None, fold_repeats: bo
             lines[1] = "each: " + lines[1]
             tooltip = "identical modules, drawn once:\n" + "\n".join(siblings[:64])
         diagram.nodes.append(DiagramNode(module_node(path), style, title, lines, None, tooltip))
-        groups: dict[tuple, list[str]] = {}
+        groups: dict[tuple | str, list[str]] = {}  # a fold signature, or the path of a module drawn alone
         for kid in kids:
             key = signatures[kid] if fold_repeats and is_repeat_slot(kid) else kid
             groups.setdefault(key, []).append(kid)

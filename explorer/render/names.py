@@ -59,7 +59,7 @@ def node_kind(name: str) -> tuple[str, str]:
     Raises ValueError for a name that no diagram of this package produces.
     """
     if name.startswith(_CLUSTER_PREFIX):
-        return CLUSTER, name[len(_CLUSTER_PREFIX):]
+        return CLUSTER, name[len(_CLUSTER_PREFIX) :]
     kind, colon, key = name.partition(":")
     if not colon or kind not in _KINDS:
         raise ValueError(f"{name!r} is not a diagram node name (expected op:, tensor:, module:, cluster_module:...)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import NamedTuple, Union
+from typing import Literal, NamedTuple
 
 from ..graph import InitGraph
 from ..naming import depth_of, parent_of
@@ -88,7 +88,7 @@ def op_diagram(scene: Scene, options: OpViewOptions) -> Diagram:
     return diagram
 
 
-Element = Union[tuple[int, int], TensorMark]  # (graph, op index) or a named tensor
+Element = tuple[int, int] | TensorMark  # (graph, op index) or a named tensor
 
 
 class ChronologicalOrder(NamedTuple):
@@ -115,18 +115,20 @@ def _chronological_order(scene: Scene, scope: Scope, marks_feed_readers: bool = 
     after: dict[tuple[int, int], list[TensorMark]] = {}
     first: list[TensorMark] = []
     for mark in scope.marks:
-        anchor = None
-        if mark.graph is not None:
+        anchor: int | None = None
+        reader: tuple[int, int] | None = None
+        if mark.graph is not None and mark.tensor_id is not None:  # a recorded tensor (a real one has neither)
             drawn = scope.op_sets.get(mark.graph, set())
             anchor = _latest_source(scene.graphs[mark.graph], drawn, mark.tensor_id, len(scene.graphs[mark.graph].ops))
+            if anchor is not None:
+                after.setdefault((mark.graph, anchor), []).append(mark)
+            else:
+                reader = readers.get((mark.graph, mark.tensor_id))
         anchors[id(mark)] = anchor
-        reader = readers.get((mark.graph, mark.tensor_id)) if anchor is None else None
         if reader is not None:
             before.setdefault(reader, []).append(mark)
         elif anchor is None:
             first.append(mark)
-        else:
-            after.setdefault((mark.graph, anchor), []).append(mark)
     order: list[Element] = list(first)
     for graph, indices in scope.ops.items():
         for index in indices:
@@ -142,8 +144,9 @@ class Placement(NamedTuple):
     drawn_by: dict[str, str]  # collapsed module path → the path whose node stands for it (folds)
 
 
-def _placement(scene: Scene, order: list[Element], level: int | None, fold_repeats: bool,
-               unfold: frozenset[str] = frozenset()) -> Placement:
+def _placement(
+    scene: Scene, order: list[Element], level: int | None, fold_repeats: bool, unfold: frozenset[str] = frozenset()
+) -> Placement:
     """Which elements disappear into a collapsed module's summary node, and which repeats fold."""
     summaries: dict[str, Summary] = {}
     hidden_in: list[str | None] = []
@@ -161,9 +164,15 @@ def _placement(scene: Scene, order: list[Element], level: int | None, fold_repea
     return Placement(hidden_in, summaries, drawn_by)
 
 
+# What a node is drawn from: a collapsed module's summary, a named tensor, or an op (graph, index).
+NodeBuilder = (
+    tuple[Literal["summary"], str] | tuple[Literal["mark"], TensorMark] | tuple[Literal["op"], tuple[int, int]]
+)
+
+
 class NodeNames(NamedTuple):
     names: list[str]  # in drawing order, each once
-    builders: dict[str, tuple[str, object]]  # name → ("summary", path) | ("mark", mark) | ("op", key)
+    builders: dict[str, NodeBuilder]  # name → what its node is built from
     of_op: dict[tuple[int, int], str]
     of_mark: dict[int, str]  # id(mark) → node name
 
@@ -171,9 +180,10 @@ class NodeNames(NamedTuple):
 def _node_names(order: list[Element], placement: Placement) -> NodeNames:
     """Node names first; the nodes themselves are built only for what survives the cap."""
     names: list[str] = []
-    builders: dict[str, tuple[str, object]] = {}
+    builders: dict[str, NodeBuilder] = {}
     name_of_op: dict[tuple[int, int], str] = {}
     name_of_mark: dict[int, str] = {}
+    builder: NodeBuilder
     for element, anchor in zip(order, placement.hidden_in):
         if anchor is not None:
             drawn = placement.drawn_by[anchor]
@@ -192,12 +202,16 @@ def _node_names(order: list[Element], placement: Placement) -> NodeNames:
     return NodeNames(names, builders, name_of_op, name_of_mark)
 
 
-def _edges(scene: Scene, scope: Scope, anchors: dict[int, int | None], naming: NodeNames,
-           marks_feed_readers: bool = False) -> dict[tuple[str, str], tuple[int, int]]:
+def _edges(
+    scene: Scene, scope: Scope, anchors: dict[int, int | None], naming: NodeNames, marks_feed_readers: bool = False
+) -> dict[tuple[str, str], tuple[int, int]]:
     """(tail, head) → (graph, tensor id) of the first tensor seen flowing along it."""
     edges: dict[tuple[str, str], tuple[int, int]] = {}
-    feeding = {(mark.graph, mark.tensor_id): naming.of_mark[id(mark)] for mark in scope.marks
-               if marks_feed_readers and anchors[id(mark)] is None}
+    feeding = {
+        (mark.graph, mark.tensor_id): naming.of_mark[id(mark)]
+        for mark in scope.marks
+        if marks_feed_readers and anchors[id(mark)] is None
+    }
     for graph, indices in scope.ops.items():
         recorded, drawn = scene.graphs[graph], scope.op_sets[graph]
         for index in indices:
@@ -209,45 +223,62 @@ def _edges(scene: Scene, scope: Scope, anchors: dict[int, int | None], naming: N
                     edges.setdefault((tail, head), (graph, tid))
     for mark in scope.marks:
         anchor = anchors[id(mark)]
-        if anchor is not None:
+        if anchor is not None and mark.graph is not None and mark.tensor_id is not None:  # anchored: recorded
             tail, head = naming.of_op[(mark.graph, anchor)], naming.of_mark[id(mark)]
             if tail != head:
                 edges.setdefault((tail, head), (mark.graph, mark.tensor_id))
     return edges
 
 
-def _add_nodes(diagram: Diagram, scene: Scene, kept: list[str], builders: dict[str, tuple[str, object]],
-               summaries: dict[str, Summary]) -> None:
+def _add_nodes(
+    diagram: Diagram,
+    scene: Scene,
+    kept: list[str],
+    builders: dict[str, NodeBuilder],
+    summaries: dict[str, Summary],
+) -> None:
     """The nodes that survive the cap, then the "N more" node if anything was cut."""
     for name in kept:
-        kind, subject = builders[name]
-        if kind == "summary":
-            diagram.nodes.append(summary_node(scene, summaries[subject]))
-        elif kind == "mark":
-            diagram.nodes.append(DiagramNode(name, subject.state, subject.name, describe_mark(subject), subject.module))
+        builder = builders[name]
+        if builder[0] == "summary":
+            diagram.nodes.append(summary_node(scene, summaries[builder[1]]))
+        elif builder[0] == "mark":
+            mark = builder[1]
+            diagram.nodes.append(DiagramNode(name, mark.state, mark.name, describe_mark(mark), mark.module))
         else:
-            diagram.nodes.append(op_node_of(scene, subject[0], subject[1], scene.owner(*subject)))
+            key = builder[1]
+            diagram.nodes.append(op_node_of(scene, key[0], key[1], scene.owner(*key)))
     if diagram.omitted:
-        diagram.nodes.append(DiagramNode(
-            MORE_NODE, MORE, f"{diagram.omitted} more ops/tensors not shown",
-            ["raise max_nodes, collapse (depth=) or focus to see them"]))
+        diagram.nodes.append(
+            DiagramNode(
+                MORE_NODE,
+                MORE,
+                f"{diagram.omitted} more ops/tensors not shown",
+                ["raise max_nodes, collapse (depth=) or focus to see them"],
+            )
+        )
 
 
-def _add_edges(diagram: Diagram, scene: Scene, edges: dict[tuple[str, str], tuple[int, int]],
-               shown: set[str], edge_labels: bool) -> None:
+def _add_edges(
+    diagram: Diagram, scene: Scene, edges: dict[tuple[str, str], tuple[int, int]], shown: set[str], edge_labels: bool
+) -> None:
     """Edges between shown nodes; where the drawing is cut, dashed edges to or from "N more"."""
     for (tail, head), (graph, tid) in edges.items():
         if tail in shown and head in shown:
             label = edge_label(scene.graphs[graph], tid) if edge_labels else ""
             diagram.edges.append(DiagramEdge(tail, head, label))
     if diagram.omitted:
-        cut = {(tail if tail in shown else MORE_NODE, head if head in shown else MORE_NODE)
-               for tail, head in edges if tail not in shown or head not in shown}
+        cut = {
+            (tail if tail in shown else MORE_NODE, head if head in shown else MORE_NODE)
+            for tail, head in edges
+            if tail not in shown or head not in shown
+        }
         diagram.edges.extend(DiagramEdge(t, h, dashed=True) for t, h in sorted(cut) if t != h)
 
 
 def _add_error(diagram: Diagram, scene: Scene) -> None:
     """The failure as a node, after the last recorded op drawn."""
+    assert scene.error is not None  # op_diagram calls this only for a failed recording
     message = scene.error.strip().splitlines()
     last = next((node.name for node in reversed(diagram.nodes) if node.name.startswith("op:")), None)
     diagram.nodes.append(DiagramNode(ERROR_NODE, ERROR, "construction failed here", message[:6]))

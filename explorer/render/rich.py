@@ -23,12 +23,14 @@ from ..naming import format_bytes
 
 FIRST_ROWS = 10
 TREE_DEPTH = 2
-_STYLE = ("<style>.de-rich{font-family:var(--jp-ui-font-family,sans-serif);font-size:12px}"
-          ".de-rich table{border-collapse:collapse;font-size:11px}"
-          ".de-rich td,.de-rich th{padding:1px 6px;text-align:left}"
-          ".de-rich-bar{display:inline-block;height:9px;background:#4c6ef5;vertical-align:middle}"
-          ".de-rich-track{display:inline-block;width:160px;height:9px;background:#e9ecef;vertical-align:middle}"
-          ".de-rich ul{margin:0;padding-left:16px}</style>")
+_STYLE = (
+    "<style>.de-rich{font-family:var(--jp-ui-font-family,sans-serif);font-size:12px}"
+    ".de-rich table{border-collapse:collapse;font-size:11px}"
+    ".de-rich td,.de-rich th{padding:1px 6px;text-align:left}"
+    ".de-rich-bar{display:inline-block;height:9px;background:#4c6ef5;vertical-align:middle}"
+    ".de-rich-track{display:inline-block;width:160px;height:9px;background:#e9ecef;vertical-align:middle}"
+    ".de-rich ul{margin:0;padding-left:16px}</style>"
+)
 
 
 def _frame(frame: pd.DataFrame, columns: list[str], css_class: str) -> str:
@@ -43,8 +45,11 @@ def inspection_html(inspection: Any) -> str:
     parts = [
         f'<div class="de-rich de-rich-inspection"><div class="de-rich-summary">{summary}</div>',
         f"<h4>tensors ({len(inspection.tensors):,})</h4>",
-        _frame(inspection.tensors, ["name", "shape", "stride", "storage_offset", "dtype", "device", "state",
-                                    "bytes"], "de-rich-tensors"),
+        _frame(
+            inspection.tensors,
+            ["name", "shape", "stride", "storage_offset", "dtype", "device", "state", "bytes"],
+            "de-rich-tensors",
+        ),
         f"<h4>modules ({len(inspection.modules):,})</h4>",
         _frame(inspection.modules, ["name", "class", "total_params", "bytes", "materialized"], "de-rich-modules"),
         f"<h4>ops ({len(inspection.ops):,})</h4>",
@@ -61,23 +66,30 @@ def memory_plan_html(plan: Any) -> str:
         share = row.planned_bytes / row.budget_bytes if row.budget_bytes else 0.0
         width = max(0.0, min(1.0, share)) * 160
         rows.append(
-            f'<tr class="de-rich-device" data-device="{html.escape(str(row.device))}"><td>{html.escape(str(row.device))}</td>'
+            f'<tr class="de-rich-device" data-device="{html.escape(str(row.device))}">'
+            f"<td>{html.escape(str(row.device))}</td>"
             f"<td>{format_bytes(int(row.planned_bytes))} of {format_bytes(int(row.budget_bytes))}</td>"
             f'<td><span class="de-rich-track"><span class="de-rich-bar" style="width:{width:.1f}px"></span></span>'
             f" {100 * share:.1f}%</td><td>{int(row.entries):,} entries</td></tr>"
         )
     per_rank = f", bytes per rank of {plan.world_size}" if plan.world_size != 1 else ""
-    return (_STYLE + f'<div class="de-rich de-rich-plan"><b>MemoryPlan</b> ({len(plan.device_map):,} entries{per_rank})'
-            f"<table><tr><th>device</th><th>planned</th><th>used</th><th>entries</th></tr>{''.join(rows)}</table></div>")
+    return (
+        _STYLE + f'<div class="de-rich de-rich-plan"><b>MemoryPlan</b> ({len(plan.device_map):,} entries{per_rank})'
+        f"<table><tr><th>device</th><th>planned</th><th>used</th><th>entries</th></tr>{''.join(rows)}</table></div>"
+    )
 
 
 def dry_run_html(run: Any) -> str:
     """Totals, then per-module output shapes, activation bytes and FLOPs (first rows)."""
     frame = run.modules.assign(activation=run.modules["activation_bytes"].map(lambda b: format_bytes(int(b))))
-    return (_STYLE + f'<div class="de-rich de-rich-dry-run"><b>{html.escape(run.root_class)} dry run</b>: '
-            f"{run.flops:,} FLOPs, peak activations {format_bytes(run.peak_activation_bytes)}"
-            + _frame(frame, ["name", "class", "output_shapes", "output_dtypes", "activation", "flops"],
-                     "de-rich-dry-run-modules") + "</div>")
+    return (
+        _STYLE + f'<div class="de-rich de-rich-dry-run"><b>{html.escape(run.root_class)} dry run</b>: '
+        f"{run.flops:,} FLOPs, peak activations {format_bytes(run.peak_activation_bytes)}"
+        + _frame(
+            frame, ["name", "class", "output_shapes", "output_dtypes", "activation", "flops"], "de-rich-dry-run-modules"
+        )
+        + "</div>"
+    )
 
 
 def checkpoint_check_html(check: Any) -> str:
@@ -85,30 +97,41 @@ def checkpoint_check_html(check: Any) -> str:
     on load, and tied keys filled by their partners are listed (not problems)."""
     verdict = "ok" if check.ok else "not ok"  # the summary's first words
     frame = check.to_frame()
-    table = (_frame(frame, list(frame.columns), "de-rich-checkpoint-problems") if len(frame)
-             else "<div>no missing or unexpected keys, no mismatches</div>")
+    table = (
+        _frame(frame, list(frame.columns), "de-rich-checkpoint-problems")
+        if len(frame)
+        else "<div>no missing or unexpected keys, no mismatches</div>"
+    )
     notes = []
     if (frame["problem"] == "dtype").any():
-        notes.append("dtype differences are converted on load (load_state_dict copies, from_pretrained casts); "
-                     "they do not make the check fail")
+        notes.append(
+            "dtype differences are converted on load (load_state_dict copies, from_pretrained casts); "
+            "they do not make the check fail"
+        )
     if check.filled_by_tie:
         notes.append("filled by a tied partner: " + ", ".join(check.filled_by_tie))
     note_html = "".join(f'<div class="de-rich-note">{html.escape(note)}</div>' for note in notes)
     rest = check.summary().partition(": ")[2]
-    return (_STYLE + f'<div class="de-rich de-rich-checkpoint-check" data-ok="{str(check.ok).lower()}">'
-            f'<div class="de-rich-summary"><b>{verdict}</b>: {html.escape(rest)}</div>{table}{note_html}</div>')
+    return (
+        _STYLE + f'<div class="de-rich de-rich-checkpoint-check" data-ok="{str(check.ok).lower()}">'
+        f'<div class="de-rich-summary"><b>{verdict}</b>: {html.escape(rest)}</div>{table}{note_html}</div>'
+    )
 
 
 def _module_line(name: str, module: nn.Module) -> str:
     tensors = [*module.parameters(), *module.buffers()]
     sizes = {id(t): t.numel() * t.element_size() for t in tensors}
     fake = sum(1 for t in tensors if isinstance(t, torch._subclasses.fake_tensor.FakeTensor))
-    state = "fake" if fake == len(tensors) and tensors else ("materialized" if not fake else f"{fake}/{len(tensors)} fake")
+    state = (
+        "fake" if fake == len(tensors) and tensors else ("materialized" if not fake else f"{fake}/{len(tensors)} fake")
+    )
     if not tensors:
         state = "empty"
     label = html.escape(name or type(module).__name__)
-    return (f'<span class="de-rich-module" data-path="{html.escape(name)}"><b>{label}</b> '
-            f"{html.escape(type(module).__name__)} · {format_bytes(sum(sizes.values()))} · {state}</span>")
+    return (
+        f'<span class="de-rich-module" data-path="{html.escape(name)}"><b>{label}</b> '
+        f"{html.escape(type(module).__name__)} · {format_bytes(sum(sizes.values()))} · {state}</span>"
+    )
 
 
 def module_html(module: nn.Module, summary: str, depth: int = TREE_DEPTH) -> str:
@@ -127,8 +150,10 @@ def module_html(module: nn.Module, summary: str, depth: int = TREE_DEPTH) -> str
             items.append(f"<li>{_module_line(path, child)}{tree(path, child, level + 1)}</li>")
         return "<ul>" + "".join(items) + "</ul>"
 
-    return (_STYLE + f'<div class="de-rich de-rich-module-tree"><div class="de-rich-summary">{html.escape(summary)}'
-            f"</div>{_module_line('', module)}{tree('', module, 0)}</div>")
+    return (
+        _STYLE + f'<div class="de-rich de-rich-module-tree"><div class="de-rich-summary">{html.escape(summary)}'
+        f"</div>{_module_line('', module)}{tree('', module, 0)}</div>"
+    )
 
 
 def tensor_html(tensor: torch.Tensor) -> str:
@@ -137,11 +162,19 @@ def tensor_html(tensor: torch.Tensor) -> str:
 
     fake = isinstance(tensor, torch._subclasses.fake_tensor.FakeTensor)
     state = "fake (no storage)" if fake else "real (materialized or eager)"
-    rows = [("shape", tuple(tensor.shape)), ("stride", tuple(tensor.stride())), ("offset", tensor.storage_offset()),
-            ("dtype", str(tensor.dtype).replace("torch.", "")), ("device", str(tensor.device)), ("state", state),
-            ("bytes", format_bytes(tensor.numel() * tensor.element_size()))]
+    rows = [
+        ("shape", tuple(tensor.shape)),
+        ("stride", tuple(tensor.stride())),
+        ("offset", tensor.storage_offset()),
+        ("dtype", str(tensor.dtype).replace("torch.", "")),
+        ("device", str(tensor.device)),
+        ("state", state),
+        ("bytes", format_bytes(tensor.numel() * tensor.element_size())),
+    ]
     if fake:
         rows.append(("name", describe(tensor)))
-    body = "".join(f'<tr data-field="{key}"><th>{key}</th><td>{html.escape(str(value))}</td></tr>' for key, value in rows)
+    body = "".join(
+        f'<tr data-field="{key}"><th>{key}</th><td>{html.escape(str(value))}</td></tr>' for key, value in rows
+    )
     kind = "Parameter" if isinstance(tensor, nn.Parameter) else "Tensor"
     return _STYLE + f'<div class="de-rich de-rich-tensor"><b>{kind}</b><table>{body}</table></div>'

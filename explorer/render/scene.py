@@ -73,6 +73,7 @@ class Scene:
     def module_bytes(self, path: str) -> int:
         """Storage bytes under module `path`, as the modules table counts them."""
         if self._module_bytes is None:
+            assert self.census is not None  # asked for summary nodes, which only a scene with modules draws
             table = modules_table(self.census)
             self._module_bytes = dict(zip(table["name"], (int(b) for b in table["bytes"])))
         return self._module_bytes.get(path, 0)
@@ -86,16 +87,24 @@ class Scene:
 
 def _mark_of(entries: list[NamedTensor], census: Census) -> TensorMark:
     first = entries[0]
-    if first.graph is not None:
+    if first.graph is not None and first.tensor_id is not None:  # both or neither
         info = census.graphs[first.graph].tensors[first.tensor_id]
         shape, dtype = tuple(info.shape), info.dtype
     else:
         shape, dtype = tuple(first.tensor.shape), first.tensor.dtype
     numel = first.numel
     return TensorMark(
-        node=tensor_node(first.name), graph=first.graph, tensor_id=first.tensor_id, module=first.module,
-        name=first.name, kind=first.kind, state=first.state, shape=shape, dtype=dtype_name(dtype),
-        nbytes=numel * dtype.itemsize, also=[entry.name for entry in entries[1:]],
+        node=tensor_node(first.name),
+        graph=first.graph,
+        tensor_id=first.tensor_id,
+        module=first.module,
+        name=first.name,
+        kind=first.kind,
+        state=first.state,
+        shape=shape,
+        dtype=dtype_name(dtype),
+        nbytes=numel * dtype.itemsize,
+        also=[entry.name for entry in entries[1:]],
         modules=tuple(dict.fromkeys(entry.module for entry in entries)),
     )
 
@@ -130,11 +139,20 @@ def graph_scene(graph: InitGraph, error: str | None = None) -> Scene:
     for tid, info in graph.tensors.items():
         parameter = info.is_param or info.requires_grad
         if parameter or tid not in used:
-            marks.append(TensorMark(
-                node=unnamed_tensor_node(0, tid), graph=0, tensor_id=tid, module=None, name=f"#{tid}",
-                kind=PARAMETER if parameter else "tensor", state=FAKE, shape=tuple(info.shape),
-                dtype=dtype_name(info.dtype), nbytes=math.prod(info.shape) * info.dtype.itemsize,
-            ))
+            marks.append(
+                TensorMark(
+                    node=unnamed_tensor_node(0, tid),
+                    graph=0,
+                    tensor_id=tid,
+                    module=None,
+                    name=f"#{tid}",
+                    kind=PARAMETER if parameter else "tensor",
+                    state=FAKE,
+                    shape=tuple(info.shape),
+                    dtype=dtype_name(info.dtype),
+                    nbytes=math.prod(info.shape) * info.dtype.itemsize,
+                )
+            )
     if error is None and not graph.finished:
         error = "construction did not finish"
     return Scene("partial graph" if not graph.finished else "graph", [graph], marks, error=error)

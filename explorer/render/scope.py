@@ -38,7 +38,7 @@ def _reads_marks(scene: Scene, ops: dict[int, list[int]], chosen: list[TensorMar
 def _closure_target(scene: Scene, name: str) -> tuple[TensorMark | None, int, int]:
     mark = scene.find_mark(name)
     if mark is not None:
-        if mark.graph is None:
+        if mark.graph is None or mark.tensor_id is None:  # both or neither
             raise ValueError(f"closure_of={name!r}: that tensor is real (never recorded), so it has no closure")
         return mark, mark.graph, mark.tensor_id
     if name.startswith("#"):
@@ -64,16 +64,27 @@ def select_scope(scene: Scene, focus: str | None, closure_of: str | None) -> Sco
     if focus is not None and closure_of is not None:
         raise ValueError("op_graph: give focus= or closure_of=, not both")
     if closure_of is not None and scene.owner_ran_ops:
-        raise ValueError("op_graph: closure_of= is for construction graphs; a forward graph has no closures "
-                         "(use focus= to draw one module's ops)")
+        raise ValueError(
+            "op_graph: closure_of= is for construction graphs; a forward graph has no closures "
+            "(use focus= to draw one module's ops)"
+        )
     if closure_of is not None:
         mark, graph, tid = _closure_target(scene, closure_of)
         ops = {graph: scene.graphs[graph].closure_of([tid])}
         if mark is None:
             info = graphs[graph].tensors[tid]
-            mark = TensorMark(unnamed_tensor_node(graph, tid), graph, tid, scene.owner(graph, info.producer),
-                              f"#{graph}:{tid}", "intermediate", FAKE, tuple(info.shape), dtype_name(info.dtype),
-                              math.prod(info.shape) * info.dtype.itemsize)
+            mark = TensorMark(
+                unnamed_tensor_node(graph, tid),
+                graph,
+                tid,
+                scene.owner(graph, info.producer),
+                f"#{graph}:{tid}",
+                "intermediate",
+                FAKE,
+                tuple(info.shape),
+                dtype_name(info.dtype),
+                math.prod(info.shape) * info.dtype.itemsize,
+            )
         return Scope(ops, _reads_marks(scene, ops, [mark]), f"closure of {closure_of}")
     if focus is not None:
         if not scene.has_modules:
@@ -85,14 +96,17 @@ def select_scope(scene: Scene, focus: str | None, closure_of: str | None) -> Sco
                 f"(modules at that depth: {', '.join(children[:8]) or 'none'})"
             )
         if scene.owner_ran_ops:
-            ops = {graph: [i for i in range(len(g.ops)) if is_inside(scene.owner(graph, i), focus)]
-                   for graph, g in enumerate(graphs)}
+            ops = {
+                graph: [i for i in range(len(g.ops)) if is_inside(scene.op_owner.get((graph, i), ""), focus)]
+                for graph, g in enumerate(graphs)
+            }
             return Scope(ops, _reads_marks(scene, ops, []), f"focus {focus or '(root)'}")
         chosen = [mark for mark in scene.marks if any(is_inside(module, focus) for module in mark.modules)]
         needed: dict[int, set[int]] = {}
         census = scene.census
+        assert census is not None  # has_modules, checked above
         for entry in census.tensors:
-            if entry.graph is not None and is_inside(entry.module, focus):
+            if entry.graph is not None and entry.tensor_id is not None and is_inside(entry.module, focus):
                 needed.setdefault(entry.graph, set()).update(census.closures[(entry.graph, entry.tensor_id)])
         ops = {graph: sorted(indices) for graph, indices in needed.items()}
         return Scope(ops, _reads_marks(scene, ops, chosen), f"focus {focus or '(root)'}")

@@ -13,7 +13,12 @@ from ..inspection.ops import COMPUTE, DATA, EXTERNAL_INPUT, FACTORY, INPLACE, RA
 SUMMARY, FOLDED, MORE, ERROR = "module", "repeated modules", "more", "error"
 CHECKPOINT_READ = "checkpoint read"  # explorer::read_safetensors / read_torch / read_dcp, drawn apart
 MODULE_FAKE, MODULE_PARTLY, MODULE_MATERIALIZED, MODULE_REAL, MODULE_EMPTY = (
-    "module: fake", "module: partly", "module: materialized", "module: real", "module: no tensors")
+    "module: fake",
+    "module: partly",
+    "module: materialized",
+    "module: real",
+    "module: no tensors",
+)
 MODULE_DISK = "module: disk"
 FORWARD_INPUT = "forward input"  # a tensor argument of forward (forward graphs)
 
@@ -89,8 +94,14 @@ MODULE_LEGEND: tuple[tuple[str, str], ...] = (
     (MODULE_EMPTY, "no tensors"),
 )
 
-GRAPH_ATTRS = {"rankdir": "LR", "fontname": "Helvetica", "fontsize": "11", "labelloc": "t", "nodesep": "0.15",
-               "ranksep": "0.3"}
+GRAPH_ATTRS = {
+    "rankdir": "LR",
+    "fontname": "Helvetica",
+    "fontsize": "11",
+    "labelloc": "t",
+    "nodesep": "0.15",
+    "ranksep": "0.3",
+}
 NODE_ATTRS = {"fontname": "Helvetica", "fontsize": "10", "margin": "0.08,0.03", "height": "0.3"}
 EDGE_ATTRS = {"fontname": "Helvetica", "fontsize": "8", "color": "#495057", "arrowsize": "0.6"}
 CLUSTER_ATTRS = {"style": "rounded,filled", "color": "#adb5bd", "fillcolor": "#f8f9fa11", "fontsize": "10"}

@@ -411,3 +411,12 @@ def test_a_tensor_from_outside_the_recording_gives_its_exact_moments():
     w = row(init_report(deferred_init(FromOutside, values)), "w")
     assert w["init"] == "copied from a tensor from outside the recording (4,)"
     assert (w["mean"], w["std"]) == (3.0, math.sqrt(3.5))
+
+
+def test_a_module_materialized_on_the_meta_device_is_reported_without_measurements() -> None:
+    torch.manual_seed(0)
+    module = explorer.deferred_init(nn.Linear, 4, 3)
+    explorer.materialize_module(module, device="meta")
+    row = explorer.init_report(module).set_index("name").loc["weight"]
+    assert row["init"] == "uniform(-0.5, 0.5)"
+    assert math.isnan(row["measured_mean"]) and "measured differs" not in row["flags"]
