@@ -7,25 +7,26 @@ FX export) only read the graph; `distributed.py` hands materialization to FSDP2/
 """
 
 from ._version import __version__
-from .analysis.checkpoint_check import CheckpointCheck, check_checkpoint  # noqa: E402
-from .analysis.dry_run import DryRun, DryRunError, dry_run  # noqa: E402
-from .analysis.forward_graph import ForwardGraph, ForwardGraphError, forward_graph  # noqa: E402
-from .analysis.fx_export import InitProgram, to_fx  # noqa: E402
-from .analysis.init_report import init_report  # noqa: E402
-from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices  # noqa: E402
-from .errors import CheckpointError, DeferredInitError, MaterializationError, NoDataError
-from .errors import ReleaseError
+from .errors import CheckpointError, DeferredInitError, MaterializationError, NoDataError, ReleaseError
 from .record.checkpoint_load import load_checkpoint
-
-# Read-only views of the recording; imported after the engine, which they read.
-from .inspection import Inspection, inspect  # noqa: E402
 from .record.deferred import DeferredBlock, deferred, deferred_init, deferred_roots
 from .record.fake import is_fake
-from .render import module_graph, node_kind, op_graph  # noqa: E402
 from .replay.materialize import is_deferred, materialize_module, materialize_tensor
-from .replay.slices import SlicePlan, WholeBaseWarning, slice_plan
-from .replay.save import save_checkpoint
 from .replay.release import release_module
+from .replay.save import save_checkpoint
+from .replay.slices import SlicePlan, WholeBaseWarning, slice_plan
+
+# isort: split
+# Read-only views of the recording and analyses over it; imported after the engine, which they read.
+from .analysis.checkpoint_check import CheckpointCheck, check_checkpoint
+from .analysis.dry_run import DryRun, DryRunError, dry_run
+from .analysis.forward_graph import ForwardGraph, ForwardGraphError, forward_graph
+from .analysis.fx_export import InitProgram, to_fx
+from .analysis.init_report import init_report
+from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices
+from .analysis.train_step import TrainStep, TrainStepError, train_step
+from .inspection import Inspection, inspect
+from .render import module_graph, node_kind, op_graph
 
 __all__ = [
     "__version__",
@@ -57,14 +58,17 @@ __all__ = [
     "load_checkpoint",
     "materialize_module",
     "materialize_tensor",
+    "slice_plan",
+    "SlicePlan",
+    "WholeBaseWarning",
     "module_graph",
     "node_kind",
     "op_graph",
     "plan_devices",
     "release_module",
     "save_checkpoint",
-    "slice_plan",
-    "SlicePlan",
-    "WholeBaseWarning",
     "to_fx",
+    "TrainStep",
+    "TrainStepError",
+    "train_step",
 ]

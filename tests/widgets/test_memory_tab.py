@@ -6,6 +6,7 @@ from torch import nn
 
 import explorer
 import widgets
+from widgets.formatting import bytes_text
 from widgets.memory_tab import parse_shapes
 
 
@@ -90,3 +91,70 @@ def test_clicking_a_module_row_drills_down_into_it(ui):
     assert ui.tree.active == "blocks.1"
     assert ui.memory_tab.table.row_keys == ["blocks.1", "blocks.1.attn", "blocks.1.mlp", "blocks.1.norm"]
     assert ui.memory_tab.table.selected == ""
+
+
+# -- Training step panel ---------------------------------------------------------------------------
+def _train_ui(world_size: int = 1):
+    torch.manual_seed(0)
+    ui = widgets.explore(lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    panel = ui.memory_tab.train_panel
+    panel.shapes.value = "3x4"
+    panel.input_dtype.value = "float32"
+    panel.world_size.value = world_size
+    return ui, panel
+
+
+def test_training_step_panel_shows_the_verdict_bar_and_module_table():
+    ui, panel = _train_ui()
+    panel.budget.value = "1GB"
+    panel.run_button.click()
+    step = panel.last_step
+    expected = explorer.train_step(ui.module, torch.empty(3, 4))
+    assert step.peak == expected.peak and step.peak_bytes == expected.peak_bytes
+    assert panel.verdict.value == f"fits on 1 × 1GB (peak {bytes_text(step.peak_bytes)} per device); peak in the optimizer"
+    segments = panel.bar.value.count('class="train-bar-segment"')
+    assert segments == sum(1 for value in step.peak.values() if value)
+    assert 'data-category="optimizer_state"' in panel.bar.value
+    assert panel.table.row_keys == ["", "0", "1", "2"]
+    assert panel.table.columns == ["name", "class", "calls", "forward_peak_bytes", "backward_peak_bytes",
+                                   "activation_bytes"]
+    assert explorer.is_deferred(ui.module)  # nothing was materialized
+
+
+def test_training_step_panel_says_when_it_does_not_fit_on_n_devices():
+    ui, panel = _train_ui(world_size=2)
+    panel.optimizer.value = "SGD"
+    panel.budget.value = "100B"
+    panel.run_button.click()
+    step = panel.last_step
+    assert step.world_size == 2 and step.optimizer == "SGD"
+    assert panel.verdict.value == (
+        f"does not fit on 2 × 100B (peak {bytes_text(step.peak_bytes)} per device); peak in the {step.phase}"
+    )
+    assert 'data-category="sharded_parameters"' in panel.bar.value
+
+
+def test_training_step_panel_reports_a_bad_budget_and_missing_inputs():
+    _, panel = _train_ui()
+    panel.budget.value = "lots"
+    panel.run_button.click()
+    assert panel.verdict.value == ("training step failed: ValueError: cannot read the budget 'lots': write bytes or a "
+                                   "number and a unit, e.g. '80GB', '80GiB', '512MiB'")
+    panel.shapes.value = ""
+    panel.run_button.click()
+    assert panel.verdict.value == "training step failed: ValueError: no input shapes given (write e.g. 1x512)"
+
+
+def test_training_step_panel_gives_hugging_face_models_their_labels():
+    from widgets.train_panel import takes_labels
+    from tests.support.hf_configs import HF_BY_NAME
+
+    arch = HF_BY_NAME["llama"]
+    torch.manual_seed(0)
+    ui = widgets.explore(arch.cls, arch.config())
+    panel = ui.memory_tab.train_panel
+    assert takes_labels(ui.module) and not takes_labels(nn.Linear(2, 2))
+    panel.shapes.value = "2x8"
+    panel.run_button.click()
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    assert panel.last_step.peak == explorer.train_step(ui.module, ids, labels=ids).peak

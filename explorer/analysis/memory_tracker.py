@@ -1,0 +1,92 @@
+"""PyTorch's memory trackers (`MemTracker`, `FSDPMemTracker`) with their per-op bookkeeping made cheap.
+
+Note: [Fast memory trackers]
+`torch.distributed._tools.mem_tracker.MemTracker` categorizes every storage an op creates
+(parameter, gradient, activation, temporary, optimizer state...) and after every op updates the
+peak of each module that is running. It finds those modules by walking *every* module it has seen
+(a `WeakIdKeyDictionary`, one weak reference made per lookup) and deep-copies a snapshot for each
+one whose peak rose — on a 7B Llama step that is most of the time the step takes. The trackers here
+keep PyTorch's categorization untouched (same hooks, same enums, same rules: they are subclasses)
+and replace only that update, `_update_peak_stats`, by an equivalent one: the running modules
+are looked up by name among `ModTracker.parents` (a handful) in an index rebuilt when a module is
+first seen, and snapshots are copied one level deep (their values are ints). The results are
+byte-for-byte PyTorch's (`tests/explorer/analysis/test_train_memory_tracker.py` compares them).
+One behaviour is added: parameters without `requires_grad` (frozen layers) get no gradient hooks,
+where PyTorch's tracker raises trying to register them (`_FrozenParameters`).
+This mirrors private PyTorch internals (2.13): re-check `_update_peak_stats` on upgrades.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FastFSDPMemTracker", "FastMemTracker"]
+
+# Importing the module registers fake (meta) kernels for c10d collectives, used under FakeTensorMode.
+import torch.distributed._tools.fake_collectives  # noqa: F401
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
+
+
+class _FastPeaks:
+    """Mixin replacing `MemTracker._update_peak_stats` (see note [Fast memory trackers])."""
+
+    _indexed_count: int = -1
+    _by_name: dict
+
+    def _running_stats(self) -> list:
+        tracking = self.memory_tracking  # type: ignore[attr-defined]
+        if len(tracking) != self._indexed_count:
+            by_name: dict[str, list] = {}
+            for stats in tracking.values():
+                by_name.setdefault(stats.mod_fqn, []).append(stats)
+            self._by_name, self._indexed_count = by_name, len(tracking)
+        running = []
+        for name in self._mod_tracker.parents:  # type: ignore[attr-defined]
+            running.extend(self._by_name.get(name, ()))
+        return running
+
+    def _update_peak_stats(self, peak_state) -> None:
+        current = self._curr_mem_snap  # type: ignore[attr-defined]
+        for stats in self._running_stats():
+            if stats.mod_fqn not in self._mod_tracker.parents:  # type: ignore[attr-defined]  # renamed since indexed
+                continue
+            if peak_state in stats.snapshots:
+                for device, device_snap in current.items():
+                    if stats.local_peak.get(device, 0) < device_snap[_TOTAL_KEY]:
+                        stats.local_peak[device] = device_snap[_TOTAL_KEY]
+                        stats.snapshots[peak_state][-1][device] = dict(device_snap)
+        peaks = self._peak_mem  # type: ignore[attr-defined]
+        for device, device_snap in current.items():
+            if peaks.get(device, 0) < device_snap[_TOTAL_KEY]:
+                peaks[device] = device_snap[_TOTAL_KEY]
+                self._peak_mem_snap[device] = dict(device_snap)  # type: ignore[attr-defined]
+
+
+class _FrozenParameters:
+    """Mixin: parameters that do not require grad (frozen layers, LoRA bases) get no gradient hooks.
+
+    `MemTracker._track_module_params_and_buffers` registers a hook on every parameter, which raises
+    for one without `requires_grad`; here hooks go only on those that have it, as PyTorch's would.
+    """
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        totals = super()._track_module_params_and_buffers(module, install_grad_hooks=False)  # type: ignore[misc]
+        if install_grad_hooks:
+            handles = self._param_to_grad_hook_handles  # type: ignore[attr-defined]
+            for param in module.parameters():
+                if param.requires_grad and handles.get(param, None) is None:
+                    handles[param] = (
+                        param.register_hook(self._grad_hook),
+                        param.register_post_accumulate_grad_hook(lambda p: self._grad_hook(p.grad)),
+                    )
+        return totals
+
+    def _grad_hook(self, grad) -> None:
+        self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)  # type: ignore[attr-defined]
+
+
+class FastMemTracker(_FastPeaks, _FrozenParameters, MemTracker):
+    """`MemTracker` with a cheap peak update; same categories and bytes (note [Fast memory trackers])."""
+
+
+class FastFSDPMemTracker(_FastPeaks, FSDPMemTracker):
+    """`FSDPMemTracker` with a cheap peak update; same categories and bytes (note [Fast memory trackers])."""

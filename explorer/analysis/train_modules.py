@@ -1,0 +1,85 @@
+"""The per-module table of a training step, read from the snapshots PyTorch's trackers take.
+
+`MemTracker` snapshots a module before and after each forward call and keeps its peak in forward
+and in backward; `FSDPMemTracker` does the same for the modules `fully_shard` was applied to (only
+those get rows when sharded). States are read by their values, which both trackers share the
+meaning of (`_ModState` / `_FSDPModState` in PyTorch 2.13; re-check on upgrades).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
+
+MODULE_COLUMNS = [
+    "name",
+    "class",
+    "calls",
+    "forward_peak_bytes",
+    "backward_peak_bytes",
+    "activation_bytes",
+]
+# (peak in forward, peak in backward, before a forward call, after it), per tracker.
+_STATES = {
+    "MemTracker": ("Peak-Forward", "Peak-Backward", "Pre-Forward", "Post-Forward"),
+    "FSDPMemTracker": (
+        "Peak Forward",
+        "Peak Backward",
+        "Before Pre-Forward",
+        "After Post-Forward",
+    ),
+}
+_WRAPPED = "_checkpoint_wrapped_module"
+
+
+def _total(snapshot: dict) -> int:
+    return max((device_snap["Total"] for device_snap in snapshot.values()), default=0)
+
+
+def _activations(snapshot: dict) -> int:
+    return sum(
+        value
+        for device_snap in snapshot.values()
+        for key, value in device_snap.items()
+        if getattr(key, "value", None) == "Activation"
+    )
+
+
+def _states(tracker: MemTracker) -> tuple[str, str, str, str]:
+    for cls in type(tracker).__mro__:
+        if cls.__name__ in _STATES:
+            return _STATES[cls.__name__]
+    raise TypeError(f"not a PyTorch memory tracker: {type(tracker).__name__}")
+
+
+def _by_state(stats: object) -> dict[str, list[dict]]:
+    return {state.value: snapshots for state, snapshots in stats.snapshots.items()}  # type: ignore[attr-defined]
+
+
+def module_table(module: nn.Module, twin: nn.Module, tracker: MemTracker) -> pd.DataFrame:
+    """One row per module of `twin` the step ran, named by its path in `module` (checkpoint wrappers
+    are folded into the block they wrap): calls, the peak bytes while its forward ran and while its
+    backward ran, and `activation_bytes`, the activations its forward calls created and still held
+    when they returned (what backward needs from it, plus its outputs)."""
+    peak_fw, peak_bw, before, after = _states(tracker)
+    classes = {path: type(sub).__name__ for path, sub in module.named_modules()}
+    rows = []
+    for path, sub in twin.named_modules():
+        stats = tracker.memory_tracking.get(sub)
+        if stats is None or type(sub).__name__ == "CheckpointWrapper":
+            continue
+        name = ".".join(part for part in path.split(".") if part != _WRAPPED)
+        snapshots = _by_state(stats)
+        pairs = zip(snapshots.get(before, []), snapshots.get(after, []))
+        rows.append(
+            {
+                "name": name,
+                "class": classes.get(name, type(sub).__name__),
+                "calls": len(snapshots.get(before, [])),
+                "forward_peak_bytes": max((_total(s) for s in snapshots.get(peak_fw, [])), default=0),
+                "backward_peak_bytes": max((_total(s) for s in snapshots.get(peak_bw, [])), default=0),
+                "activation_bytes": sum(_activations(post) - _activations(pre) for pre, post in pairs),
+            }
+        )
+    return pd.DataFrame(rows, columns=MODULE_COLUMNS)

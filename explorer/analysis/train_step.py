@@ -1,0 +1,393 @@
+"""`train_step`: will it train? One forward, backward and optimizer step on fake tensors, measured.
+
+The step runs on a fake twin of the module (`train_twin.fake_twin`: the module tree deep-copied
+with every tensor replaced by a fake of a FakeTensorMode of our own), so the module, its recording
+and the global RNG are left as they were and no storage is allocated; with `world_size > 1` the
+twin is sharded with FSDP2 over a fake process group (`fake_fsdp`). Memory is counted by PyTorch's
+own trackers, made fast (`memory_tracker`, note [Fast memory trackers]): bytes per category at the
+peak, and per module the peak in forward and backward. The numbers are those `MemTracker` /
+`FSDPMemTracker` report for the same step of the eager model (tests compare them byte for byte):
+tensor storages only, rounded to the CUDA allocator's 512-byte blocks on CUDA devices; no allocator
+fragmentation, CUDA context or kernel workspaces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+import pandas as pd
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+
+from ..record.scope import recording_graph
+from .dry_run import fake_forward_arguments, tensor_leaves
+from .fake_fsdp import (
+    checkpoint_blocks,
+    fake_process_group,
+    lazy_fsdp_chunks,
+    repeated_blocks,
+    shard_blocks,
+)
+from .memory_tracker import FastFSDPMemTracker, FastMemTracker
+from .train_budget import parse_budget
+from .train_modules import module_table
+from .train_render import summary_text, train_step_html, verdict_text
+from .train_twin import fake_twin
+
+Category = Literal[
+    "parameters",
+    "sharded_parameters",
+    "unsharded_parameters",
+    "buffers",
+    "gradients",
+    "sharded_gradients",
+    "unsharded_gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "all_gather",
+    "reduce_scatter",
+    "inputs",
+]
+Phase = Literal["forward", "backward", "optimizer"]
+
+# PyTorch's category names (`_MemRefType` / `_FSDPRefType` values) → ours.
+CATEGORY_OF: dict[str, Category] = {
+    "Parameter": "parameters",
+    "Sharded Param": "sharded_parameters",
+    "Unsharded Param": "unsharded_parameters",
+    "Buffer": "buffers",
+    "Gradient": "gradients",
+    "Sharded Grad": "sharded_gradients",
+    "Unsharded Grad": "unsharded_gradients",
+    "Optstate": "optimizer_state",
+    "OptState": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "All Gather": "all_gather",
+    "Reduce Scatter": "reduce_scatter",
+    "Other": "inputs",
+    "Inputs": "inputs",
+}
+SINGLE_CATEGORIES: tuple[Category, ...] = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "inputs",
+)
+FSDP_CATEGORIES: tuple[Category, ...] = (
+    "sharded_parameters",
+    "unsharded_parameters",
+    "buffers",
+    "sharded_gradients",
+    "unsharded_gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "all_gather",
+    "reduce_scatter",
+    "inputs",
+)
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+LossFunction = Callable[[Any], torch.Tensor]
+
+
+class TrainStepError(RuntimeError):
+    """The training step could not run on fake tensors (names the phase and the running modules)."""
+
+
+@dataclass(frozen=True, repr=False)
+class TrainStep:
+    """What one fake training step needs in memory, per device (per rank when `world_size > 1`).
+
+    `peak_bytes`: the most bytes alive at once; `peak`: those bytes by category at that moment
+    (`SINGLE_CATEGORIES`, or `FSDP_CATEGORIES` when sharded); `phase`: the phase the peak was
+    reached in; `phase_peaks`: the running peak at the end of each phase; `modules`: one row per
+    module that ran (`train_modules.MODULE_COLUMNS`; with FSDP, the sharded modules); `device`: the
+    device the parameters are on; `blocks`: the repeated blocks found (what checkpointing wraps and
+    the default sharding shards).
+    """
+
+    root_class: str
+    world_size: int
+    optimizer: str
+    activation_checkpointing: bool
+    peak_bytes: int
+    peak: dict[str, int]
+    phase: Phase
+    phase_peaks: dict[str, int]
+    modules: pd.DataFrame
+    device: str = "cpu"
+    blocks: list[str] = field(default_factory=list)
+
+    def fits(self, budget: float | str) -> bool:
+        """Whether the peak fits in `budget` bytes per device: a number of bytes, or a string such as
+        "80GB" (10^9 bytes), "80GiB" (2^30), "512 MiB". Raises ValueError for an unreadable budget."""
+        return self.peak_bytes <= parse_budget(budget)
+
+    def verdict(self, budget: float | str) -> str:
+        """'fits on N × budget' or 'does not fit on N × budget', with the peak per device."""
+        return verdict_text(self, budget)
+
+    def summary(self) -> str:
+        """The peak, the phase it is reached in, and each non-empty category, one per line."""
+        return summary_text(self)
+
+    def _repr_html_(self) -> str:
+        """Rich display in notebooks: headline, stacked bar by category, per-module table."""
+        return train_step_html(self)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+
+# -- the step --------------------------------------------------------------------------------------
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The model's own loss when its output carries one (a `loss` key or attribute that is a tensor,
+    as Hugging Face models return when given `labels=`), otherwise the sum of every floating-point
+    output tensor that requires grad. Raises TrainStepError when there is none."""
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(output, torch.Tensor):
+        leaves = [output]
+    else:
+        leaves = [t for t in tensor_leaves(output) if t.is_floating_point() and t.requires_grad]
+    if not leaves or not leaves[0].requires_grad:
+        raise TrainStepError(
+            f"the forward returned no tensor that requires grad (got {type(output).__name__}): pass loss=..."
+        )
+    total = leaves[0].sum()
+    for leaf in leaves[1:]:
+        total = total + leaf.sum()
+    return total
+
+
+@dataclass
+class _StepRun:
+    """What running the step produced: the tracker and the running peak after each phase."""
+
+    tracker: MemTracker
+    optimizer_name: str
+    phase_peaks: dict[str, int] = field(default_factory=dict)
+
+
+def _peak_total(tracker: MemTracker) -> int:
+    snapshot = tracker.get_tracker_snapshot("peak")
+    return max((device_snap["Total"] for device_snap in snapshot.values()), default=0)
+
+
+def _running(tracker: MemTracker) -> str:
+    names = sorted(tracker._mod_tracker.parents - {"Global"}, key=len)
+    return names[-1] if names else "<no module>"
+
+
+def run_step(
+    twin: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    make_optimizer: OptimizerFactory,
+    loss: LossFunction,
+    tracker: MemTracker,
+    root_class: str,
+) -> _StepRun:
+    """Forward, loss, backward and one optimizer step of `twin` under `tracker` (created by the
+    caller: `FastMemTracker()` or `FastFSDPMemTracker(twin, optimizer)`), exactly as one would write
+    them in eager; inputs are tracked as "inputs". Raises TrainStepError naming phase and module."""
+    optimizer = getattr(tracker, "_optm", None) or make_optimizer(twin.parameters())
+    run = _StepRun(tracker, type(optimizer).__name__)
+    if isinstance(tracker, FastFSDPMemTracker):
+        tracker.track_inputs((args, kwargs))
+    else:
+        tracker.track_external(twin, optimizer, *tensor_leaves((args, kwargs)))
+    phase: Phase = "forward"
+    try:
+        with tracker:
+            value = loss(twin(*args, **kwargs))  # the output is dropped before backward, as in a loop
+            run.phase_peaks["forward"] = _peak_total(tracker)
+            phase = "backward"
+            value.backward()
+            del value  # nor is the loss held through the optimizer step
+            run.phase_peaks["backward"] = _peak_total(tracker)
+            phase = "optimizer"
+            optimizer.step()
+            run.phase_peaks["optimizer"] = _peak_total(tracker)
+    except TrainStepError:
+        raise
+    except Exception as error:
+        raise TrainStepError(
+            f"the {phase} of {root_class} cannot run on fake tensors (in {_running(tracker)}): "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    return run
+
+
+def _peak_phase(phase_peaks: dict[str, int]) -> Phase:
+    final = phase_peaks["optimizer"]
+    return cast(Phase, next(phase for phase, value in phase_peaks.items() if value == final))
+
+
+def _peak_categories(tracker: MemTracker, categories: tuple[Category, ...]) -> tuple[int, dict[str, int]]:
+    snapshot = tracker.get_tracker_snapshot("peak")
+    if not snapshot:
+        return 0, dict.fromkeys(categories, 0)
+    device_snap = max(snapshot.values(), key=lambda snap: snap["Total"])
+    peak: dict[str, int] = dict.fromkeys(categories, 0)
+    for key, value in device_snap.items():
+        if key != "Total":
+            peak[CATEGORY_OF[getattr(key, "value", key)]] += value
+    return device_snap["Total"], peak
+
+
+def _prepare_twin(
+    module: nn.Module, mode: FakeTensorMode, activation_checkpointing: bool
+) -> tuple[nn.Module, list[str]]:
+    twin = fake_twin(module, mode)
+    twin.train()
+    blocks = repeated_blocks(twin)
+    if activation_checkpointing:
+        if not blocks:
+            raise TrainStepError(
+                f"activation_checkpointing=True found no repeated blocks in {type(module).__name__} (entries of an "
+                "nn.ModuleList/nn.Sequential with submodules sharing a class): nothing to checkpoint"
+            )
+        checkpoint_blocks(twin, blocks)
+    return twin, [path for path, _ in blocks]
+
+
+def _check_arguments(module: Any, world_size: int, shard: Any) -> None:
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"explorer.train_step expects an nn.Module, got {type(module).__name__}")
+    if recording_graph() is not None:
+        raise TrainStepError("train_step cannot run inside deferred_init: call it on the module deferred_init returned")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if shard is not None and world_size == 1:
+        raise ValueError("shard= applies fully_shard under world_size > 1; with world_size=1 nothing is sharded")
+
+
+def train_step(
+    module: nn.Module,
+    *inputs_or_shapes: Any,
+    optimizer: OptimizerFactory | None = None,
+    loss: LossFunction | None = None,
+    world_size: int = 1,
+    shard: Callable[[nn.Module], Any] | None = None,
+    activation_checkpointing: bool = False,
+    **forward_kwargs: Any,
+) -> TrainStep:
+    """Memory of one training step (forward, loss, backward, `optimizer.step()`) of `module`, on fakes.
+
+    `module` may be deferred, partly materialized or eager; it is not changed, nothing is recorded,
+    the global RNG is left as it was and no tensor storage is allocated. Inputs are read as in
+    `dry_run` (shapes, tensors, a dict of keyword arguments; `forward_kwargs` are passed too).
+    `optimizer`: a function from parameters to an optimizer (default `torch.optim.AdamW`);
+    `loss`: a function of the output (default `default_loss`). `world_size > 1`: the step of rank 0
+    under FSDP2 over a fake process group; `shard(twin)` applies `fully_shard` (default: each repeated
+    block, then the root); process-group state is restored on any exit. `activation_checkpointing`:
+    each repeated block is wrapped with `torch.utils.checkpoint` (before sharding).
+
+    Raises TypeError for a non-module, ValueError for a bad world size, TrainStepError when the step
+    cannot run on fake tensors (naming the phase and the innermost running module).
+    """
+    _check_arguments(module, world_size, shard)
+    make_optimizer = optimizer or torch.optim.AdamW
+    rng_state = torch.get_rng_state()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        twin, blocks = _prepare_twin(module, mode, activation_checkpointing)
+        first = next(iter(twin.parameters()), None)
+        device = first.device if first is not None else torch.device("cpu")
+        args, kwargs = fake_forward_arguments(module, mode, device, inputs_or_shapes, forward_kwargs)
+        if world_size == 1:
+            with mode, torch.enable_grad():
+                tracker, run = _single(
+                    twin,
+                    args,
+                    kwargs,
+                    make_optimizer,
+                    loss or default_loss,
+                    type(module).__name__,
+                )
+        else:
+            with (
+                fake_process_group(world_size, device.type) as mesh,
+                mode,
+                torch.enable_grad(),
+            ):
+                tracker, run = _sharded(
+                    twin,
+                    mesh,
+                    shard,
+                    args,
+                    kwargs,
+                    make_optimizer,
+                    loss or default_loss,
+                    type(module).__name__,
+                )
+    finally:
+        torch.set_rng_state(rng_state)
+    categories = SINGLE_CATEGORIES if world_size == 1 else FSDP_CATEGORIES
+    peak_bytes, peak = _peak_categories(tracker, categories)
+    return TrainStep(
+        root_class=type(module).__name__,
+        world_size=world_size,
+        optimizer=run.optimizer_name,
+        activation_checkpointing=activation_checkpointing,
+        peak_bytes=peak_bytes,
+        peak=peak,
+        phase=_peak_phase(run.phase_peaks),
+        phase_peaks=run.phase_peaks,
+        modules=module_table(module, twin, tracker),
+        device=str(device),
+        blocks=blocks,
+    )
+
+
+def _single(
+    twin: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    make_optimizer: OptimizerFactory,
+    loss: LossFunction,
+    root_class: str,
+) -> tuple[MemTracker, _StepRun]:
+    """The step on one device under `FastMemTracker`."""
+    tracker = FastMemTracker()
+    return tracker, run_step(twin, args, kwargs, make_optimizer, loss, tracker, root_class)
+
+
+def _sharded(
+    twin: nn.Module,
+    mesh: DeviceMesh,
+    shard: Callable[[nn.Module], Any] | None,
+    args: tuple,
+    kwargs: dict,
+    make_optimizer: OptimizerFactory,
+    loss: LossFunction,
+    root_class: str,
+) -> tuple[MemTracker, _StepRun]:
+    """`twin` sharded over `mesh` (by `shard`, or each repeated block then the root), then the step
+    of rank 0 under `FastFSDPMemTracker`. Raises TrainStepError when the root was left unsharded."""
+    # Outside our fake mode: `fully_shard` without `mesh=` builds a DeviceMesh, which reads an index
+    # tensor's values; the parameters are fakes of our mode, so what FSDP does to them stays fake.
+    with lazy_fsdp_chunks(), unset_fake_temporarily():
+        if shard is None:
+            shard_blocks(twin, mesh)
+        else:
+            shard(twin)
+    if not isinstance(twin, FSDPModule):
+        raise TrainStepError(f"shard(...) left the root {root_class} unsharded: call fully_shard(module) on it last")
+    tracker = FastFSDPMemTracker(twin, make_optimizer(twin.parameters()))
+    return tracker, run_step(twin, args, kwargs, make_optimizer, loss, tracker, root_class)

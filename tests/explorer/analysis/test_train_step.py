@@ -1,0 +1,277 @@
+"""train_step: one training step on fake tensors costs, category by category, what PyTorch's
+`MemTracker` measures on the same step of the eager model, and changes nothing about the module.
+
+The reference is PyTorch's own tracker, unmodified, around an eager step written out here: the
+eager model built from the same seed, AdamW, the same loss, forward → backward → step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from explorer import deferred_init, is_deferred, materialize_module
+from explorer.analysis.dry_run import tensor_leaves
+from explorer.analysis.fake_fsdp import checkpoint_blocks, repeated_blocks
+from explorer.analysis.train_step import CATEGORY_OF, TrainStepError, default_loss, train_step
+from explorer.record.fake import handle_of
+from tests.support.hf_configs import HF_BY_NAME, build_eager
+
+LLAMA = HF_BY_NAME["llama"]
+
+
+class Block(nn.Module):
+    """A residual conv block with BatchNorm (running-stat buffers)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))))
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.blocks = nn.Sequential(Block(8), Block(8))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+
+def llama_inputs() -> dict[str, torch.Tensor]:
+    ids = LLAMA.inputs()["input_ids"]
+    return {"input_ids": ids, "labels": ids}
+
+
+def memtracker_step(model: nn.Module, inputs: dict, checkpointing: bool = False) -> tuple[int, dict[str, int], MemTracker]:
+    """PyTorch's MemTracker around one eager AdamW step: (peak total, peak bytes by category, tracker)."""
+    model.train()
+    if checkpointing:
+        checkpoint_blocks(model, repeated_blocks(model))
+    optimizer = torch.optim.AdamW(model.parameters())
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer, *tensor_leaves(inputs))
+    with tracker:
+        default_loss(model(**inputs)).backward()
+        optimizer.step()
+    (snapshot,) = tracker.get_tracker_snapshot("peak").values()
+    by_category = {CATEGORY_OF[key.value]: value for key, value in snapshot.items() if key != "Total"}
+    return snapshot["Total"], by_category, tracker
+
+
+def nonzero(peak: dict[str, int]) -> dict[str, int]:
+    return {category: value for category, value in peak.items() if value}
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+def test_llama_step_equals_memtracker_on_eager_by_category(checkpointing):
+    torch.manual_seed(0)
+    deferred = deferred_init(LLAMA.cls, LLAMA.config())
+    step = train_step(deferred, **llama_inputs(), activation_checkpointing=checkpointing)
+    total, expected, _ = memtracker_step(build_eager(LLAMA), llama_inputs(), checkpointing)
+    assert step.peak_bytes == total
+    assert step.peak == expected  # every category, zeros included
+    assert sum(step.peak.values()) == total
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+def test_cnn_step_equals_memtracker_on_eager_by_category(checkpointing):
+    deferred = deferred_init(SmallCNN)
+    step = train_step(deferred, (2, 3, 16, 16), activation_checkpointing=checkpointing)
+    torch.manual_seed(0)
+    eager = SmallCNN()
+    model_input = torch.zeros(2, 3, 16, 16)
+    eager.train()
+    if checkpointing:
+        checkpoint_blocks(eager, repeated_blocks(eager))
+    optimizer = torch.optim.AdamW(eager.parameters())
+    tracker = MemTracker()
+    tracker.track_external(eager, optimizer, model_input)
+    with tracker:
+        eager(model_input).sum().backward()
+        optimizer.step()
+    (snapshot,) = tracker.get_tracker_snapshot("peak").values()
+    assert step.peak_bytes == snapshot["Total"]
+    assert step.peak == {CATEGORY_OF[k.value]: v for k, v in snapshot.items() if k != "Total"}
+    assert step.peak["buffers"] == 4 * (8 * 4 + 8 * 4 + 8)  # 4 BatchNorms: mean, var (float32), count (int64)
+
+
+def test_llama_module_table_equals_memtracker_module_peaks():
+    torch.manual_seed(0)
+    deferred = deferred_init(LLAMA.cls, LLAMA.config())
+    step = train_step(deferred, **llama_inputs())
+    eager = build_eager(LLAMA)
+    _, _, tracker = memtracker_step(eager, llama_inputs())
+    rows = step.modules.set_index("name")
+    ran = [(path, module) for path, module in eager.named_modules() if module in tracker.memory_tracking]
+    assert list(rows.index) == [path for path, _ in ran]  # model.layers (a ModuleList) is never called
+    for path, module in ran:
+        stats = tracker.memory_tracking[module]
+        snapshots = {state.value: snaps for state, snaps in stats.snapshots.items()}
+        for column, state in (("forward_peak_bytes", "Peak-Forward"), ("backward_peak_bytes", "Peak-Backward")):
+            expected = max((s[torch.device("cpu")]["Total"] for s in snapshots.get(state, [])), default=0)
+            assert rows.loc[path, column] == expected, (path, column)
+        assert rows.loc[path, "class"] == type(module).__name__
+    # the 2-layer model's decoder layers each hold the same activations for backward
+    assert rows.loc["model.layers.0", "activation_bytes"] == rows.loc["model.layers.1", "activation_bytes"] > 0
+
+
+def test_llama_peak_is_in_the_optimizer_with_two_adam_moments():
+    torch.manual_seed(0)
+    step = train_step(deferred_init(LLAMA.cls, LLAMA.config()), **llama_inputs())
+    parameter_bytes = sum(p.numel() * 4 for p in build_eager(LLAMA).parameters())
+    assert step.phase == "optimizer"
+    assert step.peak["parameters"] == step.peak["gradients"] == parameter_bytes
+    assert step.peak["optimizer_state"] >= 2 * parameter_bytes
+    assert step.optimizer == "AdamW"
+    assert list(step.phase_peaks) == ["forward", "backward", "optimizer"]
+
+
+def test_train_step_leaves_graph_values_and_rng_unchanged():
+    torch.manual_seed(0)
+    deferred = deferred_init(LLAMA.cls, LLAMA.config())
+    graph = handle_of(deferred.lm_head.weight).graph
+    before = (len(graph.ops), len(graph.tensors), len(graph.externals))
+    rng = torch.get_rng_state()
+    train_step(deferred, **llama_inputs())
+    train_step(deferred, **llama_inputs(), world_size=2, activation_checkpointing=True)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert (len(graph.ops), len(graph.tensors), len(graph.externals)) == before
+    assert all(p.grad is None for p in deferred.parameters())
+    assert is_deferred(deferred)
+    materialize_module(deferred)
+    eager = build_eager(LLAMA)
+    for (name, got), expected in zip(deferred.state_dict().items(), eager.state_dict().values()):
+        assert torch.equal(got, expected), name
+
+
+def test_train_step_leaves_an_eager_module_unchanged():
+    eager = build_eager(LLAMA)
+    weights = {name: p.detach().clone() for name, p in eager.named_parameters()}
+    eager.eval()
+    train_step(eager, **llama_inputs())
+    assert not eager.training
+    assert all(p.grad is None for p in eager.parameters())
+    for name, p in eager.named_parameters():
+        assert torch.equal(p, weights[name]), name
+
+
+def test_sgd_without_momentum_keeps_no_optimizer_state():
+    deferred = deferred_init(SmallCNN)
+    step = train_step(deferred, (2, 3, 16, 16), optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
+    assert step.optimizer == "SGD"
+    assert step.peak["optimizer_state"] == 0
+
+
+def test_custom_loss_is_used():
+    deferred = deferred_init(SmallCNN)
+    seen = []
+
+    def loss(output):
+        seen.append(tuple(output.shape))
+        return output.square().mean()
+
+    train_step(deferred, (2, 3, 16, 16), loss=loss)
+    assert seen == [(2, 10)]
+
+
+def test_default_loss_prefers_the_models_own_loss():
+    output = {"loss": torch.tensor(1.5, requires_grad=True), "logits": torch.ones(2, requires_grad=True)}
+    assert default_loss(output) is output["loss"]
+    logits = torch.ones(2, 3, requires_grad=True)
+    assert default_loss({"logits": logits}).item() == 6.0
+
+
+def test_output_without_gradient_is_refused():
+    class Frozen(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4).requires_grad_(False)
+
+        def forward(self, x):
+            return self.linear(x)
+
+    with pytest.raises(TrainStepError) as error:
+        train_step(deferred_init(Frozen), (2, 4))
+    assert str(error.value) == "the forward returned no tensor that requires grad (got FakeTensor): pass loss=..."
+
+
+def test_activation_checkpointing_without_repeated_blocks_is_refused():
+    with pytest.raises(TrainStepError) as error:
+        train_step(deferred_init(nn.Linear, 4, 4), (2, 4), activation_checkpointing=True)
+    assert str(error.value) == (
+        "activation_checkpointing=True found no repeated blocks in Linear (entries of an nn.ModuleList/"
+        "nn.Sequential with submodules sharing a class): nothing to checkpoint"
+    )
+
+
+def test_bad_world_size_and_shard_without_world_are_refused():
+    model = deferred_init(nn.Linear, 4, 4)
+    with pytest.raises(ValueError, match=r"^world_size must be a positive int, got 0$"):
+        train_step(model, (2, 4), world_size=0)
+    with pytest.raises(ValueError, match=r"^shard= applies fully_shard under world_size > 1"):
+        train_step(model, (2, 4), shard=lambda m: None)
+    with pytest.raises(TypeError, match=r"^explorer.train_step expects an nn.Module, got int$"):
+        train_step(3, (2, 4))
+
+
+def test_fits_reads_budgets_in_bytes_and_units():
+    step = train_step(deferred_init(nn.Linear, 4, 4), (2, 4))
+    assert step.fits(step.peak_bytes) and not step.fits(step.peak_bytes - 1)
+    assert step.fits("1KiB") == (step.peak_bytes <= 1024)
+    assert step.fits("80GB")
+    assert step.verdict("80GB").startswith("fits on 1 × 80GB (peak ")
+    assert step.verdict(10).startswith("does not fit on 1 × 10 B (peak ")
+    with pytest.raises(ValueError) as error:
+        step.fits("eighty gigs")
+    assert str(error.value) == (
+        "cannot read the budget 'eighty gigs': write bytes or a number and a unit, e.g. '80GB', '80GiB', '512MiB'"
+    )
+
+
+def test_summary_and_html_show_peak_and_categories():
+    step = train_step(deferred_init(SmallCNN), (2, 3, 16, 16))
+    text = repr(step)
+    assert text.splitlines()[0].startswith(f"SmallCNN training step (AdamW): peak ")
+    assert f"({step.peak_bytes:,} bytes) on one device, in the backward" in text
+    html = step._repr_html_()
+    assert html.count('class="train-bar-segment"') == len(nonzero(step.peak))
+    assert "blocks.0.conv1" in html
+
+
+def test_world_size_leaves_no_process_group_behind_even_on_failure():
+    model = deferred_init(SmallCNN)
+
+    def failing_loss(output):
+        raise RuntimeError("boom")
+
+    with pytest.raises(TrainStepError, match=r"the forward of SmallCNN .*RuntimeError: boom"):
+        train_step(model, (2, 3, 16, 16), world_size=4, loss=failing_loss)
+    assert not dist.is_initialized()
+    step = train_step(model, (2, 3, 16, 16), world_size=4)
+    assert not dist.is_initialized()
+    assert step.world_size == 4
+    assert list(step.modules["name"]) == ["", "blocks.0", "blocks.1"]
+
+
+def test_a_shard_function_chooses_what_fully_shard_wraps():
+    from torch.distributed.fsdp import fully_shard
+
+    model = deferred_init(SmallCNN)
+    step = train_step(model, (2, 3, 16, 16), world_size=2, shard=lambda twin: fully_shard(twin))
+    assert list(step.modules["name"]) == [""]  # the root alone: one all-gather of everything
+    assert step.peak["sharded_parameters"] > 0
+    with pytest.raises(TrainStepError) as error:
+        train_step(model, (2, 3, 16, 16), world_size=2, shard=lambda twin: fully_shard(twin.blocks[0]))
+    assert str(error.value) == "shard(...) left the root SmallCNN unsharded: call fully_shard(module) on it last"
+    assert not dist.is_initialized()

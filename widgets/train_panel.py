@@ -1,0 +1,135 @@
+"""The Memory tab's "Training step" panel: will this model train on N devices of a given budget?
+
+The user types input shapes, picks an optimizer, a world size and activation checkpointing, and a
+budget per device; "Run training step" calls `explorer.train_step` in the kernel (fake tensors: the
+module is not changed) and shows the verdict ("fits / does not fit on N × budget"), a stacked bar of
+the peak by category (SVG built by `explorer.analysis.train_render`) and the per-module table.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, Literal, get_args
+
+import ipywidgets as w
+import torch
+from torch import nn
+
+import explorer
+from explorer.analysis.train_render import stacked_bar_svg
+
+from .formatting import bytes_text
+from .table import DataTable
+
+OptimizerName = Literal["AdamW", "Adam", "SGD with momentum", "SGD", "Adagrad"]
+OPTIMIZERS: dict[str, Callable] = {
+    "AdamW": torch.optim.AdamW,
+    "Adam": torch.optim.Adam,
+    "SGD with momentum": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+    "SGD": lambda params: torch.optim.SGD(params, lr=0.01),
+    "Adagrad": torch.optim.Adagrad,
+}
+MODULE_COLUMNS = [
+    "name",
+    "class",
+    "calls",
+    "forward_peak_bytes",
+    "backward_peak_bytes",
+    "activation_bytes",
+]
+# Reads the inputs text and dtype name into forward's positional inputs (the Memory tab's parser).
+InputReader = Callable[[str, str], list[torch.Tensor]]
+
+
+def takes_labels(module: nn.Module) -> bool:
+    """Whether forward accepts `labels=` (Hugging Face models then compute their own loss)."""
+    try:
+        return "labels" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class TrainPanel(w.VBox):
+    """Inputs, optimizer, world size, checkpointing and budget; a run shows verdict, bar and table."""
+
+    def __init__(self, module: nn.Module, read_inputs: InputReader) -> None:
+        self.module, self.read_inputs = module, read_inputs
+        self.last_step: explorer.TrainStep | None = None
+        self.shapes = w.Text(placeholder="input shapes, e.g. 1x512", description="inputs")
+        self.shapes.add_class("de-train-shapes")
+        self.input_dtype = w.Dropdown(
+            options=["int64", "float32", "bfloat16", "float16"],
+            value="int64",
+            description="dtype",
+            layout=w.Layout(width="180px"),
+        )
+        self.optimizer = w.Dropdown(
+            options=list(get_args(OptimizerName)),
+            value="AdamW",
+            description="optimizer",
+        )
+        self.world_size = w.BoundedIntText(
+            value=1,
+            min=1,
+            max=100_000,
+            description="devices",
+            layout=w.Layout(width="160px"),
+        )
+        self.world_size.add_class("de-train-world-size")
+        self.checkpointing = w.Checkbox(value=False, description="activation checkpointing", indent=False)
+        self.budget = w.Text(value="80GB", description="budget", layout=w.Layout(width="200px"))
+        self.budget.add_class("de-train-budget")
+        self.run_button = w.Button(description="Run training step")
+        self.run_button.add_class("de-train-button")
+        self.verdict = w.Label("")
+        self.verdict.add_class("de-train-verdict")
+        self.bar = w.HTML("")
+        self.bar.add_class("de-train-bar")
+        self.table = DataTable(limit=200)
+        self.table.add_class("de-train-table")
+        self.run_button.on_click(lambda _: self.run())
+        super().__init__(
+            [
+                w.HTML("<b>Training step</b>"),
+                w.HBox([self.shapes, self.input_dtype, self.optimizer]),
+                w.HBox([self.world_size, self.checkpointing, self.budget, self.run_button]),
+                self.verdict,
+                self.bar,
+                self.table,
+            ]
+        )
+        self.add_class("de-train-panel")
+
+    def run(self) -> None:
+        """`explorer.train_step` with the panel's choices; a failure is shown in the verdict line."""
+        try:
+            inputs = self.read_inputs(self.shapes.value, self.input_dtype.value)
+            if not inputs:
+                raise ValueError("no input shapes given (write e.g. 1x512)")
+            labels: dict[str, Any] = {"labels": inputs[0]} if takes_labels(self.module) else {}
+            step = explorer.train_step(
+                self.module,
+                *inputs,
+                optimizer=OPTIMIZERS[self.optimizer.value],
+                world_size=self.world_size.value,
+                activation_checkpointing=self.checkpointing.value,
+                **labels,
+            )
+            verdict = step.verdict(self.budget.value)
+        except Exception as error:  # noqa: BLE001 (shown to the user)
+            self.verdict.value = f"training step failed: {type(error).__name__}: {error}"
+            return
+        self.last_step = step
+        self.verdict.value = f"{verdict}; peak in the {step.phase}"
+        self.bar.value = stacked_bar_svg(step.peak)
+        self.table.show(
+            step.modules,
+            MODULE_COLUMNS,
+            key="name",
+            formats={
+                "forward_peak_bytes": bytes_text,
+                "backward_peak_bytes": bytes_text,
+                "activation_bytes": bytes_text,
+            },
+        )
