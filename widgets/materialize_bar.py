@@ -1,5 +1,7 @@
 """Materialize bar: target device, RNG mode, buttons, per-tensor progress, cancel, status line,
-and the memory materialized tensors hold, which "Release selected" gives back.
+the memory materialized tensors hold, which "Release selected" gives back, and "Save checkpoint…",
+which writes the module to a directory (`explorer.save_checkpoint`, safetensors or DCP) with the
+same progress bar and Cancel, leaving the module deferred.
 
 Calls `explorer.materialize_module(..., progress=..., on_step=...)`; the step line shows the replay's
 steps as they pass (with rng="eager" first the generator jump to eager's states — how many jumps,
@@ -118,6 +120,18 @@ class MaterializeBar(w.VBox):
         self.cancel_button.on_click(lambda _: self.cancel())
         self.confirm_button.on_click(lambda _: self.confirm())
         self.keep_button.on_click(lambda _: self._hide_confirmation("not materialized"))
+        self.save_directory = w.Text(value="", placeholder="directory to write the checkpoint into",
+                                     description="save to", layout=w.Layout(width="360px"))
+        self.save_directory.add_class("de-save-directory")
+        self.save_format = w.Dropdown(options=[("safetensors (Hugging Face layout)", "safetensors"),
+                                               ("DCP (torch.distributed.checkpoint)", "dcp")],
+                                      value="safetensors", description="format", layout=w.Layout(width="320px"))
+        self.save_format.add_class("de-save-format")
+        self.save_button = w.Button(description="Save checkpoint…", layout=w.Layout(width="auto"),
+                                    tooltip="write the module's tensors in eager's values, one at a time; the "
+                                            "module stays as it is")
+        self.save_button.add_class("de-save-button")
+        self.save_button.on_click(lambda _: self.save())
         self.device.observe(lambda _: self.update_preview(), names="value")
         self.error: BaseException | None = None
         self.disabled_reason = ""
@@ -127,6 +141,7 @@ class MaterializeBar(w.VBox):
         super().__init__([
             w.HBox([self.device, self.rng, self.selected_button, self.release_button, self.all_button,
                     self.cancel_button], layout=w.Layout(flex_flow="row wrap")),
+            w.HBox([self.save_directory, self.save_format, self.save_button], layout=w.Layout(flex_flow="row wrap")),
             self.preview,
             self.confirm_box,
             w.HBox([self.progress, self.progress_text]),
@@ -174,7 +189,7 @@ class MaterializeBar(w.VBox):
     def disable(self, reason: str) -> None:
         """Turn materializing off for good (e.g. the constructor failed), saying why in the status."""
         self.disabled_reason = reason
-        self.selected_button.disabled = self.all_button.disabled = True
+        self.selected_button.disabled = self.all_button.disabled = self.save_button.disabled = True
         self._set_status(reason, error=True)
 
     def materialize_selected(self, wait: bool = False) -> threading.Thread | None:
@@ -238,26 +253,59 @@ class MaterializeBar(w.VBox):
         if self.disabled_reason:
             self._set_status(self.disabled_reason, error=True)
             return None
+        device, rng = self.device.value, self.rng.value
+        return self._launch(f"materializing {what} on {device} (rng={rng})…",
+                            lambda: self._run(check_fn, what, device, rng), wait)
+
+    def save(self, wait: bool = False) -> threading.Thread | None:
+        """"Save checkpoint…": write the whole module to the directory typed, in the format chosen
+        (`explorer.save_checkpoint`: one tensor materialized at a time, the module left as it is),
+        with this bar's progress; Cancel stops it with no partial file left under a final name."""
+        directory = self.save_directory.value.strip()
+        if self.disabled_reason:
+            self._set_status(self.disabled_reason, error=True)
+            return None
+        if not directory:
+            self._set_status("type the directory to save the checkpoint into first", error=False)
+            return None
+        chosen = self.save_format.value
+        return self._launch(f"saving the checkpoint to {directory} ({chosen})…",
+                            lambda: self._run_save(directory, chosen), wait)
+
+    def _launch(self, message: str, work: Callable[[], None], wait: bool) -> threading.Thread | None:
+        """Reset the progress, then run `work` on a background thread (or here, with `wait`)."""
         if self.running:
             self._set_status("a materialization is already running", error=False)
             return None
         self._cancel.clear()
         self.error = None
         self.running = True
-        device, rng = self.device.value, self.rng.value
         with self.hold_trait_notifications():
             self.done = self.total = self.done_bytes = self.total_bytes = 0
         self.progress.value, self.progress.max, self.progress_text.value = 0, 1, ""
         self.steps, self.step.value, self._step_texts = [], "", []
         self._set_buttons(running=True)
-        self._set_status(f"materializing {what} on {device} (rng={rng})…", error=False)
+        self._set_status(message, error=False)
         if wait:
-            self._run(check_fn, what, device, rng)
+            work()
             return None
-        self._thread = threading.Thread(target=self._run, args=(check_fn, what, device, rng),
-                                        name="explorer-materialize", daemon=True)
+        self._thread = threading.Thread(target=work, name="explorer-materialize", daemon=True)
         self._thread.start()
         return self._thread
+
+    def _run_save(self, directory: str, chosen: str) -> None:
+        try:
+            written = explorer.save_checkpoint(self.module, directory, format=chosen, progress=self._progress)
+        except MaterializationCancelled:
+            self._finish(f"cancelled: no partial file left in {directory}", error=False)
+            return
+        except Exception as error:  # shown in the widget; files completed before are intact
+            self.error = error
+            self._finish(f"saving failed ({type(error).__name__}): {error}", error=True)
+            return
+        tensors = f"{self.done} tensor{'s' * (self.done != 1)}"
+        files = f"{len(written)} file{'s' * (len(written) != 1)}"
+        self._finish(f"saved {tensors} ({bytes_text(self.done_bytes)}) to {directory} as {chosen}: {files}", error=False)
 
     def _progress(self, done: int, total: int, done_bytes: int, total_bytes: int) -> None:
         if self._cancel.is_set():
@@ -316,6 +364,7 @@ class MaterializeBar(w.VBox):
 
     def _set_buttons(self, running: bool) -> None:
         self.selected_button.disabled = self.all_button.disabled = self.release_button.disabled = running
+        self.save_button.disabled = running
         self.cancel_button.disabled = not running
 
     def _set_status(self, message: str, error: bool) -> None:

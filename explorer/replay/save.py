@@ -1,32 +1,44 @@
-"""`save_checkpoint`: a deferred model written in eager's exact values, a shard at a time.
+"""`save_checkpoint`: a deferred model written in eager's exact values, a tensor at a time.
 
-A model that never fits in memory can still be written: tensors are materialized a shard at a
-time (`materialize_tensor`, which leaves the module deferred), written, and dropped, so memory
-holds about one shard. The layout is Hugging Face's: `model.safetensors`, or shards
-`model-0000k-of-0000n.safetensors` plus `model.safetensors.index.json`, tensors tied to each other
-stored once (under their first name), so `from_pretrained(directory)` loads it (the model's config
-is written beside it when it has one). Every file is written under a temporary name and renamed
-when complete: a cancel or a crash leaves no partial file under a final name, and a full disk
-raises a clear error with nothing final half written.
+A model that never fits in memory can still be written: each tensor is materialized
+(`materialize_tensor`, which leaves the module deferred), written, and dropped before the next, so
+memory holds about one tensor. Two layouts:
 
-Not yet: `format="dcp"` and writing from several ranks (each its own rows).
+- `format="safetensors"` (replay/save_safetensors.py): Hugging Face's, `model.safetensors` or
+  shards plus `model.safetensors.index.json`, ties stored once, the model's config beside it, so
+  `from_pretrained(directory)` loads it;
+- `format="dcp"` (replay/save_dcp.py): a `torch.distributed.checkpoint` directory that `dcp.load`
+  reads into any sharding. With a process group of several ranks, every rank calls it and writes
+  its own shards (the local parts of DTensors after `fully_shard_deferred`, or its `Shard(0)` rows
+  of a still-deferred tensor, drawn alone where possible).
+
+Tensors read from a checkpoint while recording (`from_pretrained`, `load_checkpoint` under
+`deferred_init`) are copied through from their files, converted when `dtype` is given. Every file
+is written under a temporary name and renamed when complete (replay/save_files.py): a cancel or a
+crash leaves no partial file under a final name, and a full disk raises an OSError naming the file
+and the bytes it needed.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Literal, get_args
 
 import torch
 from torch import nn
 
 from .materialize import materialize_tensor
+from .rng import RngMode
+from .save_progress import ProgressOption, SaveProgress, SaveReport
+from .save_safetensors import stored_once, write_safetensors
+from .slices import WholeBaseWarning
 
-# progress(done_tensors, total_tensors, done_bytes, total_bytes); may raise to cancel.
-SaveProgress = Callable[[int, int, int, int], None]
+__all__ = ["SaveFormat", "SaveProgress", "parse_size", "save_checkpoint"]
+
+SaveFormat = Literal["safetensors", "dcp"]
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -41,104 +53,66 @@ def parse_size(size: int | str) -> int:
 
 
 def save_checkpoint(module: nn.Module, directory: str | os.PathLike, *, max_shard_size: int | str = "5GB",
-                    format: str = "safetensors", dtype: torch.dtype | None = None,
-                    progress: SaveProgress | None = None) -> list[Path]:
+                    format: SaveFormat = "safetensors", dtype: torch.dtype | None = None,
+                    progress: ProgressOption = None, rng: RngMode = "eager") -> list[Path]:
     """Write `module`'s state dict to `directory` with the values eager construction (and the calls
-    recorded since) would give, materializing one shard at a time; the module stays as it is
+    recorded since) would give, materializing one tensor at a time; the module stays as it is
     (deferred tensors stay deferred). `dtype` converts floating-point tensors on the way.
 
-    Returns the files written. Raises MaterializationError when a tensor cannot be materialized
-    (nothing is left under a final name for the shard being written), OSError subclasses from the
-    disk with the file named, ValueError for a bad `max_shard_size` or `format`.
-    """
-    if format != "safetensors":
-        raise ValueError(f"format={format!r}: save_checkpoint writes 'safetensors' (DCP is not built yet)")
-    from safetensors.torch import save_file
+    `format`: "safetensors" (Hugging Face's layout, shards of at most `max_shard_size`) or "dcp"
+    (a torch.distributed.checkpoint directory; collective when a process group of several ranks is
+    initialized: every rank calls it and writes its own shards). `progress`: a function
+    `(done_tensors, total_tensors, done_bytes, total_bytes)` that may raise to cancel, True for a
+    tqdm bar, False for none, None for a bar when stderr is a terminal. `rng` as for
+    `materialize_tensor`.
 
+    Returns the files written. Raises MaterializationError when a tensor cannot be materialized,
+    an OSError subclass naming the file and the bytes it needed when the disk refuses a write
+    (nothing partial is left under a final name, and files completed before are intact),
+    ValueError for a bad `max_shard_size`, `format` or `dtype`, or a sharded module saved as
+    safetensors.
+    """
+    if format not in get_args(SaveFormat):
+        raise ValueError(f"format={format!r}: save_checkpoint writes one of {list(get_args(SaveFormat))}")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype={dtype!r}: expected a floating-point torch.dtype or None")
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype!r}: expected a floating-point torch.dtype (it converts floating-point tensors)")
     limit = parse_size(max_shard_size)
     target = Path(directory)
-    target.mkdir(parents=True, exist_ok=True)
-    tensors = _stored_once(module)
-    shards = _shards(tensors, limit, dtype)
-    total_bytes = sum(_nbytes(t, dtype) for t in tensors.values())
-    names = _shard_names(len(shards))
-    done, done_bytes, written = 0, 0, []
-    for name, keys in zip(names, shards):
-        values = {key: _converted(materialize_tensor(tensors[key]), dtype) for key in keys}
-        path = target / name
-        _atomic(path, lambda temporary: save_file(values, str(temporary), metadata={"format": "pt"}))
-        written.append(path)
-        done += len(keys)
-        done_bytes += sum(value.numel() * value.element_size() for value in values.values())
-        del values
-        if progress is not None:
-            progress(done, len(tensors), done_bytes, total_bytes)
-    if len(shards) > 1:
-        index = {"metadata": {"total_size": total_bytes},
-                 "weight_map": {key: name for name, keys in zip(names, shards) for key in keys}}
-        path = target / "model.safetensors.index.json"
-        _atomic(path, lambda temporary: temporary.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n"))
-        written.append(path)
+    state = module.state_dict(keep_vars=True)
+    report = SaveReport(progress, f"saving {target.name or target}")
+
+    def materialize(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        with warnings.catch_warnings():
+            # a view buffer is stored as its own tensor: making its base is expected here
+            warnings.simplefilter("ignore", WholeBaseWarning)
+            return materialize_tensor(tensor, rng=rng)
+
+    try:
+        if format == "dcp":
+            # torch.distributed.checkpoint is imported only when asked for
+            from .save_dcp import write_dcp
+
+            target.mkdir(parents=True, exist_ok=True)
+            return write_dcp(state, target, dtype, materialize, report, rng)
+        _refuse_sharded(state)
+        target.mkdir(parents=True, exist_ok=True)
+        written = write_safetensors(stored_once(state), target, limit, dtype, materialize, report)
+    finally:
+        report.close()
     config = getattr(module, "config", None)
     if config is not None and hasattr(config, "save_pretrained"):
         config.save_pretrained(target)
+        written.append(target / "config.json")
     return written
 
 
-def _stored_once(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict with tensors tied to an earlier name left out (as `save_pretrained` stores them)."""
-    seen: dict[tuple, str] = {}
-    kept: dict[str, torch.Tensor] = {}
-    for name, tensor in module.state_dict(keep_vars=True).items():
-        identity = (id(tensor),)
-        if identity in seen:
-            continue
-        seen[identity] = name
-        kept[name] = tensor
-    return kept
+def _refuse_sharded(state: dict[str, torch.Tensor]) -> None:
+    from torch.distributed.tensor import DTensor
 
-
-def _nbytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
-    target = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-    return tensor.numel() * target.itemsize
-
-
-def _shards(tensors: dict[str, torch.Tensor], limit: int, dtype: torch.dtype | None) -> list[list[str]]:
-    """Keys grouped in state-dict order into shards of at most `limit` bytes (a bigger tensor alone)."""
-    shards: list[list[str]] = [[]]
-    size = 0
-    for key, tensor in tensors.items():
-        nbytes = _nbytes(tensor, dtype)
-        if shards[-1] and size + nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append(key)
-        size += nbytes
-    return shards if shards[0] else []
-
-
-def _shard_names(count: int) -> list[str]:
-    if count <= 1:
-        return ["model.safetensors"] * count
-    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
-
-
-def _converted(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    tensor = tensor.detach()
-    if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
-        tensor = tensor.to(dtype)
-    return tensor.contiguous()
-
-
-def _atomic(path: Path, write: Callable[[Path], object]) -> None:
-    """Write through `write(temporary)` then rename to `path`: never a partial file under `path`."""
-    temporary = path.with_name(f".{path.name}.partial")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)
-        raise type(error)(error.errno, f"writing {path} failed: {error.strerror or error}") from error
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    for name, tensor in state.items():
+        if isinstance(tensor, DTensor):
+            raise ValueError(  # noqa: TRY004 - the module is fine; the format asked for does not fit it
+                f"{name!r} is a DTensor sharded over ranks; format='safetensors' writes whole tensors "
+                "from one process: save it with format='dcp' (every rank writes its own shards)")

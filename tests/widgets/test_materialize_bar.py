@@ -234,3 +234,48 @@ def test_release_selected_with_nothing_selected_or_nothing_materialized_says_so(
     ui.release_selected()
     assert ui.bar.status.value == "nothing to release in the selection: no materialized tensors"
     assert explorer.is_deferred(ui.module.blocks[0].attn)
+
+
+# -- Save checkpoint… ---------------------------------------------------------------------------------
+def test_save_checkpoint_click_writes_eager_values_and_leaves_the_module_deferred(net_pair, tmp_path):
+    from safetensors.torch import load_file
+
+    eager, deferred = net_pair
+    ui = widgets.ExplorerWidget(deferred)
+    before = snapshot(deferred)
+    ui.bar.save_directory.value = str(tmp_path / "net")
+    ui.bar.save_button.click()  # a background thread, as materializing
+    ui.bar.join(30)
+    # the 20 state-dict names, head.weight stored once with embed.weight (as save_pretrained does)
+    assert ui.bar.status.value == f"saved 19 tensors (1.0 KiB) to {tmp_path / 'net'} as safetensors: 1 file"
+    assert (ui.bar.done, ui.bar.total) == (19, 19) and ui.bar.progress.value == 19
+    stored = load_file(tmp_path / "net" / "model.safetensors")
+    expected = {name: tensor for name, tensor in eager.state_dict().items() if name != "head.weight"}
+    assert sorted(stored) == sorted(expected)
+    assert all(torch.equal(stored[name], tensor) for name, tensor in expected.items())
+    after = snapshot(deferred)
+    assert all(after[name] is tensor for name, tensor in before.items())  # still the fakes
+    assert not ui.bar.running and not ui.bar.save_button.disabled
+
+
+def test_save_checkpoint_as_dcp_can_be_cancelled_leaving_no_file(ui, tmp_path):
+    def press_cancel(change):  # once the first tensor is written
+        if change["new"] == 1:
+            ui.cancel()
+
+    ui.bar.observe(press_cancel, names="done")
+    ui.bar.save_directory.value = str(tmp_path)
+    ui.bar.save_format.value = "dcp"
+    ui.bar.save(wait=True)
+    assert ui.bar.status.value == f"cancelled: no partial file left in {tmp_path}"
+    assert list(tmp_path.iterdir()) == [] and ui.bar.done == 1
+    ui.bar.unobserve(press_cancel, names="done")
+    ui.bar.save(wait=True)
+    # DCP keeps every name, as dcp.save(model.state_dict()) does: 20 tensor files and .metadata
+    assert ui.bar.status.value == f"saved 20 tensors (1.2 KiB) to {tmp_path} as dcp: 21 files"
+
+
+def test_save_checkpoint_without_a_directory_says_so(ui):
+    ui.bar.save_button.click()
+    assert ui.bar.status.value == "type the directory to save the checkpoint into first"
+    assert not ui.bar.running

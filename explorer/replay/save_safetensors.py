@@ -1,0 +1,161 @@
+"""Hugging Face's safetensors layout, written one tensor at a time.
+
+A shard's header (names, dtypes, shapes, byte offsets) is known from the deferred tensors before
+any value exists, so the file is written as the format lays it out: the 8-byte header length, the
+JSON header, then each tensor's bytes, materialized, written and dropped in turn. Memory holds one
+tensor (plus its conversion), never a shard: `safetensors.torch.save_file` would hold the shard and
+a copy of its bytes. Shards are named and indexed as `save_pretrained` names them
+(`model.safetensors`, or `model-0000k-of-0000n.safetensors` plus `model.safetensors.index.json`),
+and tensors tied to an earlier name are stored once, under that name.
+
+Note: [safetensors layout] header = u64 little-endian length N, then N bytes of JSON padded with
+spaces to a multiple of 8; `data_offsets` are relative to the end of the header and tile the data
+without gaps (the reader checks this). Mirrors safetensors' `serialize`; re-check on upgrades
+(tests load every file written here with `safetensors.torch.load_file`).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import IO
+
+import torch
+
+from ..checkpoint_headers import safetensors_dtype
+from ..errors import MaterializationError
+from .save_files import write_then_rename
+from .save_progress import SaveReport
+
+_CODES = ("BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "BF16", "F32", "F64", "C64",
+          "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")
+_CODE_OF = {safetensors_dtype(code): code for code in _CODES if safetensors_dtype(code) is not None}
+INDEX_NAME = "model.safetensors.index.json"
+
+Materialize = Callable[[str, torch.Tensor], torch.Tensor]  # (name, deferred or real tensor) -> real tensor
+
+
+def saved_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype `tensor` is stored in: `dtype` for floating-point tensors when given, else its own."""
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
+def saved_nbytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
+    return tensor.numel() * saved_dtype(tensor, dtype).itemsize
+
+
+def converted(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """`tensor` detached, in its stored dtype, contiguous and owning just its bytes."""
+    tensor = tensor.detach()
+    if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+        tensor = tensor.to(dtype)
+    tensor = tensor.contiguous()
+    if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+        tensor = tensor.clone()  # a view of a larger storage: keep only these bytes alive
+    return tensor
+
+
+def stored_once(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict with tensors tied to an earlier name left out (as `save_pretrained` stores them)."""
+    seen: set[int] = set()
+    kept: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            kept[name] = tensor
+    return kept
+
+
+def shard_keys(tensors: dict[str, torch.Tensor], limit: int, dtype: torch.dtype | None) -> list[list[str]]:
+    """Keys grouped in state-dict order into shards of at most `limit` bytes (a bigger tensor alone)."""
+    shards: list[list[str]] = []
+    size = 0
+    for key, tensor in tensors.items():
+        nbytes = saved_nbytes(tensor, dtype)
+        if not shards or (shards[-1] and size + nbytes > limit):
+            shards.append([])
+            size = 0
+        shards[-1].append(key)
+        size += nbytes
+    return shards
+
+
+def shard_names(count: int) -> list[str]:
+    if count <= 1:
+        return ["model.safetensors"] * count
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], target: Path, limit: int, dtype: torch.dtype | None,
+                      materialize: Materialize, report: SaveReport) -> list[Path]:
+    """Write `tensors` (deferred or real) as shards of at most `limit` bytes plus the index; each
+    tensor is materialized by `materialize`, written and dropped. Returns the files written."""
+    for name, tensor in tensors.items():
+        if saved_dtype(tensor, dtype) not in _CODE_OF:
+            raise ValueError(f"{name!r} is {saved_dtype(tensor, dtype)}, which safetensors cannot store")
+    shards = shard_keys(tensors, limit, dtype)
+    names = shard_names(len(shards))
+    report.start(len(tensors), sum(saved_nbytes(t, dtype) for t in tensors.values()))
+    written = []
+    for name, keys in zip(names, shards):
+        path = target / name
+        shard = {key: tensors[key] for key in keys}
+        header = _header(shard, dtype)
+        size = len(header) + sum(saved_nbytes(tensor, dtype) for tensor in shard.values())
+        last: list[int] = []  # the shard's last tensor is reported once the file has its final name
+        write_then_rename(path, size, partial(_write_shard, header=header, shard=shard, dtype=dtype,
+                                              materialize=materialize, report=report, last=last),
+                          remaining=report.total_bytes - report.done_bytes + len(header))
+        written.append(path)
+        report.advance(1, last[0])
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": report.total_bytes},
+                 "weight_map": {key: name for name, keys in zip(names, shards) for key in keys}}
+        text = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
+        path = target / INDEX_NAME
+        write_then_rename(path, len(text), lambda stream: stream.write(text))
+        written.append(path)
+    return written
+
+
+def _write_shard(stream: IO[bytes], header: bytes, shard: dict[str, torch.Tensor], dtype: torch.dtype | None,
+                 materialize: Materialize, report: SaveReport, last: list[int]) -> None:
+    """The header, then each tensor's bytes; every tensor but the last is reported as written
+    (the last one's size goes to `last`, reported by the caller after the rename)."""
+    stream.write(header)
+    for position, (key, tensor) in enumerate(shard.items()):
+        nbytes = _write_tensor(stream, key, tensor, dtype, materialize)
+        if position + 1 < len(shard):
+            report.advance(1, nbytes)
+        else:
+            last.append(nbytes)
+
+
+def _header(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> bytes:
+    entries: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for key, tensor in tensors.items():
+        nbytes = saved_nbytes(tensor, dtype)
+        entries[key] = {"dtype": _CODE_OF[saved_dtype(tensor, dtype)], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def _write_tensor(stream: IO[bytes], key: str, tensor: torch.Tensor, dtype: torch.dtype | None,
+                  materialize: Materialize) -> int:
+    """Materialize, convert and write one tensor's bytes; returns how many (nothing kept alive)."""
+    value = converted(materialize(key, tensor), dtype)
+    expected = (saved_dtype(tensor, dtype), tuple(tensor.shape))
+    if (value.dtype, tuple(value.shape)) != expected:
+        raise MaterializationError(f"{key!r} materialized as {value.dtype} {tuple(value.shape)}, but its deferred "
+                                   f"tensor is {expected[0]} {expected[1]}")
+    nbytes = value.numel() * value.element_size()
+    if nbytes:
+        stream.write(memoryview(value.reshape(-1).view(torch.uint8).numpy()))
+    return nbytes
