@@ -7,16 +7,16 @@ expert's values, made alone when its base is one random fill, a constant or a ch
 from __future__ import annotations
 
 import html
+from typing import cast
 
 import ipywidgets as w
 import pandas as pd
 import torch
 from torch import nn
 
-from explorer import materialize_tensor
+from explorer import materialize_tensor, slice_plan
 from explorer.inspection.aliasing import storage_views
 from explorer.naming import dtype_name
-from explorer import slice_plan
 
 from .formatting import bytes_text, cell_text, exact_bytes_text
 from .table import DataTable
@@ -25,12 +25,28 @@ SHARER_COLUMNS = ["name", "shape", "stride", "storage_offset", "dtype", "bytes_r
 
 # (field shown, column of the tensors table) in display order; "storage size" comes from storages.
 FIELDS = [
-    ("name", "name"), ("module", "module"), ("kind", "kind"), ("state", "state"), ("shape", "shape"),
-    ("stride", "stride"), ("storage offset", "storage_offset"), ("dtype", "dtype"), ("device", "device"),
-    ("numel", "numel"), ("bytes", "bytes"), ("storage size", None), ("storage id", "storage_id"),
-    ("contiguous", "contiguous"), ("view", "is_view"), ("requires grad", "requires_grad"),
-    ("alias group", "alias_group"), ("tied names", "tied_with"), ("producer", "producer"),
-    ("last write", "last_write"), ("closure ops", "closure_ops"), ("source", "source"),
+    ("name", "name"),
+    ("module", "module"),
+    ("kind", "kind"),
+    ("state", "state"),
+    ("shape", "shape"),
+    ("stride", "stride"),
+    ("storage offset", "storage_offset"),
+    ("dtype", "dtype"),
+    ("device", "device"),
+    ("numel", "numel"),
+    ("bytes", "bytes"),
+    ("storage size", None),
+    ("storage id", "storage_id"),
+    ("contiguous", "contiguous"),
+    ("view", "is_view"),
+    ("requires grad", "requires_grad"),
+    ("alias group", "alias_group"),
+    ("tied names", "tied_with"),
+    ("producer", "producer"),
+    ("last write", "last_write"),
+    ("closure ops", "closure_ops"),
+    ("source", "source"),
 ]
 
 
@@ -99,12 +115,14 @@ def expert_values_text(values: torch.Tensor, index: int) -> str:
     data = values.detach()
     floating = data.float() if data.is_floating_point() else data.double()
     first = ", ".join(f"{v:.4g}" for v in floating.reshape(-1)[:4].tolist())
-    return (f"expert {index}: {dtype_name(data.dtype)}{list(data.shape)}, mean {floating.mean().item():.4g}, "
-            f"std {floating.std().item():.4g}, first [{first}, ...]")
+    return (
+        f"expert {index}: {dtype_name(data.dtype)}{list(data.shape)}, mean {floating.mean().item():.4g}, "
+        f"std {floating.std().item():.4g}, first [{first}, ...]"
+    )
 
 
 class ExpertRows(w.HBox):
-    """"materialize expert i" for a 3-D tensor: an index box, a button, and what it costs / gave.
+    """A "materialize expert i" row for a 3-D tensor: an index box, a button, and what it costs / gave.
     `values` holds the last expert materialized (None before a click)."""
 
     def __init__(self) -> None:
@@ -135,7 +153,7 @@ class ExpertRows(w.HBox):
     def expert(self, index: int) -> torch.Tensor:
         """Expert `index` of the shown tensor as a view (`tensor[index]`), made once per index."""
         if index not in self._experts:
-            self._experts[index] = self.tensor[index]
+            self._experts[index] = cast(torch.Tensor, self.tensor)[index]  # callers check a tensor is shown
         return self._experts[index]
 
     def _preview(self) -> None:
@@ -175,9 +193,10 @@ class TensorDetails(w.VBox):
         self.experts = ExpertRows()
         self.values: dict[str, str] = {}
         self.sharers: list[str] = []
-        super().__init__([self.title, self.table, self.experts, w.Label("names on this storage"), self.sharers_table,
-                          self.strip],
-                         layout=w.Layout(display="none"))
+        super().__init__(
+            [self.title, self.table, self.experts, w.Label("names on this storage"), self.sharers_table, self.strip],
+            layout=w.Layout(display="none"),
+        )
         self.add_class("de-details")
 
     def show(self, tensors: pd.DataFrame, storages: pd.DataFrame, name: str) -> None:
@@ -188,7 +207,10 @@ class TensorDetails(w.VBox):
         self.table.show(frame, ["field", "value"], key="field", formats={})
         views, storage_bytes = storage_views(tensors, storages, name)
         self.sharers = views["name"].tolist()
-        ranges = [f"{start:,}–{end:,} ({bytes_text(end - start)})" for start, end in zip(views["start_byte"], views["end_byte"])]
+        ranges = [
+            f"{start:,}–{end:,} ({bytes_text(end - start)})"
+            for start, end in zip(views["start_byte"], views["end_byte"])
+        ]
         self.sharers_table.show(views.assign(bytes_range=ranges), SHARER_COLUMNS, key="name", formats={})
         self.sharers_table.selected = name
         self.strip.value = storage_strip_html(views, storage_bytes, name)

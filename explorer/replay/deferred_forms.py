@@ -14,8 +14,8 @@ since (an optimizer step, `.data = x`, `module.to(...)`): releasing it would los
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -35,7 +35,10 @@ class DeferredForm:
             return "its memory was replaced (`.data = ...`, or `module.to(...)`/`.half()` on parameters)"
         version = _version_of(real)
         if version != self.version:
-            return f"it was modified in place (version counter {self.version} → {version}: an optimizer step, `copy_`, `mul_`...)"
+            return (
+                f"it was modified in place (version counter {self.version} → {version}: "
+                "an optimizer step, `copy_`, `mul_`...)"
+            )
         return None
 
 

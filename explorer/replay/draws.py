@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -70,22 +71,40 @@ _NORMAL = Family("normal", lambda t, g: t.normal_(generator=g), (_normal_blocks,
 _RANDOM_FULL = Family("random", lambda t, g: t.random_(generator=g), (_wide_per_element,))
 _RANDOM_NARROW = Family("random range < 2^32", lambda t, g: t.random_(0, 5, generator=g), (lambda n, d: n,))
 _RANDOM_WIDE = Family("random range >= 2^32", lambda t, g: t.random_(0, 2**33, generator=g), (_two_per_element,))
-_BERNOULLI_SCALAR = Family("bernoulli(p)", lambda t, g: t.bernoulli_(0.5, generator=g),
-                           (_two_per_element, lambda n, d: 1))
-_BERNOULLI_TENSOR = Family("bernoulli(tensor)", lambda t, g: t.bernoulli_(torch.full_like(t, 0.5), generator=g),
-                           (_per_element,))
+_BERNOULLI_SCALAR = Family(
+    "bernoulli(p)", lambda t, g: t.bernoulli_(0.5, generator=g), (_two_per_element, lambda n, d: 1)
+)
+_BERNOULLI_TENSOR = Family(
+    "bernoulli(tensor)", lambda t, g: t.bernoulli_(torch.full_like(t, 0.5), generator=g), (_per_element,)
+)
 _EXPONENTIAL = Family("exponential", lambda t, g: t.exponential_(generator=g), (_two_per_element,))
 _CAUCHY = Family("cauchy", lambda t, g: t.cauchy_(generator=g), (_two_per_element,))
 _GEOMETRIC = Family("geometric", lambda t, g: t.geometric_(0.5, generator=g), (_two_per_element,))
 
 # Every family with a draw-count rule (tests and the parallel fill's checks go through them all).
-FAMILIES: tuple[Family, ...] = (_UNIFORM, _NORMAL, _RANDOM_FULL, _RANDOM_NARROW, _RANDOM_WIDE, _BERNOULLI_SCALAR,
-                                _BERNOULLI_TENSOR, _EXPONENTIAL, _CAUCHY, _GEOMETRIC)
+FAMILIES: tuple[Family, ...] = (
+    _UNIFORM,
+    _NORMAL,
+    _RANDOM_FULL,
+    _RANDOM_NARROW,
+    _RANDOM_WIDE,
+    _BERNOULLI_SCALAR,
+    _BERNOULLI_TENSOR,
+    _EXPONENTIAL,
+    _CAUCHY,
+    _GEOMETRIC,
+)
 
 _BY_PACKET = {
-    "uniform_": _UNIFORM, "rand": _UNIFORM, "rand_like": _UNIFORM,
-    "normal_": _NORMAL, "randn": _NORMAL, "randn_like": _NORMAL,
-    "exponential_": _EXPONENTIAL, "cauchy_": _CAUCHY, "geometric_": _GEOMETRIC,
+    "uniform_": _UNIFORM,
+    "rand": _UNIFORM,
+    "rand_like": _UNIFORM,
+    "normal_": _NORMAL,
+    "randn": _NORMAL,
+    "randn_like": _NORMAL,
+    "exponential_": _EXPONENTIAL,
+    "cauchy_": _CAUCHY,
+    "geometric_": _GEOMETRIC,
 }
 
 # Sizes each rule is checked at: empty, one block of 16, just past it, odd, past a 32k grain size.
@@ -163,7 +182,7 @@ def draw_count(graph: InitGraph, op: OpNode) -> int | None:
     return None if formula is None else formula(numel, written.dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def calibrated_formula(family: Family, dtype: torch.dtype) -> Formula | None:
     """The first of `family`'s formulas that matches the real CPU kernel for `dtype`, or None."""
     for formula in family.formulas:

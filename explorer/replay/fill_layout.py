@@ -24,8 +24,9 @@ stream with one draw) has no layout, and is filled whole.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -45,6 +46,7 @@ class RecordedFill:
     def __call__(self, piece: torch.Tensor, generator: torch.Generator) -> Any:
         with torch.no_grad():
             return self.func(piece, *self.args, **{**self.kwargs, "generator": generator})
+
 
 BLOCK = 16  # normal_'s block of elements (normal_fill_16)
 
@@ -124,8 +126,9 @@ def fill_layout(family: Family, dtype: torch.dtype, numel: int) -> FillLayout | 
     return FillLayout(numel, BLOCK, per, tail)
 
 
-def fill_pieces(fill: FillOnto, flat: torch.Tensor, state: torch.Tensor, pieces: Sequence[Piece],
-                offset: int = 0) -> None:
+def fill_pieces(
+    fill: FillOnto, flat: torch.Tensor, state: torch.Tensor, pieces: Sequence[Piece], offset: int = 0
+) -> None:
     """Run `fill` on each piece of `flat` (whose element 0 is element `offset` of the whole fill),
     each from its own generator at `state` jumped by the piece's draws. Thread-safe: nothing
     shared is changed (the user's generators are never touched)."""
@@ -134,11 +137,12 @@ def fill_pieces(fill: FillOnto, flat: torch.Tensor, state: torch.Tensor, pieces:
             continue
         generator = torch.Generator()
         generator.set_state(jump_state(state, piece.draws) if piece.draws else state)
-        fill(flat[piece.start - offset: piece.stop - offset], generator)
+        fill(flat[piece.start - offset : piece.stop - offset], generator)
 
 
-def draw_range(fill: FillOnto, layout: FillLayout, state: torch.Tensor, first: int, last: int,
-               dtype: torch.dtype) -> torch.Tensor:
+def draw_range(
+    fill: FillOnto, layout: FillLayout, state: torch.Tensor, first: int, last: int, dtype: torch.dtype
+) -> torch.Tensor:
     """Elements [first, last) of the whole fill from `state`, drawn alone: a new 1-D tensor. Costs
     those elements, plus at most a block on each side and normal_'s 16-element tail."""
     pieces = layout.pieces(first, last)
@@ -146,4 +150,4 @@ def draw_range(fill: FillOnto, layout: FillLayout, state: torch.Tensor, first: i
     hi = max([piece.stop for piece in pieces], default=last)
     buffer = torch.empty(hi - lo, dtype=dtype)
     fill_pieces(fill, buffer, state, pieces, offset=lo)
-    return buffer if (lo, hi) == (first, last) else buffer[first - lo: last - lo].clone()
+    return buffer if (lo, hi) == (first, last) else buffer[first - lo : last - lo].clone()

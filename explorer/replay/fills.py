@@ -15,8 +15,9 @@ still to come cannot balance (the last large fills of a layer, a lone embedding)
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -32,8 +33,9 @@ MIN_PIECE_ELEMENTS = 1 << 22
 class ParallelFills:
     """A pool of fill threads for one replay; use as a context manager (joined on exit)."""
 
-    def __init__(self, graph: InitGraph, generator_for: Callable[[str, int], torch.Generator | None],
-                 ops: Sequence[OpIndex] = ()) -> None:
+    def __init__(
+        self, graph: InitGraph, generator_for: Callable[[str, int], torch.Generator | None], ops: Sequence[OpIndex] = ()
+    ) -> None:
         self.graph = graph
         self.generator_for = generator_for  # (stream key, position) → its own generator, or None
         self.workers = torch.get_num_threads()
@@ -41,7 +43,7 @@ class ParallelFills:
         self._pending: dict[StorageId, list[Future]] = {}
         self._later = elements_filled_after(graph, ops)  # op → elements of the fills after it
 
-    def __enter__(self) -> "ParallelFills":
+    def __enter__(self) -> ParallelFills:
         if self.workers >= 2:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="explorer-fill")
         return self
@@ -73,7 +75,7 @@ class ParallelFills:
         target = args[0]
         if target.device.type != "cpu":
             return False
-        generator = self.generator_for(*op.stream)
+        generator = self.generator_for(*cast(tuple[str, int], op.stream))  # random ops have a stream
         if generator is None:
             return False
         sid = self.graph.tensors[op.inputs[0]].storage
@@ -81,7 +83,9 @@ class ParallelFills:
         if worth_splitting(target.numel(), self._later.get(op.index, 0), self.workers):
             groups = split_fill(self.graph, op, args, self.workers)
         if groups is None:
-            futures = [self._pool.submit(_fill_in_mode, op.inference, op.func, args, {**kwargs, "generator": generator})]
+            futures = [
+                self._pool.submit(_fill_in_mode, op.inference, op.func, args, {**kwargs, "generator": generator})
+            ]
         else:
             state, fill = generator.get_state(), RecordedFill(op.func, args[1:], kwargs)
             futures = [self._pool.submit(_pieces_in_mode, op.inference, fill, target, state, group) for group in groups]
@@ -109,8 +113,9 @@ def worth_splitting(numel: int, later: int, workers: int) -> bool:
     return workers >= 2 and later < numel * (workers - 1)
 
 
-def split_fill(graph: InitGraph, op: OpNode, args: tuple, parts: int,
-               min_elements: int | None = None) -> list[list[Piece]] | None:
+def split_fill(
+    graph: InitGraph, op: OpNode, args: tuple, parts: int, min_elements: int | None = None
+) -> list[list[Piece]] | None:
     """Pieces to run in-place random fill `op` (resolved `args`) as `parts` side by side, or None
     when it runs whole: too small, not contiguous, reading other tensors, or draws not positional."""
     target = args[0]
@@ -127,8 +132,9 @@ def split_fill(graph: InitGraph, op: OpNode, args: tuple, parts: int,
     return groups if len(groups) > 1 else None
 
 
-def _pieces_in_mode(inference: bool, fill: RecordedFill, target: torch.Tensor, state: torch.Tensor,
-                    pieces: list[Piece]) -> None:
+def _pieces_in_mode(
+    inference: bool, fill: RecordedFill, target: torch.Tensor, state: torch.Tensor, pieces: list[Piece]
+) -> None:
     """Some pieces of a split fill, on a pool thread under the op's recorded inference mode."""
     with torch.inference_mode(inference):
         fill_pieces(fill, target.view(-1), state, pieces)

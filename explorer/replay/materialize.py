@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import cast
 
 import torch
 from torch import nn
 
 from ..errors import MaterializationError
-from ..record.fake import handle_of, is_fake
+from ..record.fake import DeferredHandle, handle_of, is_fake
 from .deferred_forms import remember_deferred_forms
 from .preflight import check_materializable
 from .provenance import remember_origins
 from .replay import Progress, Replay, StepReport
 from .rng import RngMode
-from .slices import materialize_slice
 from .routing import DeviceLike, DeviceMap, TensorPlacement, route_devices
+from .slices import materialize_slice
 
 TensorSlot = tuple[nn.Module, str, str, str]  # (owner, "_parameters" | "_buffers", key, qualified name)
 
@@ -27,6 +28,12 @@ def is_deferred(obj: torch.Tensor | nn.Module) -> bool:
     return handle_of(obj) is not None
 
 
+def _handle(fake: torch.Tensor) -> DeferredHandle:
+    """`handle_of` a fake known to be deferred: materialize_fakes and materialize_placed are given
+    only tensors their callers chose by `handle_of(t) is not None`."""
+    return cast(DeferredHandle, handle_of(fake))
+
+
 def _module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
     for sub in module.modules():
         yield from (p for p in sub._parameters.values() if p is not None)
@@ -34,30 +41,38 @@ def _module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
 
 
 def materialize_fakes(
-    fakes: list[torch.Tensor], names: list[str], device: DeviceMap, rng: RngMode, progress: Progress | None,
+    fakes: list[torch.Tensor],
+    names: list[str],
+    device: DeviceMap,
+    rng: RngMode,
+    progress: Progress | None,
     on_step: StepReport | None = None,
 ) -> list[torch.Tensor]:
     routing = route_devices(device, rng)
     by_graph: dict[int, list[int]] = {}
     for position, (fake, name) in enumerate(zip(fakes, names)):
         check_materializable(fake, name)
-        by_graph.setdefault(id(handle_of(fake).graph), []).append(position)
+        by_graph.setdefault(id(_handle(fake).graph), []).append(position)
     results: list[torch.Tensor | None] = [None] * len(fakes)
     for positions in by_graph.values():
-        graph = handle_of(fakes[positions[0]]).graph
-        tids = [handle_of(fakes[p]).tensor_id for p in positions]
+        graph = _handle(fakes[positions[0]]).graph
+        tids = [_handle(fakes[p]).tensor_id for p in positions]
         replay = Replay(graph, routing, names={tid: names[p] for tid, p in zip(tids, positions)})
         reals = replay.run([fakes[p] for p in positions], tids, progress, on_step)
         remember_origins(graph, tids, reals)  # so inspect still tells them from eager tensors
         remember_deferred_forms([fakes[p] for p in positions], reals)  # so release_module can put them back
         for position, real in zip(positions, reals):
             results[position] = real
-    return results  # type: ignore[return-value]
+    return results  # type: ignore[return-value]  # every position was filled above
 
 
 def materialize_placed(
-    fakes: list[torch.Tensor], names: list[str], placement: Callable[[str], DeviceLike], rng: RngMode,
-    progress: Progress | None, on_step: StepReport | None = None,
+    fakes: list[torch.Tensor],
+    names: list[str],
+    placement: Callable[[str], DeviceLike],
+    rng: RngMode,
+    progress: Progress | None,
+    on_step: StepReport | None = None,
 ) -> list[torch.Tensor]:
     """`materialize_fakes` with a target device per tensor name: one replay per target device, every
     target validated before anything runs; progress counts across the groups."""
@@ -72,18 +87,20 @@ def materialize_placed(
     done = [0, 0]
     results: list[torch.Tensor | None] = [None] * len(fakes)
     for target, positions in groups.items():
+
         def group_progress(n: int, _total: int, nbytes: int, _total_bytes: int) -> None:
-            progress(done[0] + n, total, done[1] + nbytes, total_bytes)
+            cast(Progress, progress)(done[0] + n, total, done[1] + nbytes, total_bytes)  # passed when not None
 
         group = [fakes[p] for p in positions]
-        reals = materialize_fakes(group, [names[p] for p in positions], target, rng,
-                             group_progress if progress is not None else None, on_step)
+        reals = materialize_fakes(
+            group, [names[p] for p in positions], target, rng, group_progress if progress is not None else None, on_step
+        )
         for position, real in zip(positions, reals):
             results[position] = real
-        distinct = {(id(handle_of(f).graph), handle_of(f).tensor_id): f for f in group}
+        distinct = {(id(_handle(f).graph), _handle(f).tensor_id): f for f in group}
         done[0] += len(distinct)
         done[1] += sum(f.numel() * f.element_size() for f in distinct.values())
-    return results  # type: ignore[return-value]
+    return results  # type: ignore[return-value]  # every position was filled above
 
 
 def materialize_tensor(tensor: torch.Tensor, *, device: DeviceMap = None, rng: RngMode = "eager") -> torch.Tensor:
@@ -124,8 +141,11 @@ def deferred_slots(
 
 
 def module_slots(
-    module: nn.Module, kinds: tuple[str, ...], check_fn: Callable[[nn.Module], bool] | None,
-    wanted: Callable[[torch.Tensor], bool], action: str,
+    module: nn.Module,
+    kinds: tuple[str, ...],
+    check_fn: Callable[[nn.Module], bool] | None,
+    wanted: Callable[[torch.Tensor], bool],
+    action: str,
 ) -> list[tuple[TensorSlot, torch.Tensor]]:
     """Every slot of `kinds` ("_parameters", "_buffers") whose tensor is `wanted`, in module order,
     in the submodules `check_fn` chooses (each submodule once; children are visited either way). A
@@ -156,8 +176,7 @@ def _chosen(check_fn: Callable[[nn.Module], bool], sub: nn.Module, prefix: str, 
     except Exception as error:
         where = f"submodule {prefix[:-1]!r}" if prefix else "the root module"
         raise MaterializationError(
-            f"check_fn raised {type(error).__name__} for {where} ({type(sub).__name__}): {error}; "
-            f"nothing was {action}"
+            f"check_fn raised {type(error).__name__} for {where} ({type(sub).__name__}): {error}; nothing was {action}"
         ) from error
 
 
@@ -178,8 +197,9 @@ def materialize_module(
     `materialize_tensor`, or a per-tensor placement such as `explorer.plan_devices(...)`'s plan;
     `progress(done, total, done_bytes, total_bytes)` is called as tensors
     complete and may raise to cancel; `on_step(step, detail)` when a step of the replay starts or
-    ends ("rng": the generator jumped to eager's states, with how far and how long; "replay"). All or nothing: on any error (or interrupt) every attribute
-    of the module is left as it was. Returns `module`.
+    ends ("rng": the generator jumped to eager's states, with how far and how long; "replay").
+    All or nothing: on any error (or interrupt) every attribute of the module is left as it was.
+    Returns `module`.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"explorer.materialize_module expects an nn.Module, got {type(module).__name__} {module!r:.80}")

@@ -48,9 +48,9 @@ def extend(words: np.ndarray, count: int) -> np.ndarray:
         # word k depends on words k-624, k-623 and k-227: 227 words at a time are independent
         step = min(N - M, count - filled)
         base = filled - N
-        head, after, middle = out[base: base + step], out[base + 1: base + 1 + step], out[base + M: base + M + step]
+        head, after, middle = out[base : base + step], out[base + 1 : base + 1 + step], out[base + M : base + M + step]
         mixed = (head & _UPPER) | (after & _LOWER)
-        out[filled: filled + step] = middle ^ (mixed >> 1) ^ ((after & 1) * _MATRIX_A)
+        out[filled : filled + step] = middle ^ (mixed >> 1) ^ ((after & 1) * _MATRIX_A)
         filled += step
     return out[:count]
 
@@ -121,8 +121,9 @@ class _Modulus:
         high = poly >> DEGREE
         if not high:
             return poly
-        product = np.fft.irfft(np.fft.rfft(_bits(high, DEGREE).astype(np.float64), _FFT_SIZE) * self.mu_spectrum,
-                               _FFT_SIZE)
+        product = np.fft.irfft(
+            np.fft.rfft(_bits(high, DEGREE).astype(np.float64), _FFT_SIZE) * self.mu_spectrum, _FFT_SIZE
+        )
         quotient = _from_bits((np.rint(product).astype(np.int64) & 1).astype(np.uint8)) >> DEGREE
         for term in self.terms:  # phi is sparse: quotient * phi is 135 shifted copies
             poly ^= quotient << term
@@ -165,7 +166,7 @@ def words_after(words: np.ndarray, steps: int) -> np.ndarray:
     windows = np.lib.stride_tricks.sliding_window_view(sequence, N)
     words = np.zeros(N, dtype=np.uint32)
     for chunk in range(0, len(terms), _GATHER_CHUNK):  # ~10^4 windows: gathered a few at a time
-        words ^= np.bitwise_xor.reduce(windows[terms[chunk: chunk + _GATHER_CHUNK] + 1], axis=0)
+        words ^= np.bitwise_xor.reduce(windows[terms[chunk : chunk + _GATHER_CHUNK] + 1], axis=0)
     return words
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -25,7 +25,10 @@ def target_names(names: dict[TensorId, str], tids: Sequence[TensorId]) -> str:
 
 
 def check_replayable(
-    graph: InitGraph, routing: DeviceRouting, ops: Sequence[OpIndex], tids: Sequence[TensorId],
+    graph: InitGraph,
+    routing: DeviceRouting,
+    ops: Sequence[OpIndex],
+    tids: Sequence[TensorId],
     names: dict[TensorId, str],
 ) -> None:
     """Raise MaterializationError for everything that would make a replay of `ops` (for targets
@@ -75,7 +78,7 @@ def check_replayable(
 
 def check_materializable(fake: torch.Tensor, name: str) -> None:
     """Refuse what cannot be replayed (an uninitialized lazy parameter), naming it."""
-    if isinstance(fake, nn.parameter.UninitializedTensorMixin):
+    if isinstance(fake, nn.parameter.UninitializedTensorMixin):  # type: ignore[attr-defined]  # parameter.pyi omits it
         raise MaterializationError(
             f"{name!r} is an uninitialized lazy parameter: call the module once on an example input "
             "inside module_fn so its shape is known"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import bisect
 import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -35,12 +35,16 @@ class Origin:
     source: SourceLocation | None  # the user's line that made it (see `creation_sources`)
 
     @staticmethod
-    def of(graph: InitGraph, tensor_id: TensorId, closure_ops: int, source: SourceLocation | None) -> "Origin":
+    def of(graph: InitGraph, tensor_id: TensorId, closure_ops: int, source: SourceLocation | None) -> Origin:
         """The origin of recorded tensor `tensor_id`; `source` as `creation_sources` finds it."""
         info = graph.tensors[tensor_id]
         return Origin(
-            weakref.ref(graph), tensor_id, closure_ops, graph.ops[info.producer].label,
-            graph.ops[graph.last_write(info.storage)].label, source,
+            weakref.ref(graph),
+            tensor_id,
+            closure_ops,
+            graph.ops[info.producer].label,
+            graph.ops[graph.last_write(info.storage)].label,
+            source,
         )
 
 

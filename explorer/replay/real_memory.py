@@ -8,7 +8,6 @@ for all of its views.
 from __future__ import annotations
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 
 def alias_on(base: torch.Tensor, shape: tuple, stride: tuple, offset: int, dtype: torch.dtype) -> torch.Tensor:
@@ -30,7 +29,7 @@ def storage_moved(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         return storage_bytes(tensor).to(device)
 
 
-def as_recorded_kind(real: torch.Tensor, fake: FakeTensor) -> torch.Tensor:
+def as_recorded_kind(real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     """Parameters come back as nn.Parameter (same requires_grad); buffers as plain tensors."""
     if real.is_inference() and not torch.is_inference_mode_enabled():
         with torch.inference_mode():  # where eager made it: requires_grad is refused elsewhere

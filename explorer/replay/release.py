@@ -14,15 +14,16 @@ the released tensors' own counters).
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import cast
 
 import torch
 from torch import nn
 
 from ..errors import ReleaseError
 from ..graph import InitGraph
-from ..record.fake import handle_of
-from .deferred_forms import deferred_form_of, forget_deferred_form
+from ..record.fake import DeferredHandle, handle_of
+from .deferred_forms import DeferredForm, deferred_form_of, forget_deferred_form
 from .materialize import TensorSlot, module_slots
 from .replay import ReplayState
 
@@ -52,15 +53,21 @@ def release_module(
         _refuse_changed(slots)
     reals = {id(real): real for _, real in slots}
     for (owner, kind, key, _), real in slots:
-        getattr(owner, kind)[key] = deferred_form_of(real).fake
+        getattr(owner, kind)[key] = _form(real).fake
     _forget(module, reals.values())
     return module
+
+
+def _form(real: torch.Tensor) -> DeferredForm:
+    """`deferred_form_of` a tensor known to have one: the slots released were chosen by
+    `deferred_form_of(t) is not None`."""
+    return cast(DeferredForm, deferred_form_of(real))
 
 
 def _refuse_changed(slots: list[tuple[TensorSlot, torch.Tensor]]) -> None:
     changes: dict[int, str] = {}  # per real tensor, its first name and what changed
     for (_, kind, _, name), real in slots:
-        if id(real) not in changes and (change := deferred_form_of(real).changed_since(real)) is not None:
+        if id(real) not in changes and (change := _form(real).changed_since(real)) is not None:
             changes[id(real)] = f"{_KINDS[kind]} {name!r}: {change}"
     if not changes:
         return
@@ -83,7 +90,7 @@ def _forget(module: nn.Module, released: Iterable[torch.Tensor]) -> None:
     for real in released:
         if id(real) in held:
             continue
-        graph = handle_of(deferred_form_of(real).fake).graph
+        graph = cast(DeferredHandle, handle_of(_form(real).fake)).graph  # a deferred form holds its fake
         by_graph.setdefault(id(graph), (graph, []))[1].append(real)
         forget_deferred_form(real)
     for graph, reals in by_graph.values():

@@ -12,10 +12,10 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import Any, cast
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import MaterializationError
@@ -63,7 +63,7 @@ class ReplayState:
                         del memo[tid]
                     else:
                         heirs.setdefault(graph.tensors[tid].storage, result)
-                anchors = self.anchors.get(key, {})
+                anchors: MutableMapping[StorageId, torch.Tensor] = self.anchors.get(key, {})
                 for sid, anchor in list(anchors.items()):
                     if id(anchor) in gone:
                         del anchors[sid]
@@ -71,10 +71,10 @@ class ReplayState:
                             anchors[sid] = heirs[sid]
 
     @staticmethod
-    def of(graph: InitGraph) -> "ReplayState":
+    def of(graph: InitGraph) -> ReplayState:
         if graph.replay_state is None:
             graph.replay_state = ReplayState(graph)
-        return graph.replay_state
+        return cast(ReplayState, graph.replay_state)  # the one implementation of the graph's ReplayMemory
 
 
 # `torch.tensor([...])` records `lift_fresh(constant)`, which returns the constant itself: replaying
@@ -130,7 +130,7 @@ class Replay:
                     return False
                 if self.graph.last_write(sid) < before:
                     return True
-                newly_stale.add(sid)
+                newly_stale.add(sid)  # noqa: B023 - called only by this iteration's closure_of, below
                 return False
 
             ops = self.graph.closure_of(
@@ -188,7 +188,10 @@ class Replay:
         op.func(*args, **kwargs)
 
     def run(
-        self, fakes: Sequence[FakeTensor], tids: Sequence[TensorId], progress: Progress | None = None,
+        self,
+        fakes: Sequence[torch.Tensor],
+        tids: Sequence[TensorId],
+        progress: Progress | None = None,
         on_step: StepReport | None = None,
     ) -> list[torch.Tensor]:
         """Materialize `fakes` (whose ids are `tids`); nothing is remembered unless all succeed."""
@@ -198,8 +201,11 @@ class Replay:
             done_at = self._completion_points(ops, tids)
             total_bytes = sum(self._nbytes(tid) for tid in set(tids))
             total_tensors = len(set(tids))
-            with outside_recording(), RngSession(self.state.streams, self.routing.rng, self.run_scratch) as rng, \
-                    ParallelFills(self.graph, rng.fill_generator, ops) as fills:
+            with (
+                outside_recording(),
+                RngSession(self.state.streams, self.routing.rng, self.run_scratch) as rng,
+                ParallelFills(self.graph, rng.fill_generator, ops) as fills,
+            ):
                 self._position_generators(ops, rng, on_step)
                 finished, finished_bytes = 0, 0
                 for position, index in enumerate(ops):
@@ -236,20 +242,27 @@ class Replay:
         the jump for one op runs while the fill threads draw the ones before it."""
         if self.routing.rng != "eager" or on_step is None:
             return
-        wanted = [op.stream for op in map(self.graph.ops.__getitem__, ops)
-                  if op.stream is not None and self.routing.exec_device(torch.device(op.stream[0])).type != "meta"]
+        wanted = [
+            op.stream
+            for op in map(self.graph.ops.__getitem__, ops)
+            if op.stream is not None and self.routing.exec_device(torch.device(op.stream[0])).type != "meta"
+        ]
         jumps = self.state.streams.jumps
         before = (jumps.count, jumps.draws, jumps.seconds, jumps.scratch_runs)
         started = time.perf_counter()
         for key, position in wanted:
             rng.state_before(key, position)
         if on_step is not None:
-            count, draws, seconds, scratch = (now - then for now, then in zip(
-                (jumps.count, jumps.draws, jumps.seconds, jumps.scratch_runs), before))
-            on_step("rng", f"generator at eager's state for {len(wanted)} random op{'s' * (len(wanted) != 1)}: "
-                           f"{count} jump{'s' * (count != 1)} over {draws:,} draws ({seconds:.2f} s), "
-                           f"{scratch} op{'s' * (scratch != 1)} re-run on scratch, "
-                           f"{time.perf_counter() - started:.2f} s in all")
+            count, draws, seconds, scratch = (
+                now - then for now, then in zip((jumps.count, jumps.draws, jumps.seconds, jumps.scratch_runs), before)
+            )
+            on_step(
+                "rng",
+                f"generator at eager's state for {len(wanted)} random op{'s' * (len(wanted) != 1)}: "
+                f"{count} jump{'s' * (count != 1)} over {draws:,} draws ({seconds:.2f} s), "
+                f"{scratch} op{'s' * (scratch != 1)} re-run on scratch, "
+                f"{time.perf_counter() - started:.2f} s in all",
+            )
             on_step("replay", f"running {len(ops)} recorded ops")
 
     def _nbytes(self, tid: TensorId) -> int:
@@ -296,7 +309,7 @@ class Replay:
             if isinstance(ref, TensorRef):
                 self.env[ref.id] = value
 
-    def _assemble(self, fakes: Sequence[FakeTensor], tids: Sequence[TensorId]) -> list[torch.Tensor]:
+    def _assemble(self, fakes: Sequence[torch.Tensor], tids: Sequence[TensorId]) -> list[torch.Tensor]:
         results: dict[TensorId, torch.Tensor] = {}
         moved: dict[StorageId, torch.Tensor] = {}
         for fake, tid in zip(fakes, tids):

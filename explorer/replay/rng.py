@@ -22,8 +22,9 @@ import bisect
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal, get_args
+from typing import Literal, cast, get_args
 
 import torch
 
@@ -82,7 +83,8 @@ class RngStreams:
             if 0 in self.restarts(key):
                 states, self._known[key] = {}, []
             else:
-                states, self._known[key] = {0: self.graph.rng_start[key]}, [0]
+                # None only for a device absent when recording, whose streams check_replayable refuses
+                states, self._known[key] = {0: cast(torch.Tensor, self.graph.rng_start[key])}, [0]
             self._states[key] = states
         return states
 
@@ -126,8 +128,10 @@ class RngStreams:
             raise MaterializationError(restart.unknown)
         if restart.after_graph is not None:
             if self._state_after is None:
-                raise MaterializationError(f"random op {position} of the {key} stream continues another "
-                                           "recording, which this replay cannot reach")
+                raise MaterializationError(
+                    f"random op {position} of the {key} stream continues another "
+                    "recording, which this replay cannot reach"
+                )
             state = self._state_after(restart.after_graph, restart.after_key, restart.after_position)
         else:
             assert restart.base is not None
@@ -224,14 +228,12 @@ class RngSession:
         # With rng="fast", random ops that a value-dependent shape was computed from still draw
         # eager's numbers (graph.value_feeding_random_ops), so shapes match the recording.
         graph = streams.graph
-        self.eager_anyway = (
-            {graph.ops[i].stream for i in graph.value_feeding_random_ops()} if mode == "fast" else set()
-        )
+        self.eager_anyway = {graph.ops[i].stream for i in graph.value_feeding_random_ops()} if mode == "fast" else set()
         self.run_scratch = run_scratch
         self._saved: dict[str, torch.Tensor] = {}
         self._position: dict[str, int] = {}  # where each generator is now, if we set it
 
-    def __enter__(self) -> "RngSession":
+    def __enter__(self) -> RngSession:
         GENERATOR_LOCK.acquire()
         return self
 

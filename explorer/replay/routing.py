@@ -8,15 +8,16 @@ target device directly. A "meta" target never computes anything.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from ..errors import MaterializationError
 from .rng import RNG_MODES, RngMode
 
-DeviceLike = Union[str, torch.device, int]
+DeviceLike = str | torch.device | int
 
 
 @runtime_checkable
@@ -30,10 +31,10 @@ class TensorPlacement(Protocol):
     def resolver(self, module: Any) -> Callable[[str], DeviceLike]: ...
 
 
-DeviceMap = Union[DeviceLike, Mapping[DeviceLike, DeviceLike], TensorPlacement, None]
+DeviceMap = DeviceLike | Mapping[DeviceLike, DeviceLike] | TensorPlacement | None
 
 
-def parse_device(value: DeviceLike) -> torch.device:
+def parse_device(value: object) -> torch.device:
     """`torch.device(value)`, with a MaterializationError naming the bad string."""
     if isinstance(value, torch.device):
         return value

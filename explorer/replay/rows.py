@@ -15,6 +15,8 @@ materializes the whole tensor.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from ..graph import InitGraph, OpNode, TensorId, accepts_generator, is_inplace_random
@@ -22,12 +24,13 @@ from ..record.checkpoint_formats import READ_TORCH, read_torch
 from ..record.checkpoint_reads import READ_SAFETENSORS, original_safe_open
 from ..record.fake import handle_of
 from ..record.scope import outside_recording
-from .draws import draw_count, family_of, is_contiguous
+from .draws import Family, draw_count, family_of, is_contiguous
 from .fill_layout import RecordedFill, draw_range, fill_layout
 from .preflight import check_materializable
 from .replay import Replay, ReplayState
 from .rng import RngMode, RngSession
 from .routing import route_devices
+
 
 def drawable_fill(graph: InitGraph, tid: TensorId) -> OpNode | None:
     """The one in-place CPU random op that gives tensor `tid` its final value, when nothing else
@@ -45,7 +48,10 @@ def drawable_fill(graph: InitGraph, tid: TensorId) -> OpNode | None:
     fill = graph.ops[needed[1]]
     if fill.stream is None or fill.stream[0] != "cpu" or fill.inference:
         return None
-    if not (is_inplace_random(fill.func) and accepts_generator(fill.func)) or graph.tensors[fill.inputs[0]].storage != info.storage:
+    if (
+        not (is_inplace_random(fill.func) and accepts_generator(fill.func))
+        or graph.tensors[fill.inputs[0]].storage != info.storage
+    ):
         return None
     if set(fill.inputs) - {fill.inputs[0]} or draw_count(graph, fill) is None:
         return None  # reads other tensors (bernoulli_ with a tensor p), or of unknown draw count
@@ -75,13 +81,20 @@ def draw_rows(
         return None
     numel = fake.numel()
     row = numel // fake.shape[0] if fake.shape[0] else 0
-    layout = fill_layout(family_of(graph, fill), info.dtype, numel)
+    family = cast(Family, family_of(graph, fill))  # known: drawable_fill counted its draws
+    layout = fill_layout(family, info.dtype, numel)
     if layout is None:
         return None  # not element by element (MKL's bernoulli_ seeds a stream with one draw)
     with ReplayState.of(graph).lock, outside_recording():
         state = fill_start_state(graph, fill, rng)
-        flat = draw_range(RecordedFill(fill.func, fill.args[1:], dict(fill.kwargs)), layout, state,
-                          start * row, stop * row, info.dtype)
+        flat = draw_range(
+            RecordedFill(fill.func, fill.args[1:], dict(fill.kwargs)),
+            layout,
+            state,
+            start * row,
+            stop * row,
+            info.dtype,
+        )
     return flat.view(stop - start, *fake.shape[1:])
 
 
@@ -126,7 +139,7 @@ def fill_start_state(graph: InitGraph, fill: OpNode, rng: RngMode) -> torch.Tens
     """The CPU generator state random op `fill` starts from, as whole-tensor replay would give it
     (eager's state, or its rng="fast" seed); the default generators are left as they were. Call
     with the graph's ReplayState lock held and outside recording."""
-    key, position = fill.stream
+    key, position = cast(tuple[str, int], fill.stream)  # a random op has a stream
     state = ReplayState.of(graph)
     replay = Replay(graph, route_devices(None, rng), remember=False)
     with RngSession(state.streams, rng, replay.run_scratch) as session:

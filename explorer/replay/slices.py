@@ -25,29 +25,32 @@ import math
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 
 from ..graph import InitGraph, OpNode, TensorId, TensorInfo, accepts_generator, is_inplace_random
 from ..record.fake import handle_of
 from ..record.scope import outside_recording
-from .draws import draw_count, family_of, is_contiguous
-from .fill_layout import RecordedFill, draw_range, fill_layout
+from .draws import Family, draw_count, family_of, is_contiguous
+from .fill_layout import FillLayout, RecordedFill, draw_range, fill_layout
 from .preflight import check_materializable
+from .provenance import remember_origins
 from .real_memory import as_recorded_kind
 from .replay import ReplayState
 from .rng import RngMode
-from .provenance import remember_origins
-from .rows import checkpoint_read, checkpoint_rows, fill_start_state
 from .routing import DeviceMap, DeviceRouting, route_devices
+from .rows import checkpoint_read, checkpoint_rows, fill_start_state
 
 SliceSource = Literal["random fill", "constant", "checkpoint read"]
 
 _aten = torch.ops.aten
 _EMPTY = frozenset({_aten.empty.memory_format, _aten.empty_strided.default})
-_CONSTANT_FACTORIES = {_aten.ones.default: lambda op: 1, _aten.zeros.default: lambda op: 0,
-                       _aten.full.default: lambda op: op.args[1]}
+_CONSTANT_FACTORIES = {
+    _aten.ones.default: lambda op: 1,
+    _aten.zeros.default: lambda op: 0,
+    _aten.full.default: lambda op: op.args[1],
+}
 _CONSTANT_FILLS = {_aten.fill_.Scalar: lambda op: op.args[1], _aten.zero_.default: lambda op: 0}
 
 
@@ -100,9 +103,14 @@ def _value_ops(graph: InitGraph, tid: TensorId) -> list[OpNode]:
 
 def _whole_storage(graph: InitGraph, op: OpNode, window: _Window) -> bool:
     written = graph.tensors[op.inputs[0]] if op.inputs else None
-    return (written is not None and written.storage == graph.tensors[window.base.id].storage
-            and written.storage_offset == 0 and is_contiguous(written) and written.shape == window.base.shape
-            and written.dtype == window.base.dtype)
+    return (
+        written is not None
+        and written.storage == graph.tensors[window.base.id].storage
+        and written.storage_offset == 0
+        and is_contiguous(written)
+        and written.shape == window.base.shape
+        and written.dtype == window.base.dtype
+    )
 
 
 def _random_fill(graph: InitGraph, ops: list[OpNode], window: _Window) -> OpNode | None:
@@ -116,7 +124,8 @@ def _random_fill(graph: InitGraph, ops: list[OpNode], window: _Window) -> OpNode
         return None
     if draw_count(graph, fill) is None or family_of(graph, fill) is None:
         return None
-    return fill if fill_layout(family_of(graph, fill), window.base.dtype, _numel(window.base.shape)) else None
+    family = cast(Family, family_of(graph, fill))  # checked just above
+    return fill if fill_layout(family, window.base.dtype, _numel(window.base.shape)) else None
 
 
 def _constant(graph: InitGraph, ops: list[OpNode], window: _Window) -> int | float | bool | None:
@@ -172,8 +181,7 @@ def _recipe(graph: InitGraph, tid: TensorId) -> _Recipe | str | None:
     if rows is not None and checkpoint_read(graph, window.base.id) is not None:
         return _Recipe("checkpoint read", window, rows=rows)
     labels = ", ".join(op.label for op in ops[:4]) + (" ..." if len(ops) > 4 else "")
-    return (f"its base's value is not one random fill, constant or checkpoint read of the whole "
-            f"storage (ops: {labels})")
+    return f"its base's value is not one random fill, constant or checkpoint read of the whole storage (ops: {labels})"
 
 
 def _slice_bytes(info: TensorInfo) -> int:
@@ -207,7 +215,9 @@ def _base_alive(graph: InitGraph, tid: TensorId, routing: DeviceRouting) -> bool
     return anchors is not None and graph.tensors[tid].storage in anchors
 
 
-def materialize_slice(tensor: torch.Tensor, device: DeviceMap, rng: RngMode, name: str = "<tensor>") -> torch.Tensor | None:
+def materialize_slice(
+    tensor: torch.Tensor, device: DeviceMap, rng: RngMode, name: str = "<tensor>"
+) -> torch.Tensor | None:
     """The view `tensor` made alone, when `slice_plan` says it can be; None: use the ordinary path
     (after a WholeBaseWarning when that path makes a larger base). Memoized per view and routing."""
     handle = handle_of(tensor)
@@ -228,9 +238,13 @@ def materialize_slice(tensor: torch.Tensor, device: DeviceMap, rng: RngMode, nam
         if isinstance(recipe, str):
             if not _slice_bytes(info):
                 return None  # an empty view: nothing asked, nothing to warn about
-            warnings.warn(WholeBaseWarning(
-                f"materializing {name} ({_slice_bytes(info):,} bytes) makes its whole base "
-                f"({graph.storages[info.storage].nbytes:,} bytes): {recipe}"), stacklevel=3)
+            warnings.warn(
+                WholeBaseWarning(
+                    f"materializing {name} ({_slice_bytes(info):,} bytes) makes its whole base "
+                    f"({graph.storages[info.storage].nbytes:,} bytes): {recipe}"
+                ),
+                stacklevel=3,
+            )
             return None
         memo = state.slices.setdefault(routing.key, weakref.WeakValueDictionary())
         known = memo.get(tid)
@@ -245,15 +259,22 @@ def materialize_slice(tensor: torch.Tensor, device: DeviceMap, rng: RngMode, nam
 
 
 def _made(graph: InitGraph, recipe: _Recipe, info: TensorInfo, rng: RngMode) -> torch.Tensor:
+    # Each source's fields are set, and were checked to work, by _recipe.
     window = recipe.window
     if recipe.source == "constant":
-        return torch.full(info.shape, recipe.constant, dtype=info.dtype)
+        return torch.full(info.shape, cast(int | float | bool, recipe.constant), dtype=info.dtype)
     if recipe.source == "checkpoint read":
-        start, stop = recipe.rows
-        return checkpoint_rows(graph, window.base.id, start, stop).reshape(info.shape)
-    fill = recipe.fill
-    layout = fill_layout(family_of(graph, fill), info.dtype, _numel(window.base.shape))
+        start, stop = cast(tuple[int, int], recipe.rows)
+        return cast(torch.Tensor, checkpoint_rows(graph, window.base.id, start, stop)).reshape(info.shape)
+    fill = cast(OpNode, recipe.fill)
+    layout = cast(FillLayout, fill_layout(cast(Family, family_of(graph, fill)), info.dtype, _numel(window.base.shape)))
     state = fill_start_state(graph, fill, rng)
-    flat = draw_range(RecordedFill(fill.func, fill.args[1:], dict(fill.kwargs)), layout, state,
-                      window.first, window.first + window.count, info.dtype)
+    flat = draw_range(
+        RecordedFill(fill.func, fill.args[1:], dict(fill.kwargs)),
+        layout,
+        state,
+        window.first,
+        window.first + window.count,
+        info.dtype,
+    )
     return flat.view(info.shape)
