@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import ipywidgets as w
 import pandas as pd
@@ -25,10 +25,11 @@ import traitlets
 from torch import nn
 
 import explorer
+from explorer.replay.rng import RngMode
+from explorer.replay.save import SaveFormat
 
 from .formatting import bytes_text
 from .materialize_preview import MaterializePreview
-
 
 _STEP_NAMES = {"rng": "generator jump", "replay": "replay"}
 THROUGHPUT_MIN_BYTES = 16 << 20  # a materialization this large sets the preview's bytes per second
@@ -64,33 +65,45 @@ class MaterializeBar(w.VBox):
     # Bytes per second of the last materialization in this process (the preview's time estimate).
     throughput: float | None = None
 
-    def __init__(self, module: nn.Module, selected_modules: Callable[[], list[nn.Module]],
-                 on_done: Callable[[], None],
-                 preview: Callable[[str, str], MaterializePreview] | None = None) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        selected_modules: Callable[[], list[nn.Module]],
+        on_done: Callable[[], None],
+        preview: Callable[[str, str], MaterializePreview] | None = None,
+    ) -> None:
         self.module = module
         self.selected_modules = selected_modules
         self.on_done = on_done
         self.preview_of = preview  # (what: "selection" | "whole module", device) → preview
-        self.device = w.Dropdown(options=target_devices(), value="cpu", description="device",
-                                 layout=w.Layout(width="180px"))
+        self.device = w.Dropdown(
+            options=target_devices(), value="cpu", description="device", layout=w.Layout(width="180px")
+        )
         self.device.add_class("de-device")
-        self.rng = w.Dropdown(options=[("eager (bit-identical to eager construction)", "eager"),
-                                       ("fast (per-op seeds)", "fast")], value="eager", description="rng",
-                              layout=w.Layout(width="320px"))
+        self.rng = w.Dropdown(
+            options=[("eager (bit-identical to eager construction)", "eager"), ("fast (per-op seeds)", "fast")],
+            value="eager",
+            description="rng",
+            layout=w.Layout(width="320px"),
+        )
         self.rng.add_class("de-rng")
-        self.selected_button = w.Button(description="Materialize selected", button_style="primary",
-                                        layout=w.Layout(width="auto"))
+        self.selected_button = w.Button(
+            description="Materialize selected", button_style="primary", layout=w.Layout(width="auto")
+        )
         self.selected_button.add_class("de-materialize-button")
         self.selected_button.add_class("de-materialize-selected")
         self.all_button = w.Button(description="Materialize all", layout=w.Layout(width="auto"))
         self.all_button.add_class("de-materialize-button")
         self.all_button.add_class("de-materialize-all")
-        self.release_button = w.Button(description="Release selected", layout=w.Layout(width="auto"),
-                                       tooltip="the selected modules' materialized tensors become fake "
-                                               "again and their memory is returned")
+        self.release_button = w.Button(
+            description="Release selected",
+            layout=w.Layout(width="auto"),
+            tooltip="the selected modules' materialized tensors become fake again and their memory is returned",
+        )
         self.release_button.add_class("de-release-selected")
-        self.cancel_button = w.Button(description="Cancel", disabled=True, button_style="warning",
-                                      layout=w.Layout(width="auto"))
+        self.cancel_button = w.Button(
+            description="Cancel", disabled=True, button_style="warning", layout=w.Layout(width="auto")
+        )
         self.cancel_button.add_class("de-cancel-button")
         self.progress = w.IntProgress(value=0, min=0, max=1, description="tensors")
         self.progress.add_class("de-progress")
@@ -110,8 +123,9 @@ class MaterializeBar(w.VBox):
         self.keep_button.add_class("de-confirm-cancel")
         self.confirm_text = w.Label("")
         self.confirm_text.add_class("de-confirm-text")
-        self.confirm_box = w.HBox([self.confirm_text, self.confirm_button, self.keep_button],
-                                  layout=w.Layout(display="none"))
+        self.confirm_box = w.HBox(
+            [self.confirm_text, self.confirm_button, self.keep_button], layout=w.Layout(display="none")
+        )
         self.confirm_box.add_class("de-confirm")
         self._pending: tuple | None = None  # the click waiting for confirmation
         self.selected_button.on_click(lambda _: self.click("selection"))
@@ -120,16 +134,28 @@ class MaterializeBar(w.VBox):
         self.cancel_button.on_click(lambda _: self.cancel())
         self.confirm_button.on_click(lambda _: self.confirm())
         self.keep_button.on_click(lambda _: self._hide_confirmation("not materialized"))
-        self.save_directory = w.Text(value="", placeholder="directory to write the checkpoint into",
-                                     description="save to", layout=w.Layout(width="360px"))
+        self.save_directory = w.Text(
+            value="",
+            placeholder="directory to write the checkpoint into",
+            description="save to",
+            layout=w.Layout(width="360px"),
+        )
         self.save_directory.add_class("de-save-directory")
-        self.save_format = w.Dropdown(options=[("safetensors (Hugging Face layout)", "safetensors"),
-                                               ("DCP (torch.distributed.checkpoint)", "dcp")],
-                                      value="safetensors", description="format", layout=w.Layout(width="320px"))
+        self.save_format = w.Dropdown(
+            options=[
+                ("safetensors (Hugging Face layout)", "safetensors"),
+                ("DCP (torch.distributed.checkpoint)", "dcp"),
+            ],
+            value="safetensors",
+            description="format",
+            layout=w.Layout(width="320px"),
+        )
         self.save_format.add_class("de-save-format")
-        self.save_button = w.Button(description="Save checkpoint…", layout=w.Layout(width="auto"),
-                                    tooltip="write the module's tensors in eager's values, one at a time; the "
-                                            "module stays as it is")
+        self.save_button = w.Button(
+            description="Save checkpoint…",
+            layout=w.Layout(width="auto"),
+            tooltip="write the module's tensors in eager's values, one at a time; the module stays as it is",
+        )
         self.save_button.add_class("de-save-button")
         self.save_button.on_click(lambda _: self.save())
         self.device.observe(lambda _: self.update_preview(), names="value")
@@ -138,17 +164,30 @@ class MaterializeBar(w.VBox):
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._step_texts: list[str] = []
-        super().__init__([
-            w.HBox([self.device, self.rng, self.selected_button, self.release_button, self.all_button,
-                    self.cancel_button], layout=w.Layout(flex_flow="row wrap")),
-            w.HBox([self.save_directory, self.save_format, self.save_button], layout=w.Layout(flex_flow="row wrap")),
-            self.preview,
-            self.confirm_box,
-            w.HBox([self.progress, self.progress_text]),
-            self.step,
-            self.status,
-            self.held,
-        ])
+        super().__init__(
+            [
+                w.HBox(
+                    [
+                        self.device,
+                        self.rng,
+                        self.selected_button,
+                        self.release_button,
+                        self.all_button,
+                        self.cancel_button,
+                    ],
+                    layout=w.Layout(flex_flow="row wrap"),
+                ),
+                w.HBox(
+                    [self.save_directory, self.save_format, self.save_button], layout=w.Layout(flex_flow="row wrap")
+                ),
+                self.preview,
+                self.confirm_box,
+                w.HBox([self.progress, self.progress_text]),
+                self.step,
+                self.status,
+                self.held,
+            ]
+        )
         self.add_class("de-materialize-bar")
 
     # -- before a click does anything ----------------------------------------------------------------
@@ -235,8 +274,10 @@ class MaterializeBar(w.VBox):
             self.held.value = "materialized tensors hold no memory"
             return
         count = len(held)
-        self.held.value = (f"materialized tensors hold {bytes_text(int(held.sum()))} "
-                           f"in {count} storage{'s' * (count != 1)}: Release selected gives it back")
+        self.held.value = (
+            f"materialized tensors hold {bytes_text(int(held.sum()))} "
+            f"in {count} storage{'s' * (count != 1)}: Release selected gives it back"
+        )
 
     def cancel(self) -> None:
         """Stop the running materialization after the tensor in progress; the module stays as it was."""
@@ -253,12 +294,14 @@ class MaterializeBar(w.VBox):
         if self.disabled_reason:
             self._set_status(self.disabled_reason, error=True)
             return None
-        device, rng = self.device.value, self.rng.value
-        return self._launch(f"materializing {what} on {device} (rng={rng})…",
-                            lambda: self._run(check_fn, what, device, rng), wait)
+        device: str = self.device.value
+        rng: RngMode = self.rng.value  # the dropdown offers RngMode's values only
+        return self._launch(
+            f"materializing {what} on {device} (rng={rng})…", lambda: self._run(check_fn, what, device, rng), wait
+        )
 
     def save(self, wait: bool = False) -> threading.Thread | None:
-        """"Save checkpoint…": write the whole module to the directory typed, in the format chosen
+        """Save checkpoint…: write the whole module to the directory typed, in the format chosen
         (`explorer.save_checkpoint`: one tensor materialized at a time, the module left as it is),
         with this bar's progress; Cancel stops it with no partial file left under a final name."""
         directory = self.save_directory.value.strip()
@@ -268,9 +311,10 @@ class MaterializeBar(w.VBox):
         if not directory:
             self._set_status("type the directory to save the checkpoint into first", error=False)
             return None
-        chosen = self.save_format.value
-        return self._launch(f"saving the checkpoint to {directory} ({chosen})…",
-                            lambda: self._run_save(directory, chosen), wait)
+        chosen: SaveFormat = self.save_format.value  # the dropdown offers SaveFormat's values only
+        return self._launch(
+            f"saving the checkpoint to {directory} ({chosen})…", lambda: self._run_save(directory, chosen), wait
+        )
 
     def _launch(self, message: str, work: Callable[[], None], wait: bool) -> threading.Thread | None:
         """Reset the progress, then run `work` on a background thread (or here, with `wait`)."""
@@ -293,7 +337,7 @@ class MaterializeBar(w.VBox):
         self._thread.start()
         return self._thread
 
-    def _run_save(self, directory: str, chosen: str) -> None:
+    def _run_save(self, directory: str, chosen: SaveFormat) -> None:
         try:
             written = explorer.save_checkpoint(self.module, directory, format=chosen, progress=self._progress)
         except MaterializationCancelled:
@@ -305,7 +349,9 @@ class MaterializeBar(w.VBox):
             return
         tensors = f"{self.done} tensor{'s' * (self.done != 1)}"
         files = f"{len(written)} file{'s' * (len(written) != 1)}"
-        self._finish(f"saved {tensors} ({bytes_text(self.done_bytes)}) to {directory} as {chosen}: {files}", error=False)
+        self._finish(
+            f"saved {tensors} ({bytes_text(self.done_bytes)}) to {directory} as {chosen}: {files}", error=False
+        )
 
     def _progress(self, done: int, total: int, done_bytes: int, total_bytes: int) -> None:
         if self._cancel.is_set():
@@ -324,11 +370,12 @@ class MaterializeBar(w.VBox):
         self._step_texts = [*self._step_texts, f"step {len(self.steps)} — {_STEP_NAMES.get(step, step)}: {detail}"]
         self.step.value = "  |  ".join(self._step_texts)
 
-    def _run(self, check_fn: Callable[[nn.Module], bool] | None, what: str, device: str, rng: str) -> None:
+    def _run(self, check_fn: Callable[[nn.Module], bool] | None, what: str, device: str, rng: RngMode) -> None:
         started = time.perf_counter()
         try:
-            explorer.materialize_module(self.module, check_fn=check_fn, device=device, rng=rng,
-                                        progress=self._progress, on_step=self._step)
+            explorer.materialize_module(
+                self.module, check_fn=check_fn, device=device, rng=rng, progress=self._progress, on_step=self._step
+            )
         except MaterializationCancelled:
             self._finish(f"cancelled: {what} left as it was", error=False)
             return
@@ -387,5 +434,7 @@ def _released_text(before: dict[str, torch.Tensor], after: dict[str, torch.Tenso
         return "nothing to release in the selection: no materialized tensors"
     storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in released.values()}
     count = len(released)
-    return (f"released {count} tensor{'s' * (count != 1)} ({bytes_text(sum(storages.values()))}) of the "
-            "selection: fake again")
+    return (
+        f"released {count} tensor{'s' * (count != 1)} ({bytes_text(sum(storages.values()))}) of the "
+        "selection: fake again"
+    )

@@ -187,7 +187,7 @@ class MemoryTab(w.VBox):
             dtype = getattr(torch, self.input_dtype.value)
             inputs = [torch.zeros(shape, dtype=dtype) for shape in parse_shapes(self.shapes.value)]
             result = explorer.dry_run(self.module, *inputs)
-        except Exception as error:  # noqa: BLE001 (shown to the user)
+        except Exception as error:  # shown to the user; the widget stays usable
             self.dry_run_status.value = f"dry run failed: {type(error).__name__}: {error}"
             return
         self.dry_run_status.value = (
@@ -200,7 +200,7 @@ class MemoryTab(w.VBox):
         """Device plan for the module within the typed budgets (`explorer.plan_devices`)."""
         try:
             result = explorer.plan_devices(self.module, parse_budgets(self.budgets.value))
-        except Exception as error:  # noqa: BLE001 (shown to the user)
+        except Exception as error:  # shown to the user; the widget stays usable
             self.plan_status.value = f"device plan failed: {type(error).__name__}: {error}"
             return
         self.last_plan = result

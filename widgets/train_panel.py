@@ -117,7 +117,7 @@ class TrainPanel(w.VBox):
                 **labels,
             )
             verdict = step.verdict(self.budget.value)
-        except Exception as error:  # noqa: BLE001 (shown to the user)
+        except Exception as error:  # shown to the user; the widget stays usable
             self.verdict.value = f"training step failed: {type(error).__name__}: {error}"
             return
         self.last_step = step

@@ -92,7 +92,7 @@ class LazyChunks(Sequence):
     def __len__(self) -> int:
         return self.num_chunks
 
-    def __getitem__(self, index: int) -> torch.Tensor:  # type: ignore[override]
+    def __getitem__(self, index: int) -> torch.Tensor:  # type: ignore[override]  # ints only: FSDP2 never slices
         if not -self.num_chunks <= index < self.num_chunks:
             raise IndexError(index)
         index %= self.num_chunks

@@ -20,10 +20,14 @@ from __future__ import annotations
 
 __all__ = ["FastFSDPMemTracker", "FastMemTracker"]
 
+import torch
+
 # Importing the module registers fake (meta) kernels for c10d collectives, used under FakeTensorMode.
-import torch.distributed._tools.fake_collectives  # noqa: F401
+import torch.distributed._tools.fake_collectives
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils.weak import WeakIdKeyDictionary
 
 
 class _FastPeaks:
@@ -31,34 +35,40 @@ class _FastPeaks:
 
     _indexed_count: int = -1
     _by_name: dict
+    # MemTracker's, which comes after this mixin in the MRO: declared (not assigned) for the type checker
+    memory_tracking: WeakIdKeyDictionary
+    _mod_tracker: ModTracker
+    _curr_mem_snap: dict[torch.device, dict[str, int]]
+    _peak_mem: dict[torch.device, int]
+    _peak_mem_snap: dict[torch.device, dict[str, int]]
 
     def _running_stats(self) -> list:
-        tracking = self.memory_tracking  # type: ignore[attr-defined]
+        tracking = self.memory_tracking
         if len(tracking) != self._indexed_count:
             by_name: dict[str, list] = {}
             for stats in tracking.values():
                 by_name.setdefault(stats.mod_fqn, []).append(stats)
             self._by_name, self._indexed_count = by_name, len(tracking)
         running = []
-        for name in self._mod_tracker.parents:  # type: ignore[attr-defined]
+        for name in self._mod_tracker.parents:
             running.extend(self._by_name.get(name, ()))
         return running
 
     def _update_peak_stats(self, peak_state) -> None:
-        current = self._curr_mem_snap  # type: ignore[attr-defined]
+        current = self._curr_mem_snap
         for stats in self._running_stats():
-            if stats.mod_fqn not in self._mod_tracker.parents:  # type: ignore[attr-defined]  # renamed since indexed
+            if stats.mod_fqn not in self._mod_tracker.parents:  # renamed since indexed
                 continue
             if peak_state in stats.snapshots:
                 for device, device_snap in current.items():
                     if stats.local_peak.get(device, 0) < device_snap[_TOTAL_KEY]:
                         stats.local_peak[device] = device_snap[_TOTAL_KEY]
                         stats.snapshots[peak_state][-1][device] = dict(device_snap)
-        peaks = self._peak_mem  # type: ignore[attr-defined]
+        peaks = self._peak_mem
         for device, device_snap in current.items():
             if peaks.get(device, 0) < device_snap[_TOTAL_KEY]:
                 peaks[device] = device_snap[_TOTAL_KEY]
-                self._peak_mem_snap[device] = dict(device_snap)  # type: ignore[attr-defined]
+                self._peak_mem_snap[device] = dict(device_snap)
 
 
 class _FrozenParameters:
@@ -68,10 +78,12 @@ class _FrozenParameters:
     for one without `requires_grad`; here hooks go only on those that have it, as PyTorch's would.
     """
 
+    _param_to_grad_hook_handles: WeakIdKeyDictionary  # MemTracker's, after this mixin in the MRO
+
     def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
-        totals = super()._track_module_params_and_buffers(module, install_grad_hooks=False)  # type: ignore[misc]
+        totals = super()._track_module_params_and_buffers(module, install_grad_hooks=False)  # type: ignore[misc]  # MemTracker's, next in the MRO
         if install_grad_hooks:
-            handles = self._param_to_grad_hook_handles  # type: ignore[attr-defined]
+            handles = self._param_to_grad_hook_handles
             for param in module.parameters():
                 if param.requires_grad and handles.get(param, None) is None:
                     handles[param] = (
@@ -81,7 +93,7 @@ class _FrozenParameters:
         return totals
 
     def _grad_hook(self, grad) -> None:
-        self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)  # type: ignore[attr-defined]
+        self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)  # type: ignore[attr-defined]  # MemTracker's, after this mixin in the MRO
 
 
 class FastMemTracker(_FastPeaks, _FrozenParameters, MemTracker):

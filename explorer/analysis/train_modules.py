@@ -54,7 +54,7 @@ def _states(tracker: MemTracker) -> tuple[str, str, str, str]:
 
 
 def _by_state(stats: object) -> dict[str, list[dict]]:
-    return {state.value: snapshots for state, snapshots in stats.snapshots.items()}  # type: ignore[attr-defined]
+    return {state.value: snapshots for state, snapshots in stats.snapshots.items()}  # type: ignore[attr-defined]  # torch's private _ModMemStats
 
 
 def module_table(module: nn.Module, twin: nn.Module, tracker: MemTracker) -> pd.DataFrame:

@@ -114,7 +114,8 @@ def stacked_bar_svg(peak: dict[str, int], width: int = BAR_WIDTH) -> str:
         f'<svg class="train-bar" width="{width}" height="{BAR_HEIGHT}" viewBox="0 0 {width} {BAR_HEIGHT}" '
         f'xmlns="http://www.w3.org/2000/svg">{"".join(rects)}</svg>'
     )
-    return f'<div class="train-bar-box">{svg}<div class="train-legend" style="font-size:12px">{"".join(legend)}</div></div>'
+    legend_box = f'<div class="train-legend" style="font-size:12px">{"".join(legend)}</div>'
+    return f'<div class="train-bar-box">{svg}{legend_box}</div>'
 
 
 def modules_html(step: TrainStep, limit: int = 40) -> str:

@@ -52,9 +52,16 @@ def parse_size(size: int | str) -> int:
     return int(float(found.group(1)) * _UNITS[found.group(2)])
 
 
-def save_checkpoint(module: nn.Module, directory: str | os.PathLike, *, max_shard_size: int | str = "5GB",
-                    format: SaveFormat = "safetensors", dtype: torch.dtype | None = None,
-                    progress: ProgressOption = None, rng: RngMode = "eager") -> list[Path]:
+def save_checkpoint(
+    module: nn.Module,
+    directory: str | os.PathLike,
+    *,
+    max_shard_size: int | str = "5GB",
+    format: SaveFormat = "safetensors",
+    dtype: torch.dtype | None = None,
+    progress: ProgressOption = None,
+    rng: RngMode = "eager",
+) -> list[Path]:
     """Write `module`'s state dict to `directory` with the values eager construction (and the calls
     recorded since) would give, materializing one tensor at a time; the module stays as it is
     (deferred tensors stay deferred). `dtype` converts floating-point tensors on the way.
@@ -113,6 +120,7 @@ def _refuse_sharded(state: dict[str, torch.Tensor]) -> None:
 
     for name, tensor in state.items():
         if isinstance(tensor, DTensor):
-            raise ValueError(  # noqa: TRY004 - the module is fine; the format asked for does not fit it
+            raise ValueError(  # not TypeError: the module is fine; the format asked for does not fit it
                 f"{name!r} is a DTensor sharded over ranks; format='safetensors' writes whole tensors "
-                "from one process: save it with format='dcp' (every rank writes its own shards)")
+                "from one process: save it with format='dcp' (every rank writes its own shards)"
+            )

@@ -78,7 +78,7 @@ class StagedFileSystem(FileSystem):
         path = Path(path)
         try:
             with save_files.open_for_writing(path) as stream:
-                yield stream  # type: ignore[misc]
+                yield stream
         except Exception as error:
             cause = _os_error_in(error)
             if cause is None:
@@ -142,15 +142,23 @@ def _item_bytes(item: WriteItem) -> int:
 class TensorSource:
     """One state-dict entry: its placeholder for planning and its values for the writer."""
 
-    def __init__(self, name: str, tensor: torch.Tensor, dtype: torch.dtype | None, materialize: Materialize,
-                 mesh: DeviceMesh | None, rng: RngMode) -> None:
+    def __init__(
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        dtype: torch.dtype | None,
+        materialize: Materialize,
+        mesh: DeviceMesh | None,
+        rng: RngMode,
+    ) -> None:
         self.name, self.tensor, self.dtype, self.materialize, self.rng = name, tensor, dtype, materialize, rng
         self.stored = saved_dtype(tensor, dtype)
         self.rows_of = mesh if mesh is not None and handle_of(tensor) is not None and _splits(tensor, mesh) else None
         if isinstance(tensor, DTensor):
             local = tensor.to_local()
-            self.placeholder: torch.Tensor = _meta_dtensor(tensor, local.shape, tensor.device_mesh, tensor.placements,
-                                                           self.stored)
+            self.placeholder: torch.Tensor = _meta_dtensor(
+                tensor, local.shape, tensor.device_mesh, tensor.placements, self.stored
+            )
         elif self.rows_of is not None:
             shape, _ = compute_local_shape_and_global_offset(tensor.shape, self.rows_of, (Shard(0),))
             self.placeholder = _meta_dtensor(tensor, shape, self.rows_of, (Shard(0),), self.stored)
@@ -165,7 +173,7 @@ class TensorSource:
             assert item.index.offset is not None and item.tensor_data is not None  # a Shard(0) chunk
             start = item.index.offset[0]
             stop = start + item.tensor_data.chunk.sizes[0]
-            rows = draw_rows(self.tensor, start, stop, self.rng, self.name)  # type: ignore[arg-type]
+            rows = draw_rows(self.tensor, start, stop, self.rng, self.name)
             if rows is None:
                 rows = self.materialize(self.name, self.tensor)[start:stop]
             return converted(rows, self.dtype).cpu()
@@ -179,27 +187,43 @@ def _splits(tensor: torch.Tensor, mesh: DeviceMesh) -> bool:
     return tensor.dim() > 0 and per_rank > 0 and rows - per_rank * (world - 1) > 0
 
 
-def _meta_dtensor(like: torch.Tensor, local_shape: Any, mesh: DeviceMesh, placements: Any,
-                  dtype: torch.dtype) -> DTensor:
+def _meta_dtensor(
+    like: torch.Tensor, local_shape: Any, mesh: DeviceMesh, placements: Any, dtype: torch.dtype
+) -> DTensor:
     local = torch.empty(tuple(local_shape), dtype=dtype, device="meta")
-    return DTensor.from_local(local, mesh, placements, run_check=False, shape=like.shape,
-                              stride=torch.empty(like.shape, device="meta").stride())
+    return DTensor.from_local(
+        local,
+        mesh,
+        placements,
+        run_check=False,
+        shape=like.shape,
+        stride=torch.empty(like.shape, device="meta").stride(),
+    )
 
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def write_dcp(state: dict[str, Any], target: Path, dtype: torch.dtype | None, materialize: Materialize,
-              report: SaveReport, rng: RngMode = "eager") -> list[Path]:
+def write_dcp(
+    state: dict[str, Any],
+    target: Path,
+    dtype: torch.dtype | None,
+    materialize: Materialize,
+    report: SaveReport,
+    rng: RngMode = "eager",
+) -> list[Path]:
     """Write `state` (a state dict with deferred, real or DTensor values) as a DCP checkpoint in
     `target`. Collective when a process group of several ranks is initialized: every rank calls it,
     and a failure on any rank raises on all. Returns the files in place afterwards."""
     world = world_size()
     needs_mesh = world > 1 and any(isinstance(v, torch.Tensor) and handle_of(v) is not None for v in state.values())
     mesh = init_device_mesh("cpu", (world,)) if needs_mesh else None
-    sources = {name: TensorSource(name, value, dtype, materialize, mesh, rng)
-               for name, value in state.items() if isinstance(value, torch.Tensor)}
+    sources = {
+        name: TensorSource(name, value, dtype, materialize, mesh, rng)
+        for name, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
     placeholders = {name: sources[name].placeholder if name in sources else value for name, value in state.items()}
     staging = target / f".dcp-{_agreed_id(world)}.partial"
     coordinator = world == 1 or dist.get_rank() == 0
@@ -232,11 +256,14 @@ def _unwrapped(failed: CheckpointException, target: Path) -> BaseException:
     own = failed.failures.get(dist.get_rank() if world_size() > 1 else 0)
     if own is not None:
         return own[0] if isinstance(own, tuple) else own
-    messages = {rank: f"{type(e[0]).__name__}: {e[0]}" if isinstance(e, tuple) else str(e)
-                for rank, e in failed.failures.items()}
+    messages = {
+        rank: f"{type(e[0]).__name__}: {e[0]}" if isinstance(e, tuple) else str(e)
+        for rank, e in failed.failures.items()
+    }
     ranks = ", ".join(map(str, sorted(messages)))
     return DistributedMaterializationError(
-        messages, f"save_checkpoint failed on rank{'s' * (len(messages) > 1)} {ranks}; nothing was moved into {target}")
+        messages, f"save_checkpoint failed on rank{'s' * (len(messages) > 1)} {ranks}; nothing was moved into {target}"
+    )
 
 
 def _publish(staging: Path, target: Path) -> BaseException | None:
@@ -266,4 +293,3 @@ def _agree_published(error: BaseException | None, target: Path, world: int) -> l
     elif error is not None:
         raise error
     return sorted([*target.glob("__*_*.distcp"), target / METADATA_NAME])
-

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from typing import IO
 from ..naming import format_bytes
 
 
-def open_for_writing(path: Path) -> IO[bytes]:
+def open_for_writing(path: Path) -> io.BufferedWriter:
     """A new binary file at `path` (truncated if it exists)."""
     return open(path, "wb")
 
@@ -55,8 +56,9 @@ def _free_bytes(directory: Path) -> int | None:
         return None
 
 
-def write_then_rename(path: Path, needed: int, write: Callable[[IO[bytes]], object],
-                      remaining: int | None = None) -> None:
+def write_then_rename(
+    path: Path, needed: int, write: Callable[[IO[bytes]], object], remaining: int | None = None
+) -> None:
     """Write a file through `write(stream)` into its partial name, then rename it to `path`.
 
     On any exception (a cancel included) the partial file is removed; an OSError comes back as

@@ -22,8 +22,10 @@ class SaveReport:
 
     def __init__(self, progress: ProgressOption, description: str) -> None:
         if progress is not None and not isinstance(progress, bool) and not callable(progress):
-            raise TypeError(f"progress must be a function (done, total, done_bytes, total_bytes), True, False or "
-                            f"None, got {type(progress).__name__}")
+            raise TypeError(
+                f"progress must be a function (done, total, done_bytes, total_bytes), True, False or "
+                f"None, got {type(progress).__name__}"
+            )
         wants_bar = progress is True or (progress is None and sys.stderr is not None and sys.stderr.isatty())
         self.callback: SaveProgress | None = progress if callable(progress) else None
         self.description = description
@@ -34,10 +36,11 @@ class SaveReport:
     def start(self, total: int, total_bytes: int) -> None:
         self.total, self.total_bytes = total, total_bytes
         if self._wants_bar and self.bar is None:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # untyped (pyproject: ignore_missing_imports); the bar is held as Any
 
-            self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=self.description,
-                            file=sys.stderr)
+            self.bar = tqdm(
+                total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=self.description, file=sys.stderr
+            )
 
     def advance(self, tensors: int, nbytes: int) -> None:
         """`tensors` more tensors (`nbytes` bytes) are written under their final names."""

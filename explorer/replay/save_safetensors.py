@@ -30,8 +30,27 @@ from ..errors import MaterializationError
 from .save_files import write_then_rename
 from .save_progress import SaveReport
 
-_CODES = ("BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "BF16", "F32", "F64", "C64",
-          "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")
+_CODES = (
+    "BOOL",
+    "U8",
+    "I8",
+    "U16",
+    "I16",
+    "U32",
+    "I32",
+    "U64",
+    "I64",
+    "F16",
+    "BF16",
+    "F32",
+    "F64",
+    "C64",
+    "F8_E4M3",
+    "F8_E5M2",
+    "F8_E4M3FNUZ",
+    "F8_E5M2FNUZ",
+    "F8_E8M0",
+)
 _CODE_OF = {safetensors_dtype(code): code for code in _CODES if safetensors_dtype(code) is not None}
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -89,8 +108,14 @@ def shard_names(count: int) -> list[str]:
     return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
 
 
-def write_safetensors(tensors: dict[str, torch.Tensor], target: Path, limit: int, dtype: torch.dtype | None,
-                      materialize: Materialize, report: SaveReport) -> list[Path]:
+def write_safetensors(
+    tensors: dict[str, torch.Tensor],
+    target: Path,
+    limit: int,
+    dtype: torch.dtype | None,
+    materialize: Materialize,
+    report: SaveReport,
+) -> list[Path]:
     """Write `tensors` (deferred or real) as shards of at most `limit` bytes plus the index; each
     tensor is materialized by `materialize`, written and dropped. Returns the files written."""
     for name, tensor in tensors.items():
@@ -106,14 +131,21 @@ def write_safetensors(tensors: dict[str, torch.Tensor], target: Path, limit: int
         header = _header(shard, dtype)
         size = len(header) + sum(saved_nbytes(tensor, dtype) for tensor in shard.values())
         last: list[int] = []  # the shard's last tensor is reported once the file has its final name
-        write_then_rename(path, size, partial(_write_shard, header=header, shard=shard, dtype=dtype,
-                                              materialize=materialize, report=report, last=last),
-                          remaining=report.total_bytes - report.done_bytes + len(header))
+        write_then_rename(
+            path,
+            size,
+            partial(
+                _write_shard, header=header, shard=shard, dtype=dtype, materialize=materialize, report=report, last=last
+            ),
+            remaining=report.total_bytes - report.done_bytes + len(header),
+        )
         written.append(path)
         report.advance(1, last[0])
     if len(shards) > 1:
-        index = {"metadata": {"total_size": report.total_bytes},
-                 "weight_map": {key: name for name, keys in zip(names, shards) for key in keys}}
+        index = {
+            "metadata": {"total_size": report.total_bytes},
+            "weight_map": {key: name for name, keys in zip(names, shards) for key in keys},
+        }
         text = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
         path = target / INDEX_NAME
         write_then_rename(path, len(text), lambda stream: stream.write(text))
@@ -121,8 +153,15 @@ def write_safetensors(tensors: dict[str, torch.Tensor], target: Path, limit: int
     return written
 
 
-def _write_shard(stream: IO[bytes], header: bytes, shard: dict[str, torch.Tensor], dtype: torch.dtype | None,
-                 materialize: Materialize, report: SaveReport, last: list[int]) -> None:
+def _write_shard(
+    stream: IO[bytes],
+    header: bytes,
+    shard: dict[str, torch.Tensor],
+    dtype: torch.dtype | None,
+    materialize: Materialize,
+    report: SaveReport,
+    last: list[int],
+) -> None:
     """The header, then each tensor's bytes; every tensor but the last is reported as written
     (the last one's size goes to `last`, reported by the caller after the rename)."""
     stream.write(header)
@@ -139,23 +178,29 @@ def _header(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> byte
     offset = 0
     for key, tensor in tensors.items():
         nbytes = saved_nbytes(tensor, dtype)
-        entries[key] = {"dtype": _CODE_OF[saved_dtype(tensor, dtype)], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + nbytes]}
+        entries[key] = {
+            "dtype": _CODE_OF[saved_dtype(tensor, dtype)],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     text = json.dumps(entries, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text
 
 
-def _write_tensor(stream: IO[bytes], key: str, tensor: torch.Tensor, dtype: torch.dtype | None,
-                  materialize: Materialize) -> int:
+def _write_tensor(
+    stream: IO[bytes], key: str, tensor: torch.Tensor, dtype: torch.dtype | None, materialize: Materialize
+) -> int:
     """Materialize, convert and write one tensor's bytes; returns how many (nothing kept alive)."""
     value = converted(materialize(key, tensor), dtype)
     expected = (saved_dtype(tensor, dtype), tuple(tensor.shape))
     if (value.dtype, tuple(value.shape)) != expected:
-        raise MaterializationError(f"{key!r} materialized as {value.dtype} {tuple(value.shape)}, but its deferred "
-                                   f"tensor is {expected[0]} {expected[1]}")
+        raise MaterializationError(
+            f"{key!r} materialized as {value.dtype} {tuple(value.shape)}, but its deferred "
+            f"tensor is {expected[0]} {expected[1]}"
+        )
     nbytes = value.numel() * value.element_size()
     if nbytes:
-        stream.write(memoryview(value.reshape(-1).view(torch.uint8).numpy()))
+        stream.write(value.reshape(-1).view(torch.uint8).numpy().data)  # the array's memoryview: no copy
     return nbytes
