@@ -13,12 +13,12 @@ from typing import cast
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from ..naming import byte_span
+
 
 def layout_extent(shape: Sequence[int], stride: Sequence[int], offset: int, itemsize: int) -> int:
     """Bytes from the start of the storage to the end of the last element a layout reaches."""
-    if any(size == 0 for size in shape):
-        return offset * itemsize
-    return (offset + sum((size - 1) * step for size, step in zip(shape, stride)) + 1) * itemsize
+    return byte_span(shape, stride, offset, itemsize)[1]
 
 
 class FakeCopies:

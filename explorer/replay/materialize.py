@@ -1,4 +1,9 @@
-"""Public materialization API (torchdistx-compatible): real tensors from recorded fakes."""
+"""Public materialization API (torchdistx-compatible): real tensors from recorded fakes.
+
+The public names are `__all__`; `materialize_fakes`, `materialize_placed`, `deferred_slots` and
+`module_slots` are the named entry points the engine's other stages (distributed hand-off, release,
+save) share, not part of the user API.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ from .replay import Progress, Replay, StepReport
 from .rng import RngMode
 from .routing import DeviceLike, DeviceMap, TensorPlacement, route_devices
 from .slices import materialize_slice
+
+__all__ = ["is_deferred", "materialize_module", "materialize_tensor"]
 
 TensorSlot = tuple[nn.Module, str, str, str]  # (owner, "_parameters" | "_buffers", key, qualified name)
 
@@ -48,6 +55,8 @@ def materialize_fakes(
     progress: Progress | None,
     on_step: StepReport | None = None,
 ) -> list[torch.Tensor]:
+    """Real tensors for `fakes` (named `names` in errors), one replay per recording they belong to,
+    on `device` with `rng`; checked before anything runs (MaterializationError naming the tensor)."""
     routing = route_devices(device, rng)
     by_graph: dict[int, list[int]] = {}
     for position, (fake, name) in enumerate(zip(fakes, names)):
