@@ -18,7 +18,6 @@ colour" choice paints modules by their FLOPs or activation bytes instead of the 
 
 from __future__ import annotations
 
-import html
 import math
 import re
 from collections.abc import Callable
@@ -33,20 +32,13 @@ from torch import nn
 import explorer
 from explorer.analysis.dry_run import shape_input_dtype
 from explorer.naming import depth_of, dtype_name, format_bytes, parent_of
+from explorer.render.dot import to_digraph
 from explorer.render.forward_view import format_flops
 from explorer.render.styles import FOLDED
 
 from .front_end import source
 from .memory_tab import parse_shapes
 from .overlays import HEAT, NONE
-
-# Folded nodes carry their style as an SVG class (explorer/render/dot.py); the title is the node name.
-# Graphviz writes "-" in a class as "&#45;".
-_FOLDED_NODE = re.compile(
-    r'<g id="[^"]*" class="node '
-    + "(?:-|&#45;)".join(re.escape(part) for part in ("de-style-" + FOLDED.replace(" ", "-")).split("-"))
-    + r'">\s*<title>([^<]*)</title>'
-)
 
 DEFAULT_DEPTH = 2  # module levels drawn below the focus before collapsing into summary nodes
 GraphKind = Literal["construction", "forward"]
@@ -380,13 +372,17 @@ class GraphTab(w.VBox):
         elif self.closure.value and self.kind.value == "construction":
             where += " (closure: open a tensor first)"
         try:
-            svg = explorer.op_graph(self.subject(), **arguments).pipe(format="svg").decode()
+            layout_arguments = {key: value for key, value in arguments.items() if key != "rankdir"}
+            diagram = explorer.render.op_layout(self.subject(), **layout_arguments)
+            digraph = to_digraph(diagram, name="op_graph")
+            digraph.graph_attr["rankdir"] = arguments.get("rankdir", "LR")
+            svg = digraph.pipe(format="svg").decode()
         except Exception as error:  # shown to the user; the widget stays usable
             self.view.svg = ""
             self.folded = set()
             self.status.value = f"graph failed: {type(error).__name__}: {error}"
         else:
-            self.folded = {html.unescape(name) for name in _FOLDED_NODE.findall(svg)}
+            self.folded = {node.name for node in diagram.nodes if node.style == FOLDED}  # the "×N" nodes drawn
             self.view.svg = svg
             folds = '; click a "×N" node to unfold it' if self.folded else ""
             self.status.value = f"{self._forward_facts()}{where}, depth {arguments['depth']}{folds}"

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import types
 
-import graphviz
 import pytest
 import torch
 from torch import nn
 
 import explorer
 import widgets
+from explorer.render.diagram import Diagram, DiagramCluster, DiagramNode
+from explorer.render.styles import FAKE, RANDOM
 from tests.support.lab import CHROMIUM, CHROMIUM_ARGS
 
 
@@ -61,30 +62,31 @@ def node_kind(name: str) -> tuple[str, str]:
 
 
 class GraphStandIn:
-    """Records `op_graph` calls; draws one cluster per focus module and one node per call argument."""
+    """Records `op_layout` calls (what the Graph tab draws); lays out one cluster per focus module
+    holding a tensor and an op, named as the contract names them."""
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
         self.error: Exception | None = None
 
-    def __call__(self, module: nn.Module, **kwargs: object) -> graphviz.Digraph:
+    def __call__(self, module: nn.Module, **kwargs: object) -> Diagram:
         self.calls.append(kwargs)
         if self.error is not None:
             raise self.error
         if kwargs.get("focus") is not None and kwargs.get("closure_of") is not None:
             raise ValueError("op_graph: give focus= or closure_of=, not both")  # as the contract's op_graph
-        graph = graphviz.Digraph()
-        with graph.subgraph(name=f"cluster_module:{kwargs.get('focus') or ''}") as cluster:  # names as the contract
-            cluster.node("tensor:blocks.0.attn.weight", "weight")
-            cluster.node("op:0:3", "uniform_")
-        return graph
+        path = str(kwargs.get("focus") or "")
+        cluster = DiagramCluster(path, path or "(root)", "", None)
+        nodes = [DiagramNode("tensor:blocks.0.attn.weight", FAKE, "weight", cluster=path),
+                 DiagramNode("op:0:3", RANDOM, "uniform_", cluster=path)]
+        return Diagram("stand-in", nodes=nodes, clusters={path: cluster})
 
 
 @pytest.fixture
 def graph_stand_in(monkeypatch: pytest.MonkeyPatch) -> GraphStandIn:
     stand_in = GraphStandIn()
-    monkeypatch.setattr(explorer, "op_graph", stand_in, raising=False)
-    monkeypatch.setattr(explorer, "render", types.SimpleNamespace(node_kind=node_kind), raising=False)
+    monkeypatch.setattr(explorer, "render", types.SimpleNamespace(node_kind=node_kind, op_layout=stand_in),
+                        raising=False)
     return stand_in
 
 

@@ -121,8 +121,10 @@ def test_clicking_a_folded_node_unfolds_the_repeats_instead_of_selecting(ui):
 
 def test_direction_and_breadcrumb(ui, graph_stand_in):
     open_graph_tab(ui)
+    drawn = len(graph_stand_in.calls)
     ui.graph_tab.rankdir.value = "TB"
-    assert graph_stand_in.calls[-1] == {"focus": None, "depth": 2, "rankdir": "TB"}
+    assert len(graph_stand_in.calls) == drawn + 1 and graph_stand_in.calls[-1] == {"focus": None, "depth": 2}
+    assert ui.graph_tab.graph_arguments()["rankdir"] == "TB"  # laid out by Graphviz top to bottom
     ui.select("blocks.0.mlp")
     crumbs = ui.graph_tab.breadcrumb.children
     assert [c.description for c in crumbs] == ["(root)", "blocks", "0", "mlp"]
