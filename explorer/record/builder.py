@@ -344,8 +344,9 @@ class GraphBuilder:
             externals.append(position)
             return ExternalRef(position)
         if isinstance(value, (list, tuple)):
-            if any(isinstance(item, (torch.Tensor, list, tuple)) for item in value):
-                return type(value)(self._ref(item, inputs, externals, func, source, known) for item in value)
+            for item in value:  # a loop, not any(): sizes are passed as lists op after op
+                if isinstance(item, (torch.Tensor, list, tuple)):
+                    return type(value)(self._ref(item, inputs, externals, func, source, known) for item in value)
             return value
         if isinstance(value, torch.Generator):
             raise DeferredInitError(
@@ -378,11 +379,24 @@ class GraphBuilder:
         inputs: list[TensorId] = []
         externals: list[int] = []
         plain = _PLAIN_ARGUMENTS
-        ref_args = tuple([
-            a if type(a) in plain else self._ref(a, inputs, externals, func, source, written) for a in args
-        ])
+        refs = self._tensor_refs
+        ref_list = []
+        for a in args:
+            kind = type(a)
+            if kind in plain:
+                ref_list.append(a)
+            elif kind is DeferredTensor:  # `_ref`'s fake branch, inlined: most ops take one
+                tid = written.get(id(a)) if written else None
+                if tid is None:
+                    tid = self.id_of(a, source)
+                inputs.append(tid)
+                ref_list.append(refs[tid] if tid < len(refs) else self._tensor_ref(tid))
+            else:
+                ref_list.append(self._ref(a, inputs, externals, func, source, written))
+        ref_args = tuple(ref_list)
         ref_kwargs = (
-            {k: self._ref(v, inputs, externals, func, source, written) for k, v in kwargs.items()} if kwargs else {}
+            {k: v if type(v) in plain else self._ref(v, inputs, externals, func, source, written)
+             for k, v in kwargs.items()} if kwargs else {}
         )
         if facts.takes_dtype and kwargs.get("dtype") is None:
             dtype = _first_tensor_dtype(out)
@@ -390,17 +404,28 @@ class GraphBuilder:
                 ref_kwargs["dtype"] = dtype
         index = len(self.graph.ops)  # after any synthetic alias ops that _ref appended
         stream = self._random_stream(func, args, kwargs, out, index, source) if facts.random else None
-        written_tids, resizes = self._written_tensors(facts, args, kwargs)
+        written_tids, resizes = self._written_tensors(facts, args, kwargs) if facts.written else ([], False)
 
         output_ids: list[TensorId] = []
         created: list[int] = []
-        outputs = self._out_ref(out, index, output_ids, created)
+        if type(out) is DeferredTensor:  # `_out_ref` for the one-tensor result of most ops, inlined
+            handle = out.__dict__.get(HANDLE_ATTR)
+            if handle is not None and handle.graph is self.graph:
+                tid = handle.tensor_id  # in-place and out= ops return their argument
+            else:
+                tid, new_storage = self._new_tensor(out, index)
+                if new_storage is not None:
+                    created.append(new_storage)
+            output_ids.append(tid)
+            outputs = refs[tid] if tid < len(refs) else self._tensor_ref(tid)
+        else:
+            outputs = self._out_ref(out, index, output_ids, created)
         if externals and created and views_external(func) and not _copied_by_to(func, args, out):
             self._external_views.update(created)
             for sid in created:
                 self._viewed_externals[sid] = tuple(externals)
 
-        writes = self._note_writes(written_tids, index)
+        writes = self._note_writes(written_tids, index) if written_tids else ()
         overwrites = facts.overwrites_self and len(writes) == 1 and _covers_storage(args[0])
         aliases_only = not writes and not created and bool(output_ids)
         self.graph.ops.append(
@@ -522,6 +547,8 @@ class GraphBuilder:
 
     @staticmethod
     def _random_device(func: Any, args: tuple, kwargs: dict, out: Any) -> torch.device | None:
+        if type(out) is DeferredTensor:  # in-place random ops return their (fake) argument
+            return out.__dict__["_fake_device"]
         for value in (*(out if isinstance(out, (list, tuple)) else (out,)), *args):
             if isinstance(value, FakeTensor):
                 return value.__dict__["_fake_device"]

@@ -38,6 +38,7 @@ VIEWS = frozenset(
 )
 FILLS = frozenset({_aten.fill_.Scalar, _aten.zero_.default, _aten.copy_.default})
 _LIFT_FRESH = _aten.lift_fresh.default
+_DETACH = _aten.detach.default
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,12 +96,15 @@ class FakeFactory:
         self.devices: dict[torch.device, torch.device] = {}
         self.throw_on_data_ptr = not fake_mode._allow_unsafe_data_ptr_access
 
-    def __call__(self, elem: torch.Tensor, device: torch.device) -> DeferredTensor:
+    def __call__(self, elem: torch.Tensor, device: torch.device, requires_grad: bool | None = None) -> DeferredTensor:
+        """A fake on `device` over a detached alias of `elem` (`_make_subclass` detaches it), with
+        `elem`'s requires_grad unless `requires_grad` is given."""
         normalized = self.devices.get(device)
         if normalized is None:
             normalized = self.devices[device] = FakeTensor._normalize_fake_device(device)
         tensor = torch.Tensor._make_subclass(
-            DeferredTensor, elem, elem.requires_grad, dispatch_device=True, device_for_backend_keys=normalized
+            DeferredTensor, elem, elem.requires_grad if requires_grad is None else requires_grad,
+            dispatch_device=True, device_for_backend_keys=normalized,
         )
         if self.throw_on_data_ptr:
             torch._C._set_throw_on_mutable_data_ptr(tensor)
@@ -155,6 +159,15 @@ def _layout_from_cpu(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | Non
     return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=_META)
 
 
+# The Python bindings of the hot factories: the same kernels, called through the argument parser
+# instead of `OpOverload.__call__`'s boxed schema path (about half the cost). Their positional
+# arguments are the schema's, and they take the schema's keyword arguments (dtype, layout, device,
+# pin_memory, memory_format).
+_BINDINGS = {
+    _aten.empty.memory_format: torch.empty, _aten.empty_strided.default: torch.empty_strided,
+    _aten.zeros.default: torch.zeros, _aten.ones.default: torch.ones, _aten.full.default: torch.full,
+}
+
 _FACTORY, _VIEW, _FILL, _LIFT, _PLAIN = "factory", "view", "fill", "lift", "plain"
 # The short path each op takes (None: FakeTensorMode), by id(): OpOverload hashes in Python.
 _PATHS: dict[int, tuple[Any, str | None]] = {}
@@ -184,18 +197,27 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
         return NotImplemented
     if path is _FACTORY:
         device = kwargs.get("device") or _CPU
-        if device.type == "meta" or any(isinstance(a, torch.Tensor) for a in args):
+        if device.type == "meta":
             return NotImplemented
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                return NotImplemented
         with torch._C._DisableTorchDispatch():
             if device.type == "cpu" and func in _ARANGES and _small_arange(args):
                 out = func(*args, **kwargs)
                 out = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=_META)
             else:
-                out = func(*args, **{**kwargs, "device": _META})
+                out = _BINDINGS.get(func, func)(*args, **{**kwargs, "device": _META})
         return make(out, device)
     if path is _VIEW or path is _FILL:
         if not args or type(args[0]) is not DeferredTensor or args[0].fake_mode is not fake_mode:
             return NotImplemented
+        if func is _DETACH and len(args) == 1 and not kwargs and not args[0].is_inference() \
+                and not torch.is_inference_mode_enabled():
+            # `_make_subclass` detaches its argument itself: the same fake as running `detach`'s meta
+            # kernel first, without that call (`Parameter(t)` issues one per parameter).
+            with torch._C._DisableTorchDispatch():
+                return make(args[0], args[0].fake_device, False)
         if func is _aten.copy_.default:
             if _common_device(fake_mode, args) is None:
                 return NotImplemented

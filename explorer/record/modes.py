@@ -80,19 +80,21 @@ class RecordingDispatchMode(TorchDispatchMode):
             with _metadata_access():
                 self.builder.record_inplace_view(args[0], func, source)
             return out
+        if kind is _INPLACE_RANDOM and isinstance(args[0], FakeTensor):
+            # Fills values only: nothing to run. Fake mode would decompose it into prims that need
+            # the real device's generator (absent for a fake "cuda" tensor) for nothing.
+            with _metadata_access():
+                written = self.builder.before_write(func, args, kwargs, source)
+                self.builder.record(func, args, kwargs, args[0], source, written)
+            return args[0]
         written = None
         if kind is _WRITING or kind is _INPLACE_RANDOM:
             with _metadata_access():
                 written = self.builder.before_write(func, args, kwargs, source)
         try:
-            if kind is _INPLACE_RANDOM and isinstance(args[0], FakeTensor):
-                # Fills values only; fake mode would decompose it into prims that need the real
-                # device's generator (absent for a fake "cuda" tensor) for nothing.
-                out = args[0]
-            else:
-                out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
-                if out is NotImplemented:
-                    out = func(*args, **kwargs)
+            out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
+            if out is NotImplemented:
+                out = func(*args, **kwargs)
         except DeferredInitError:
             raise
         except (DynamicOutputShapeException, DataDependentOutputException):
