@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := graphviz chromium fonts-liberation
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 
-.PHONY: install system-packages torchvision-hook zoo test bench lab demo fuzz clean
+.PHONY: install system-packages torchvision-hook zoo lint test bench lab demo fuzz clean
 
 system-packages:
 	@missing=""; \
@@ -36,7 +36,13 @@ torchvision-hook:
 
 install: system-packages $(STAMP)
 
-test: install
+# ruff and mypy first (seconds): a finding fails the run before the suite starts.
+lint: install
+	$(VENV)/bin/ruff check explorer widgets
+	$(VENV)/bin/ruff format --check explorer widgets
+	$(VENV)/bin/mypy
+
+test: install lint
 	$(PY) -m pytest -q -rs
 
 # Differential fuzzing beyond the CI budget: FUZZ_EXAMPLES programs, FUZZ_SEED for another sample.
@@ -54,6 +60,7 @@ zoo: install
 	$(PY) -m tests.zoo.init_audit $(ZOO_ARGS)
 
 bench: install
+	$(PIP) install -q -c constraints.txt -e ".[dev,lab,bench]"
 	$(PY) benchmarks/run.py
 
 lab: install

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -31,9 +32,9 @@ from ..graph import (
     TensorRef,
 )
 from ..naming import dtype_name
+from . import rng_ledger
 from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, handle_of
 from .generators import capture_start_state, stream_key
-from . import rng_ledger
 from .initializers import INITIALIZER_OPS
 from .source import building_modules
 
@@ -64,7 +65,7 @@ class OpFacts(NamedTuple):
 
 # OpOverload hashes in Python (torch/_ops.py): an op's facts are found by its id() instead, the
 # overload kept alive beside them so the id is never reused. Ops repeat by the thousand.
-_FACTS_BY_ID: dict[int, tuple[Any, "OpFacts"]] = {}
+_FACTS_BY_ID: dict[int, tuple[Any, OpFacts]] = {}
 
 
 def op_facts(func: Any) -> OpFacts:
@@ -83,8 +84,9 @@ def _read_facts(func: Any) -> OpFacts:
     return OpFacts(written, _SEEDED in func.tags, overwrites, _takes_dtype(func), may_resize)
 
 
-def _contents_read(inputs: list[TensorId], written_tids: list[TensorId], aliases_only: bool,
-                   overwrites_self: bool) -> frozenset[TensorId]:
+def _contents_read(
+    inputs: list[TensorId], written_tids: list[TensorId], aliases_only: bool, overwrites_self: bool
+) -> frozenset[TensorId]:
     """The inputs whose contents an op reads: none for pure aliasing; an op that overwrites its
     target does not read the target's old contents, unless that is also its source (`x.copy_(x)`)."""
     if aliases_only:
@@ -95,7 +97,7 @@ def _contents_read(inputs: list[TensorId], written_tids: list[TensorId], aliases
     return frozenset(inputs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def written_arguments(func: Any) -> tuple[tuple[int | None, str], ...]:
     """(position, name) of every argument the op's schema marks as written (`Tensor(a!)`); the
     position is None for keyword-only arguments (`out=`)."""
@@ -110,7 +112,7 @@ def written_arguments(func: Any) -> tuple[tuple[int | None, str], ...]:
 _LIFTS = frozenset({_aten.lift_fresh.default, _aten.lift_fresh_copy.default})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def views_external(func: Any) -> bool:
     """True when a real tensor argument's memory is aliased by the op's output (view ops: schema
     `-> Tensor(a)`), except for the fresh constants of `torch.tensor([...])`."""
@@ -165,6 +167,7 @@ def version_of(tensor: torch.Tensor) -> int | None:
 # both, but below autograd, where recording runs, `detach` does not share the version counter.)
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
+
 # Note: [Default dtype at record time]
 # A factory op called without `dtype` (torch.empty, linspace, scalar_tensor, randn...) takes
 # torch.get_default_dtype() at the moment it runs. Constructors change it while they run
@@ -172,7 +175,7 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 # runs later under whatever default is current then. So an op whose schema has a keyword-only
 # `dtype` left unset is recorded with the dtype its output actually had; for ops whose dtype
 # follows their inputs (sums, new_empty, _to_copy) that is the same computation.
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _takes_dtype(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
     return schema is not None and any(a.name == "dtype" and a.kwarg_only for a in schema.arguments)
@@ -229,8 +232,15 @@ class GraphBuilder:
         tensors = self.graph.tensors
         tid = len(tensors)
         tensors[tid] = TensorInfo(
-            tid, sid, producer, tensor.shape, tensor.stride(), tensor.storage_offset(), tensor.dtype,
-            device, tensor.requires_grad,
+            tid,
+            sid,
+            producer,
+            tensor.shape,
+            tensor.stride(),
+            cast(int, tensor.storage_offset()),  # no ShapeEnv while recording: never a SymInt
+            tensor.dtype,
+            device,
+            tensor.requires_grad,
         )
         if sid not in self._storage_anchor:
             self._storage_anchor[sid] = tid
@@ -240,7 +250,7 @@ class GraphBuilder:
         self._remember(tensor)
         return tid, (sid if created else None)
 
-    def _remember(self, tensor: FakeTensor) -> None:
+    def _remember(self, tensor: torch.Tensor) -> None:
         # A dead entry is harmless: a new fake reusing its id() overwrites it.
         self._fakes[id(tensor)] = weakref.ref(tensor)
 
@@ -294,14 +304,29 @@ class GraphBuilder:
         """Record `tensor` as an alias of `base` by its metadata (for `.data = x`, `_make_subclass`)."""
         index = len(self.graph.ops)
         if tensor.dtype == self.graph.tensors[base].dtype:
-            func, args = _aten.as_strided.default, (
-                TensorRef(base), tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
+            func, args = (
+                _aten.as_strided.default,
+                (TensorRef(base), tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset()),
+            )
         else:
             raise DeferredInitError(f"cannot record a {tensor.dtype} alias of a storage at {source}")
         op = OpNode(
-            index=index, func=func, args=args, kwargs={}, outputs=None, output_ids=(), inputs=(base,),
-            reads=frozenset(), externals=(), writes=(), creates=(), aliases_only=True, random=False,
-            source=source, name=name, inference=torch.is_inference_mode_enabled(),
+            index=index,
+            func=func,
+            args=args,
+            kwargs={},
+            outputs=None,
+            output_ids=(),
+            inputs=(base,),
+            reads=frozenset(),
+            externals=(),
+            writes=(),
+            creates=(),
+            aliases_only=True,
+            random=False,
+            source=source,
+            name=name,
+            inference=torch.is_inference_mode_enabled(),
         )
         self.graph.ops.append(op)
         tid, _ = self._new_tensor(tensor, index)
@@ -321,14 +346,26 @@ class GraphBuilder:
         fresh = func in _LIFTS
         as_read = None
         if not fresh and type(tensor) in _PLAIN_TENSORS and tensor.layout == torch.strided and not tensor.is_quantized:
-            as_read = (_storage(tensor), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()),
-                       tensor.storage_offset())
+            as_read = (
+                _storage(tensor),
+                tensor.dtype,
+                tuple(tensor.shape),
+                tuple(tensor.stride()),
+                tensor.storage_offset(),
+            )
         self.graph.externals.append(ExternalTensor(tensor, version_of(tensor), fresh, as_read))
         return len(self.graph.externals) - 1
 
     # -- ops ---------------------------------------------------------------------------------
-    def _ref(self, value: Any, inputs: list[TensorId], externals: list[int], func: Any,
-             source: SourceLocation | None, known: dict[int, TensorId] | None = None) -> Any:
+    def _ref(
+        self,
+        value: Any,
+        inputs: list[TensorId],
+        externals: list[int],
+        func: Any,
+        source: SourceLocation | None,
+        known: dict[int, TensorId] | None = None,
+    ) -> Any:
         """An argument as the graph stores it: tensors become refs, everything else stays. `known`
         holds ids taken before the op ran (`before_write`)."""
         if type(value) in _PLAIN_ARGUMENTS:
@@ -371,8 +408,15 @@ class GraphBuilder:
             return type(value)(self._out_ref(item, index, output_ids, created) for item in value)
         return value
 
-    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, source: SourceLocation | None,
-               written: dict[int, TensorId] | None = None) -> None:
+    def record(
+        self,
+        func: Any,
+        args: tuple,
+        kwargs: dict,
+        out: Any,
+        source: SourceLocation | None,
+        written: dict[int, TensorId] | None = None,
+    ) -> None:
         """Append one op that has just run under fake mode, with its (fake) result `out`; `written`
         is what `before_write` returned for it."""
         facts = op_facts(func)
@@ -395,8 +439,12 @@ class GraphBuilder:
                 ref_list.append(self._ref(a, inputs, externals, func, source, written))
         ref_args = tuple(ref_list)
         ref_kwargs = (
-            {k: v if type(v) in plain else self._ref(v, inputs, externals, func, source, written)
-             for k, v in kwargs.items()} if kwargs else {}
+            {
+                k: v if type(v) in plain else self._ref(v, inputs, externals, func, source, written)
+                for k, v in kwargs.items()
+            }
+            if kwargs
+            else {}
         )
         if facts.takes_dtype and kwargs.get("dtype") is None:
             dtype = _first_tensor_dtype(out)
@@ -430,13 +478,24 @@ class GraphBuilder:
         aliases_only = not writes and not created and bool(output_ids)
         self.graph.ops.append(
             OpNode(
-                index=index, func=func, args=ref_args, kwargs=ref_kwargs, outputs=outputs,
-                output_ids=tuple(output_ids), inputs=tuple(inputs),
+                index=index,
+                func=func,
+                args=ref_args,
+                kwargs=ref_kwargs,
+                outputs=outputs,
+                output_ids=tuple(output_ids),
+                inputs=tuple(inputs),
                 reads=_contents_read(inputs, written_tids, aliases_only, facts.overwrites_self),
-                externals=tuple(externals), writes=writes, creates=tuple(created), aliases_only=aliases_only,
-                random=facts.random, source=source, overwrites=overwrites,
+                externals=tuple(externals),
+                writes=writes,
+                creates=tuple(created),
+                aliases_only=aliases_only,
+                random=facts.random,
+                source=source,
+                overwrites=overwrites,
                 stream=stream,
-                resizes=resizes, inference=torch.is_inference_mode_enabled(),
+                resizes=resizes,
+                inference=torch.is_inference_mode_enabled(),
             )
         )
 
@@ -470,8 +529,9 @@ class GraphBuilder:
             self.graph.writers[sid].append(index)
         return writes
 
-    def _random_stream(self, func: Any, args: tuple, kwargs: dict, out: Any, index: OpIndex,
-                       source: SourceLocation | None) -> tuple[str, int] | None:
+    def _random_stream(
+        self, func: Any, args: tuple, kwargs: dict, out: Any, index: OpIndex, source: SourceLocation | None
+    ) -> tuple[str, int] | None:
         """(generator key, position) of a random op in its device's stream; None on meta. An op
         recorded after construction starts where eager's generator would be (note [Eager's
         generator after construction]); raises DeferredInitError where that cannot be known."""
@@ -516,8 +576,7 @@ class GraphBuilder:
                     continue
                 if isinstance(tensor, FakeTensor):
                     if not (
-                        self._external_views
-                        and self._storage_ids.get(_storage(tensor)._cdata) in self._external_views
+                        self._external_views and self._storage_ids.get(_storage(tensor)._cdata) in self._external_views
                     ):
                         ids[id(tensor)] = self.id_of(tensor, source)
                         continue
@@ -569,7 +628,9 @@ class GraphBuilder:
         if sid is None:
             raise DeferredInitError(
                 f"{func} at {source or '<unknown source>'} points a deferred tensor at the memory of a real "
-                "tensor, which replay cannot alias; clone the source into a deferred tensor first", self.graph)
+                "tensor, which replay cannot alias; clone the source into a deferred tensor first",
+                self.graph,
+            )
         self.alias(tensor, self._storage_anchor[sid], name=str(func), source=source)
 
     def _absorb_layout_bump(self, sid: StorageId) -> None:
@@ -588,7 +649,9 @@ class GraphBuilder:
                 tensor = reference()
                 if tensor is not None:
                     self.id_of(tensor, None)  # records a trailing `.data = x`
-                    handle_of(tensor).version = version_of(tensor)
+                    stamped = handle_of(tensor)
+                    assert stamped is not None  # id_of registered the fake
+                    stamped.version = version_of(tensor)
         self._fakes.clear()
         # `_storage_objects` stay: fake storages hold no memory, and keeping them keeps storage
         # addresses unique for ops recorded after construction (record/extension.py).
@@ -602,14 +665,15 @@ class GraphBuilder:
                 handle = handle_of(value) if isinstance(value, FakeTensor) else None
                 if handle is not None and handle.graph is self.graph:
                     self.id_of(value, None)
-                    handle_of(value).version = version_of(value)
+                    stamped = handle_of(value)
+                    assert stamped is not None  # id_of registered the fake
+                    stamped.version = version_of(value)
         self._fakes.clear()
 
     def failure(self, func: Any, error: BaseException, source: SourceLocation | None) -> DeferredInitError:
         """The error to raise when an op cannot run under deferred_init."""
         message = (
-            f"{func} failed under deferred_init while building {building_modules(3)} "
-            f"at {source or '<unknown source>'}"
+            f"{func} failed under deferred_init while building {building_modules(3)} at {source or '<unknown source>'}"
         )
         if source is not None and source.line:
             message += f"\n    {source.line}"

@@ -19,7 +19,8 @@ import contextlib
 import json
 import os
 from collections import OrderedDict
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ _LIBRARY = torch.library.Library("explorer", "FRAGMENT")
 for _name in ("read_torch", "read_dcp"):
     _LIBRARY.define(f"{_name}(str path, str key, SymInt[] shape, ScalarType dtype, *, Device? device=None) -> Tensor")
 
-_LOADED: "OrderedDict[tuple, Any]" = OrderedDict()  # (path, size, mtime) → mmap-backed torch.load result
+_LOADED: OrderedDict[tuple, Any] = OrderedDict()  # (path, size, mtime) → mmap-backed torch.load result
 _LOADED_FILES = 4
 
 
@@ -55,10 +56,15 @@ def _walk(structure: Any, path: list) -> Any:
 def _checked(tensor: Any, where: str, shape: list[int], dtype: torch.dtype, device: Any) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor) or list(tensor.shape) != list(shape) or tensor.dtype != dtype:
         found = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
-        raise MaterializationError(f"{where} is now {found}, but it was recorded as {dtype} {list(shape)}: the file "
-                                   "changed since; record again (deferred_init) to use it")
-    if tensor.storage_offset() or not tensor.is_contiguous() or \
-            tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+        raise MaterializationError(
+            f"{where} is now {found}, but it was recorded as {dtype} {list(shape)}: the file "
+            "changed since; record again (deferred_init) to use it"
+        )
+    if (
+        tensor.storage_offset()
+        or not tensor.is_contiguous()
+        or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size()
+    ):
         tensor = tensor.contiguous().clone()
     return tensor if device is None or torch.device(device).type == "cpu" else tensor.to(device)
 
@@ -69,8 +75,10 @@ def read_torch(path: str, key: str, shape: list[int], dtype: torch.dtype, device
         tensor = _walk(_loaded(path), json.loads(key))
     except (KeyError, IndexError, TypeError) as error:
         raise MaterializationError(f"checkpoint {path} no longer holds {key} (it did when recorded)") from error
-    except Exception as error:  # noqa: BLE001 - torch.load raises many kinds on a damaged file
-        raise MaterializationError(f"reading {key} from checkpoint {path} failed: {type(error).__name__}: {error}") from error
+    except Exception as error:  # torch.load raises many kinds on a damaged file
+        raise MaterializationError(
+            f"reading {key} from checkpoint {path} failed: {type(error).__name__}: {error}"
+        ) from error
     return _checked(tensor, f"{key} of checkpoint {path}", shape, dtype, device)
 
 
@@ -85,8 +93,10 @@ def read_dcp(path: str, key: str, shape: list[int], dtype: torch.dtype, device: 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process"
             dcp.load(state, checkpoint_id=path, no_dist=True)
-    except Exception as error:  # noqa: BLE001 - DCP raises CheckpointException wrapping the cause
-        raise MaterializationError(f"reading {key!r} from checkpoint {path} failed: {type(error).__name__}: {error}") from error
+    except Exception as error:  # DCP raises CheckpointException wrapping the cause
+        raise MaterializationError(
+            f"reading {key!r} from checkpoint {path} failed: {type(error).__name__}: {error}"
+        ) from error
     return _checked(state[key], f"{key!r} of checkpoint {path}", shape, dtype, device)
 
 
@@ -118,14 +128,28 @@ def _replace_tensors(structure: Any, path: str, at: list, device: Any) -> Any:
     return structure
 
 
-def _recorded_load(f: Any, map_location: Any = None, pickle_module: Any = None, *, weights_only: bool | None = None,
-                   mmap: bool | None = None, **kwargs: Any) -> Any:
+def _recorded_load(
+    f: Any,
+    map_location: Any = None,
+    pickle_module: Any = None,
+    *,
+    weights_only: bool | None = None,
+    mmap: bool | None = None,
+    **kwargs: Any,
+) -> Any:
     """`torch.load` inside a deferred scope: the pickle is read, tensors are read ops (see the module note)."""
-    plain = (recording_graph() is None or not isinstance(f, (str, os.PathLike)) or weights_only is False
-             or pickle_module is not None or kwargs or map_location in ("meta", torch.device("meta")))
+    plain = (
+        recording_graph() is None
+        or not isinstance(f, (str, os.PathLike))
+        or weights_only is False
+        or pickle_module is not None
+        or kwargs
+        or map_location in ("meta", torch.device("meta"))
+    )
     if plain:
-        return ORIGINAL_LOAD(f, map_location=map_location, pickle_module=pickle_module, weights_only=weights_only,
-                              mmap=mmap, **kwargs)
+        return ORIGINAL_LOAD(
+            f, map_location=map_location, pickle_module=pickle_module, weights_only=weights_only, mmap=mmap, **kwargs
+        )
     path = os.path.abspath(os.fspath(f))
     structure = meta_load(path)
     device = map_location if isinstance(map_location, (str, torch.device)) else None

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -48,13 +48,17 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
     missing = sorted(key for key in expected - stored if id(current[key]) not in stored_objects)
     unexpected = sorted(stored - expected)
     if strict and (missing or unexpected):
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} key(s): {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        if unexpected:
+            more = " ..." if len(unexpected) > 5 else ""
+            parts.append(f"unexpected {len(unexpected)} key(s): {', '.join(unexpected[:5])}{more}")
         raise CheckpointError(
             f"{path} does not fit {type(module).__name__}: "
-            + "; ".join(part for part in (
-                f"missing {len(missing)} key(s): {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}" if missing else "",
-                f"unexpected {len(unexpected)} key(s): {', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}"
-                if unexpected else "") if part)
-            + " (strict=False loads the keys both have)")
+            + "; ".join(parts)
+            + " (strict=False loads the keys both have)"
+        )
     read = _reader(headers, Path(path))
     wanted = sorted(expected & stored)
     real_keys = [key for key in wanted if not is_fake(current[key])]

@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -29,10 +30,14 @@ from . import initializers  # noqa: F401 - defines the `explorer` op namespace t
 from .scope import recording_graph
 
 _LIBRARY = torch.library.Library("explorer", "FRAGMENT")
-_LIBRARY.define("read_safetensors(str path, str key, SymInt[] shape, ScalarType dtype, *, Device? device=None) -> Tensor")
+_LIBRARY.define(
+    "read_safetensors(str path, str key, SymInt[] shape, ScalarType dtype, *, Device? device=None) -> Tensor"
+)
 
 
-def read_tensor(path: str, key: str, shape: list[int], dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
+def read_tensor(
+    path: str, key: str, shape: list[int], dtype: torch.dtype, device: torch.device | None = None
+) -> torch.Tensor:
     """The tensor `key` of safetensors file `path`, checked against what was recorded: a file that
     lost the key, or holds it with another shape or dtype, raises MaterializationError naming both."""
     try:
@@ -43,7 +48,9 @@ def read_tensor(path: str, key: str, shape: list[int], dtype: torch.dtype, devic
     except MaterializationError:
         raise
     except Exception as error:  # safetensors raises its own SafetensorError, and OSError
-        raise MaterializationError(f"reading {key!r} from checkpoint {path} failed: {type(error).__name__}: {error}") from error
+        raise MaterializationError(
+            f"reading {key!r} from checkpoint {path} failed: {type(error).__name__}: {error}"
+        ) from error
     if list(tensor.shape) != list(shape) or tensor.dtype != dtype:
         raise MaterializationError(
             f"checkpoint {path} holds {key!r} as {tensor.dtype} {list(tensor.shape)}, but it was recorded as "
@@ -53,8 +60,11 @@ def read_tensor(path: str, key: str, shape: list[int], dtype: torch.dtype, devic
 
 
 _LIBRARY.impl("read_safetensors", read_tensor, "CompositeExplicitAutograd")
-_LIBRARY.impl("read_safetensors",
-              lambda path, key, shape, dtype, device=None: torch.empty(shape, dtype=dtype, device="meta"), "Meta")
+_LIBRARY.impl(
+    "read_safetensors",
+    lambda path, key, shape, dtype, device=None: torch.empty(shape, dtype=dtype, device="meta"),
+    "Meta",
+)
 
 READ_SAFETENSORS = torch.ops.explorer.read_safetensors.default
 
@@ -69,13 +79,11 @@ def original_safe_open() -> Any:
     return _ORIGINAL["safe_open"]
 
 
-
-
 class RecordedSlice:
     """`safe_open(...).get_slice(key)` under deferred init: metadata from the header; indexing it
     records a read of the whole tensor, then the indexing itself."""
 
-    def __init__(self, opened: "RecordedSafeOpen", key: str, inner: Any) -> None:
+    def __init__(self, opened: RecordedSafeOpen, key: str, inner: Any) -> None:
         self._opened, self._key, self._inner = opened, key, inner
 
     def get_shape(self) -> list[int]:
@@ -100,7 +108,7 @@ class RecordedSafeOpen:
         self._device = torch.device(device if not isinstance(device, int) else f"cuda:{device}")
         self._inner = original_safe_open()(filename, framework=framework, device="cpu", **kwargs)
 
-    def __enter__(self) -> "RecordedSafeOpen":
+    def __enter__(self) -> RecordedSafeOpen:
         self._inner.__enter__()
         return self
 
@@ -135,17 +143,22 @@ class RecordedSafeOpen:
 _HF_SYNC_LOAD = "HF_DEACTIVATE_ASYNC_LOAD"
 
 # Modules that bind `safe_open` at import (see the note).
-_SAFE_OPEN_HOMES = ("safetensors", "safetensors.torch", "transformers.modeling_utils",
-                    "diffusers.models.model_loading_utils", "accelerate.utils.modeling")
+_SAFE_OPEN_HOMES = (
+    "safetensors",
+    "safetensors.torch",
+    "transformers.modeling_utils",
+    "diffusers.models.model_loading_utils",
+    "accelerate.utils.modeling",
+)
 
 
 @contextlib.contextmanager
 def recorded_checkpoint_reads() -> Iterator[None]:
     """Inside the block, safetensors reads are recorded ops (undone on any exit)."""
     original = original_safe_open()
-    patched = []
+    patched: list[Any] = []  # the loader modules of _SAFE_OPEN_HOMES, whose safe_open is swapped
     for name in _SAFE_OPEN_HOMES:
-        module = sys.modules.get(name)
+        module: Any = sys.modules.get(name)
         if module is not None and getattr(module, "safe_open", None) is original:
             module.safe_open = RecordedSafeOpen
             patched.append(module)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -58,7 +59,12 @@ def closure_bytes(graph: InitGraph, fake: FakeTensor) -> int:
 
 
 def compute_for_real(
-    graph: InitGraph, read_value: ValueReader, make_fake: FakeFactory, func: Any, args: tuple, kwargs: dict,
+    graph: InitGraph,
+    read_value: ValueReader,
+    make_fake: FakeFactory,
+    func: Any,
+    args: tuple,
+    kwargs: dict,
     where: Callable[[], str],
 ) -> Any:
     """Run `func` on the true values of its fake inputs; tensor outputs come back as fakes of the
@@ -73,9 +79,10 @@ def compute_for_real(
             f"{where()}; computing {describe(largest)} would replay {format_bytes(costs[id(largest)])} "
             f"of recorded ops, over the {format_bytes(limit)} limit. Set EXPLORER_VALUE_READ_LIMIT "
             "(e.g. '4GB') to allow it, or compute this in the constructor without the module's tensors",
-            graph, op=str(func),
+            graph,
+            op=str(func),
             reason=f"its output shape depends on input values, and computing {describe(largest)} would replay "
-                   f"{format_bytes(costs[id(largest)])}, over the {format_bytes(limit)} limit (EXPLORER_VALUE_READ_LIMIT)",
+            f"{format_bytes(costs[id(largest)])}, over the {format_bytes(limit)} limit (EXPLORER_VALUE_READ_LIMIT)",
         )
     reals = {id(fake): read_value(fake) for fake in fakes}
     real_args, real_kwargs = tree_map(lambda v: reals.get(id(v), v) if isinstance(v, FakeTensor) else v, (args, kwargs))

@@ -6,8 +6,9 @@ import contextlib
 import gc
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import nn
@@ -27,11 +28,10 @@ from .initializers import recorded_initializers
 from .lazy import deferred_lazy_modules
 from .modes import RecordingDispatchMode
 from .scope import RecordingScope, recording, recording_graph
-from .source import module_being_built
 from .seeding import seeding_moves_the_start
+from .source import module_being_built, user_location
 from .surgery import install_surgery_hooks
 from .swaps import swappable_fakes
-from .source import user_location
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -122,8 +122,8 @@ def _recording_into() -> Iterator[_Session]:
     `deferred_init`)."""
     rng_ledger.install_reseed_hooks()
     graph = InitGraph()
-    graph.rng_start["cpu"] = torch.default_generator.get_state()
-    restart = rng_ledger.start_of(graph, "cpu", graph.rng_start["cpu"], str(user_location(1)))
+    start = graph.rng_start["cpu"] = torch.default_generator.get_state()
+    restart = rng_ledger.start_of(graph, "cpu", start, str(user_location(1)))
     if restart is not None:  # eager's generator is past the draws of earlier deferred recordings
         graph.rng_restarts["cpu"] = {0: restart}
     builder = GraphBuilder(graph)
@@ -133,10 +133,18 @@ def _recording_into() -> Iterator[_Session]:
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        with recording(RecordingScope(graph, reader)), _collector_paused(), fake_mode, \
-                RecordingDispatchMode(builder, reader, fake_mode), deferred_lazy_modules(), recorded_initializers(), \
-                recorded_checkpoint_reads(), recorded_torch_load(), swappable_fakes(builder), \
-                seeding_moves_the_start(graph):
+        with (
+            recording(RecordingScope(graph, reader)),
+            _collector_paused(),
+            fake_mode,
+            RecordingDispatchMode(builder, reader, fake_mode),
+            deferred_lazy_modules(),
+            recorded_initializers(),
+            recorded_checkpoint_reads(),
+            recorded_torch_load(),
+            swappable_fakes(builder),
+            seeding_moves_the_start(graph),
+        ):
             yield _Session(builder, reader, fake_mode)
     except DeferredInitError as error:
         rng_ledger.forget(graph)
@@ -146,8 +154,11 @@ def _recording_into() -> Iterator[_Session]:
     except BaseException as error:
         rng_ledger.forget(graph)
         try:
-            error.deferred_graph = graph
-            error.partial_module = module_being_built(error.__traceback__)
+            # any exception may carry them (one with __slots__ refuses: AttributeError, below)
+            error.deferred_graph = graph  # type: ignore[attr-defined]  # set on a foreign exception
+            error.partial_module = module_being_built(  # type: ignore[attr-defined]  # likewise
+                error.__traceback__
+            )
         except AttributeError:
             pass
         raise
@@ -167,7 +178,7 @@ def _finish(session: _Session, roots: list[nn.Module]) -> None:
 
 
 # Modules built by deferred_init / deferred() that are still alive (for notebooks' status views).
-_LIVE_ROOTS: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+_LIVE_ROOTS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def deferred_roots() -> list[nn.Module]:
@@ -218,8 +229,9 @@ def deferred(model: nn.Module | None = None) -> Iterator[DeferredBlock]:
         block.modules = [module for module in _top_level(created) if _holds_fakes_of(module, graph)]
         # `old.weight.data = new.weight.data` (Hugging Face's resize) swapped storages behind the
         # dispatcher: stamp every tensor of the model now, so materialization sees the new layout.
-        session.builder.settle([tensor for root in (model, *block.modules)
-                                for tensor in (*root.parameters(), *root.buffers())])
+        session.builder.settle(
+            [tensor for root in (model, *block.modules) for tensor in (*root.parameters(), *root.buffers())]
+        )
         session.builder.finish()
         return
     with _recording_into() as session, _tracking_modules(created):
@@ -233,8 +245,11 @@ def _recording_of(model: nn.Module) -> InitGraph:
     """The finished recording `model`'s deferred tensors belong to (for `deferred(model)`)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"explorer.deferred(model) expects an nn.Module, got {type(model).__name__}")
-    graphs = {id(handle.graph): handle.graph for tensor in [*model.parameters(), *model.buffers()]
-              if (handle := handle_of(tensor)) is not None}
+    graphs = {
+        id(handle.graph): handle.graph
+        for tensor in [*model.parameters(), *model.buffers()]
+        if (handle := handle_of(tensor)) is not None
+    }
     if not graphs:
         raise DeferredInitError(
             f"explorer.deferred(model): this {type(model).__name__} holds no deferred tensor (built eagerly, "
@@ -261,10 +276,18 @@ def _recording_onto(graph: InitGraph) -> Iterator[_Session]:
     assert isinstance(recorder, Recorder)
     session = _Session(recorder.builder, recorder.read_value, recorder.fake_mode)
     try:
-        with recorder.lock, recording(RecordingScope(graph, session.reader)), _collector_paused(), \
-                session.fake_mode, RecordingDispatchMode(session.builder, session.reader, session.fake_mode), \
-                deferred_lazy_modules(), recorded_initializers(), recorded_checkpoint_reads(), \
-                recorded_torch_load(), swappable_fakes(session.builder):
+        with (
+            recorder.lock,
+            recording(RecordingScope(graph, session.reader)),
+            _collector_paused(),
+            session.fake_mode,
+            RecordingDispatchMode(session.builder, session.reader, session.fake_mode),
+            deferred_lazy_modules(),
+            recorded_initializers(),
+            recorded_checkpoint_reads(),
+            recorded_torch_load(),
+            swappable_fakes(session.builder),
+        ):
             yield session
     except DeferredInitError as error:
         error.graph = error.graph or graph
@@ -284,11 +307,11 @@ def _tracking_modules(created: list[weakref.ref]) -> Iterator[None]:
         original(self, *args, **kwargs)
         created.append(weakref.ref(self))
 
-    nn.Module.__init__ = tracking_init  # type: ignore[method-assign]
+    nn.Module.__init__ = tracking_init  # type: ignore[method-assign]  # patched for the block
     try:
         yield
     finally:
-        nn.Module.__init__ = original  # type: ignore[method-assign]
+        nn.Module.__init__ = original  # type: ignore[method-assign]  # restoring torch's own
 
 
 def _holds_fakes_of(module: nn.Module, graph: InitGraph) -> bool:

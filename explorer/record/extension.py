@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 class Recorder:
     """What it takes to record more ops into a graph whose constructor has returned."""
 
-    builder: "GraphBuilder"
+    builder: GraphBuilder
     read_value: ValueReader
     fake_mode: FakeTensorMode
     lock: threading.RLock
@@ -43,8 +43,11 @@ class Recorder:
         """Run aten `func` recorded into this graph; the fakes it touched are stamped afresh."""
         graph = self.builder.graph
         with self.lock:
-            with recording(RecordingScope(graph, self.read_value)), self.fake_mode, \
-                    RecordingDispatchMode(self.builder, self.read_value, self.fake_mode):
+            with (
+                recording(RecordingScope(graph, self.read_value)),
+                self.fake_mode,
+                RecordingDispatchMode(self.builder, self.read_value, self.fake_mode),
+            ):
                 out = func(*args, **kwargs)
             self.builder.settle([*tree_flatten((args, kwargs))[0], *tree_flatten(out)[0]])
         return out

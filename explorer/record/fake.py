@@ -31,8 +31,8 @@ class DeferredHandle:
     """Which graph a fake tensor belongs to, which tensor id it currently is, and its version then
     (None for an inference tensor, which has no version counter)."""
 
-    graph: "InitGraph"
-    tensor_id: "TensorId"
+    graph: InitGraph
+    tensor_id: TensorId
     version: int | None
 
 
@@ -41,7 +41,9 @@ class DeferredTensor(FakeTensor):
     on it after `deferred_init` returned are recorded into its graph (see record/extension.py)."""
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]  # the dispatcher passes a dict; FakeTensor's stub says Mapping
+        cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         if active_scope() is None:  # during deferred_init the recording mode sees ops first
             recorder = _recorder_of(args, kwargs)
@@ -49,7 +51,7 @@ class DeferredTensor(FakeTensor):
                 return recorder.run(func, args, kwargs)
         return super().__torch_dispatch__(func, types, args, kwargs)
 
-    def __repr__(self) -> str:  # noqa: D105 - the format is the documented API
+    def __repr__(self) -> str:  # type: ignore[override]  # no tensor_contents: the format is the documented API
         parts = [f"size={tuple(self.shape)}", f"device='{self.device}'"]
         if self.dtype != torch.get_default_dtype():
             parts.append(f"dtype={self.dtype}")
@@ -59,18 +61,18 @@ class DeferredTensor(FakeTensor):
 
     __str__ = __repr__
 
-    def numpy(self, *, force: bool = False):  # noqa: ANN201 - numpy is optional for users
+    def numpy(self, *, force: bool = False):  # numpy is optional for users
         """Inside the deferred_init that made it: the true values (as eager construction has them).
         Elsewhere: NoDataError, since a fake tensor has no data until it is materialized."""
         return self._values_for_numpy("Tensor.numpy()", force)
 
-    def __array__(self, dtype: Any = None, copy: bool | None = None):  # noqa: ANN204 - np.asarray / np.array
+    def __array__(self, dtype: Any = None, copy: bool | None = None):  # np.asarray / np.array
         """As `Tensor.__array__` (`numpy()`, then `dtype`). numpy 2's `copy` is accepted and ignored:
         the values are computed afresh, so there is no memory to share or to copy."""
         array = self._values_for_numpy("numpy.asarray(tensor) (Tensor.__array__)", False)
         return array if dtype is None else array.astype(dtype, copy=False)
 
-    def _values_for_numpy(self, call: str, force: bool):  # noqa: ANN202
+    def _values_for_numpy(self, call: str, force: bool):
         handle = handle_of(self)
         scope = active_scope()
         if handle is None or scope is None or scope.graph is not handle.graph:
@@ -85,7 +87,7 @@ class DeferredTensor(FakeTensor):
         self._refuse_bytes_outside_recording("Tensor.data_ptr()")
         return super().data_ptr()
 
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D105 - np.from_dlpack, torch.from_dlpack
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:  # np.from_dlpack, torch.from_dlpack
         self._refuse_bytes_outside_recording("Tensor.__dlpack__() (from_dlpack)")
         return super().__dlpack__(*args, **kwargs)
 
@@ -130,6 +132,7 @@ class DeferredTensor(FakeTensor):
                 "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol "
                 "at the moment."
             )
+        result: torch.Tensor
         with torch.no_grad():
             if isinstance(self, torch.nn.Parameter):
                 data = self.data.clone(memory_format=torch.preserve_format)
@@ -175,9 +178,13 @@ def describe(tensor: torch.Tensor) -> str:
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same storage, dtype, shape, stride and offset: one is an alias of the other."""
-    return (torch.Tensor.untyped_storage(a)._cdata == torch.Tensor.untyped_storage(b)._cdata
-            and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
-            and a.storage_offset() == b.storage_offset())
+    return (
+        torch.Tensor.untyped_storage(a)._cdata == torch.Tensor.untyped_storage(b)._cdata
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+    )
 
 
 def _recorder_of(args: tuple, kwargs: dict) -> Any:

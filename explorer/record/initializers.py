@@ -21,7 +21,7 @@ mirrored here; re-check its name and signature on upgrades (tests/explorer/recor
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.init as init

@@ -9,7 +9,7 @@ a fake tensor whose class mixes the uninitialized behaviour into `DeferredTensor
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
@@ -35,14 +35,14 @@ class DeferredUninitializedBuffer(UninitializedBuffer, DeferredTensor):
     shape = torch._C.TensorBase.shape
 
 
-def _new_parameter(cls, requires_grad=True, device=None, dtype=None):  # noqa: ANN001 - torch's signature
+def _new_parameter(cls, requires_grad=True, device=None, dtype=None):  # torch's signature
     data = torch.empty(0, device=device, dtype=dtype).requires_grad_(requires_grad)
     data.__class__ = DeferredUninitializedParameter
     data._is_param = True
     return data
 
 
-def _new_buffer(cls, requires_grad=False, device=None, dtype=None, persistent=True):  # noqa: ANN001
+def _new_buffer(cls, requires_grad=False, device=None, dtype=None, persistent=True):
     data = torch.empty(0, device=device, dtype=dtype).requires_grad_(requires_grad)
     data.__class__ = DeferredUninitializedBuffer
     data.persistent = persistent
@@ -54,10 +54,10 @@ def _new_buffer(cls, requires_grad=False, device=None, dtype=None, persistent=Tr
 def deferred_lazy_modules() -> Iterator[None]:
     """Within this scope, lazy modules create fake uninitialized tensors; undone on any exit."""
     originals = {cls: cls.__dict__["__new__"] for cls in (UninitializedParameter, UninitializedBuffer)}
-    UninitializedParameter.__new__ = staticmethod(_new_parameter)
-    UninitializedBuffer.__new__ = staticmethod(_new_buffer)
+    UninitializedParameter.__new__ = staticmethod(_new_parameter)  # type: ignore[method-assign]  # for the block
+    UninitializedBuffer.__new__ = staticmethod(_new_buffer)  # type: ignore[method-assign]  # for the block
     try:
         yield
     finally:
         for cls, original in originals.items():
-            cls.__new__ = original
+            cls.__new__ = original  # type: ignore[method-assign]  # restoring torch's own

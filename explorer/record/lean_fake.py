@@ -24,16 +24,30 @@ _CPU = torch.device("cpu")
 
 FACTORIES = frozenset(
     {
-        _aten.empty.memory_format, _aten.empty_strided.default, _aten.zeros.default,
-        _aten.ones.default, _aten.full.default,
-        _aten.arange.default, _aten.arange.start, _aten.arange.start_step, _aten.linspace.default,
+        _aten.empty.memory_format,
+        _aten.empty_strided.default,
+        _aten.zeros.default,
+        _aten.ones.default,
+        _aten.full.default,
+        _aten.arange.default,
+        _aten.arange.start,
+        _aten.arange.start_step,
+        _aten.linspace.default,
     }
 )
 VIEWS = frozenset(
     {
-        _aten.detach.default, _aten.alias.default, _aten.view.default, _aten.t.default,
-        _aten.transpose.int, _aten.permute.default, _aten.unsqueeze.default,
-        _aten.expand.default, _aten.as_strided.default, _aten.select.int, _aten.slice.Tensor,
+        _aten.detach.default,
+        _aten.alias.default,
+        _aten.view.default,
+        _aten.t.default,
+        _aten.transpose.int,
+        _aten.permute.default,
+        _aten.unsqueeze.default,
+        _aten.expand.default,
+        _aten.as_strided.default,
+        _aten.select.int,
+        _aten.slice.Tensor,
     }
 )
 FILLS = frozenset({_aten.fill_.Scalar, _aten.zero_.default, _aten.copy_.default})
@@ -41,7 +55,7 @@ _LIFT_FRESH = _aten.lift_fresh.default
 _DETACH = _aten.detach.default
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_plain_compute(func: Any) -> bool:
     """Pointwise ops (and clone) that write nothing, draw no random numbers and return one tensor:
     their fake result is the meta kernel's result on the inputs' device."""
@@ -71,11 +85,15 @@ def _common_device(fake_mode: FakeTensorMode, values: Any) -> torch.device | Non
     return device
 
 
-def _lift_fresh(make: "FakeFactory", constant: Any) -> Any:
+def _lift_fresh(make: FakeFactory, constant: Any) -> Any:
     """`torch.tensor([...])` hands its new CPU constant to `lift_fresh`: a fake of the same layout."""
-    if type(constant) is not torch.Tensor or constant.requires_grad or constant.storage_offset() != 0 \
-            or not constant.is_contiguous() \
-            or constant.untyped_storage().nbytes() != constant.numel() * constant.element_size():
+    if (
+        type(constant) is not torch.Tensor
+        or constant.requires_grad
+        or constant.storage_offset() != 0
+        or not constant.is_contiguous()
+        or constant.untyped_storage().nbytes() != constant.numel() * constant.element_size()
+    ):
         return NotImplemented
     with torch._C._DisableTorchDispatch():
         out = torch.empty_strided(constant.shape, constant.stride(), dtype=constant.dtype, device=_META)
@@ -103,8 +121,11 @@ class FakeFactory:
         if normalized is None:
             normalized = self.devices[device] = FakeTensor._normalize_fake_device(device)
         tensor = torch.Tensor._make_subclass(
-            DeferredTensor, elem, elem.requires_grad if requires_grad is None else requires_grad,
-            dispatch_device=True, device_for_backend_keys=normalized,
+            DeferredTensor,
+            elem,
+            elem.requires_grad if requires_grad is None else requires_grad,
+            dispatch_device=True,
+            device_for_backend_keys=normalized,
         )
         if self.throw_on_data_ptr:
             torch._C._set_throw_on_mutable_data_ptr(tensor)
@@ -164,8 +185,11 @@ def _layout_from_cpu(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | Non
 # arguments are the schema's, and they take the schema's keyword arguments (dtype, layout, device,
 # pin_memory, memory_format).
 _BINDINGS = {
-    _aten.empty.memory_format: torch.empty, _aten.empty_strided.default: torch.empty_strided,
-    _aten.zeros.default: torch.zeros, _aten.ones.default: torch.ones, _aten.full.default: torch.full,
+    _aten.empty.memory_format: torch.empty,
+    _aten.empty_strided.default: torch.empty_strided,
+    _aten.zeros.default: torch.zeros,
+    _aten.ones.default: torch.ones,
+    _aten.full.default: torch.full,
 }
 
 _FACTORY, _VIEW, _FILL, _LIFT, _PLAIN = "factory", "view", "fill", "lift", "plain"
@@ -176,6 +200,7 @@ _PATHS: dict[int, tuple[Any, str | None]] = {}
 def _path(func: Any) -> str | None:
     entry = _PATHS.get(id(func))
     if entry is None:
+        path: str | None
         if func in FACTORIES:
             path = _FACTORY
         elif func in VIEWS:
@@ -212,8 +237,13 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
     if path is _VIEW or path is _FILL:
         if not args or type(args[0]) is not DeferredTensor or args[0].fake_mode is not fake_mode:
             return NotImplemented
-        if func is _DETACH and len(args) == 1 and not kwargs and not args[0].is_inference() \
-                and not torch.is_inference_mode_enabled():
+        if (
+            func is _DETACH
+            and len(args) == 1
+            and not kwargs
+            and not args[0].is_inference()
+            and not torch.is_inference_mode_enabled()
+        ):
             # `_make_subclass` detaches its argument itself: the same fake as running `detach`'s meta
             # kernel first, without that call (`Parameter(t)` issues one per parameter).
             with torch._C._DisableTorchDispatch():

@@ -10,7 +10,7 @@ notices the swap the next time the tensor is used) and `.numpy()` (`DeferredTens
 
 from __future__ import annotations
 
-import functools
+import contextlib
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ _aten = torch.ops.aten
 _INPLACE_VIEW = torch.Tag.inplace_view
 
 
-def _metadata_access() -> torch._C.DisableTorchFunctionSubclass:
+def _metadata_access() -> contextlib.AbstractContextManager[None]:
     """Lets the recorder read stride/storage of tensors whose class refuses it (lazy parameters)."""
     return torch._C.DisableTorchFunctionSubclass()
 
@@ -84,8 +84,8 @@ class RecordingDispatchMode(TorchDispatchMode):
             # Fills values only: nothing to run. Fake mode would decompose it into prims that need
             # the real device's generator (absent for a fake "cuda" tensor) for nothing.
             with _metadata_access():
-                written = self.builder.before_write(func, args, kwargs, source)
-                self.builder.record(func, args, kwargs, args[0], source, written)
+                filled = self.builder.before_write(func, args, kwargs, source)
+                self.builder.record(func, args, kwargs, args[0], source, filled)
             return args[0]
         written = None
         if kind is _WRITING or kind is _INPLACE_RANDOM:
@@ -99,8 +99,15 @@ class RecordingDispatchMode(TorchDispatchMode):
             raise
         except (DynamicOutputShapeException, DataDependentOutputException):
             # the output's shape (or value) depends on values: compute the inputs for real (record/computed.py)
-            out = compute_for_real(self.builder.graph, self.read_value, self.make_fake, func, args, kwargs,
-                                   lambda: f"{building_modules(4)} at {source or '<unknown source>'}")
+            out = compute_for_real(
+                self.builder.graph,
+                self.read_value,
+                self.make_fake,
+                func,
+                args,
+                kwargs,
+                lambda: f"{building_modules(4)} at {source or '<unknown source>'}",
+            )
             with _metadata_access():
                 self.builder.record(func, args, kwargs, out, source, written)
             self.builder.graph.ops[-1].from_values = True
@@ -113,7 +120,14 @@ class RecordingDispatchMode(TorchDispatchMode):
 
 
 _PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLVE, _OTHER = (
-    "pass-through", "value-read", "inplace-view", "inplace-random", "writing", "resolve", "other")
+    "pass-through",
+    "value-read",
+    "inplace-view",
+    "inplace-random",
+    "writing",
+    "resolve",
+    "other",
+)
 
 # `tolist()` of a real tensor under inference mode starts with these; made fake, they would hand
 # the caller's tensor back as a fake whose (absent) storage tolist then reads.

@@ -29,14 +29,15 @@ if TYPE_CHECKING:
 _GRAPH_ATTR = "_deferred_graph"
 
 
-def no_data_error(call: str, name: str, graph: "InitGraph | None") -> NoDataError:
+def no_data_error(call: str, name: str, graph: InitGraph | None) -> NoDataError:
     """The error for `call` asking the bytes of `name` (a deferred tensor or storage, described)."""
     where = user_location()
     return NoDataError(
         f"{call} needs the bytes of {name}, which is deferred (fake) and has no data yet. Materialize first: "
         "explorer.materialize_module(module) for the whole module, or explorer.materialize_tensor(tensor) for "
         "one tensor" + (f". Asked at {where}" if where is not None else ""),
-        graph, call=call,
+        graph,
+        call=call,
     )
 
 
@@ -52,14 +53,14 @@ class DeferredStorage(torch.UntypedStorage):
     """
 
     @classmethod
-    def adopt(cls, storage: torch.UntypedStorage, graph: "InitGraph | None") -> "DeferredStorage":
+    def adopt(cls, storage: torch.UntypedStorage, graph: InitGraph | None) -> DeferredStorage:
         """`storage` as a DeferredStorage of `graph` (held weakly, to name the storage in errors; a
         weak reference to a tensor instead would stop `torch.utils.swap_tensors` on it)."""
         if type(storage) is not cls:
             storage.__class__ = cls
         if graph is not None and _GRAPH_ATTR not in storage.__dict__:
             storage.__dict__[_GRAPH_ATTR] = weakref.ref(graph)
-        return storage  # type: ignore[return-value]
+        return storage  # type: ignore[return-value]  # its __class__ is cls now; mypy can't see it
 
     def _refuse(self, call: str) -> None:
         if active_scope() is None:
@@ -68,33 +69,33 @@ class DeferredStorage(torch.UntypedStorage):
 
             raise no_data_error(call, describe_storage(self, graph), graph)
 
-    def data_ptr(self) -> int:  # noqa: D102 - see the class
+    def data_ptr(self) -> int:  # see the class
         self._refuse("UntypedStorage.data_ptr()")
         return super().data_ptr()
 
-    def __getitem__(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D105
+    def __getitem__(self, *args: Any, **kwargs: Any) -> Any:
         self._refuse("UntypedStorage.__getitem__")
         return super().__getitem__(*args, **kwargs)
 
-    def __iter__(self) -> Any:  # noqa: D105 - also what bytes(storage) and list(storage) call
+    def __iter__(self) -> Any:  # also what bytes(storage) and list(storage) call
         self._refuse("iterating an UntypedStorage (bytes(storage), list(storage))")
         return super().__iter__()
 
-    def tolist(self) -> list:  # noqa: D102
+    def tolist(self) -> list:
         self._refuse("UntypedStorage.tolist()")
         return super().tolist()
 
-    def cpu(self) -> torch.UntypedStorage:  # noqa: D102
+    def cpu(self) -> torch.UntypedStorage:
         self._refuse("UntypedStorage.cpu()")
         return super().cpu()
 
-    def __reduce__(self) -> Any:  # noqa: D105 - pickle and torch.save of the storage itself
+    def __reduce__(self) -> Any:  # pickle and torch.save of the storage itself
         self._refuse("pickling an UntypedStorage (pickle, torch.save)")
         return super().__reduce__()
 
 
-def describe_storage(storage: torch.UntypedStorage, graph: "InitGraph | None") -> str:
-    """"the storage of parameter 'w' (48 B)": named by the first parameter or buffer on it in the
+def describe_storage(storage: torch.UntypedStorage, graph: InitGraph | None) -> str:
+    """ "the storage of parameter 'w' (48 B)": named by the first parameter or buffer on it in the
     module `graph` built; "a deferred storage (48 B)" when none is."""
     size = format_bytes(storage.nbytes())
     for kind, name, candidate in named_tensors_of(graph):
@@ -103,11 +104,13 @@ def describe_storage(storage: torch.UntypedStorage, graph: "InitGraph | None") -
     return f"a deferred storage ({size})"
 
 
-def named_tensors_of(graph: "InitGraph | None") -> list[tuple[str, str, torch.Tensor]]:
+def named_tensors_of(graph: InitGraph | None) -> list[tuple[str, str, torch.Tensor]]:
     """(kind, name, tensor) of the parameters and buffers of the module `graph` built, while it lives."""
     root = graph.root() if graph is not None and graph.root is not None else None
     if root is None:
         return []
-    return [(kind, name, candidate)
-            for kind, named in (("parameter", root.named_parameters), ("buffer", root.named_buffers))
-            for name, candidate in named(remove_duplicate=False)]
+    return [
+        (kind, name, candidate)
+        for kind, named in (("parameter", root.named_parameters), ("buffer", root.named_buffers))
+        for name, candidate in named(remove_duplicate=False)
+    ]

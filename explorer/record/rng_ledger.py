@@ -55,7 +55,7 @@ class _Owed:
     Holds the graph weakly and its op and tensor tables strongly: enough to count draws after the
     model is gone, not its external tensors."""
 
-    graph: "weakref.ReferenceType[InitGraph]"
+    graph: weakref.ReferenceType[InitGraph]
     ops: list
     tensors: dict
     stream: list[OpIndex]
@@ -75,7 +75,7 @@ class _Ledger:
     # while draws were owed (its value came from other words than eager's).
     cache_known: bool = True
     # get_rng_state results (by digest) → what was owed then, and whether the cache was eager's
-    saved: "OrderedDict[bytes, tuple[list[_Owed], bool]]" = None  # type: ignore[assignment]
+    saved: OrderedDict[bytes, tuple[list[_Owed], bool]] = None  # type: ignore[assignment]  # set in __post_init__
 
     def __post_init__(self) -> None:
         self.saved = OrderedDict()
@@ -171,22 +171,28 @@ def _jumped(state: torch.Tensor, owed: list[_Owed], where: str, cache_known: boo
             part.counted_to, part.counted = part.first - 1, 0
         for position in range(part.counted_to + 1, part.last + 1):
             op = part.ops[part.stream[position]]
-            count = draw_count(shim, op)  # type: ignore[arg-type]
+            count = draw_count(shim, op)  # type: ignore[arg-type]  # shim: draw_count reads only .tensors
             graph = part.graph()
             if count is None and graph is not None:  # value-dependent: measured by running it
                 count = eager_draw_count(graph, KEY, position)
             if count is None:
-                why = ("its model is gone, so it cannot be run to count them" if graph is None else
-                       "running it to count them showed it uses the generator's cached normal sample "
-                       "(normal_ of fewer than 16 elements) or draws more than can be counted")
-                return RngRestart(unknown=(
-                    f"{where} draws from the CPU generator, where eager code would find it past every "
-                    f"random op deferred since the last torch.manual_seed; but the real generator "
-                    f"moved since the last of them (eager random draws or torch.set_rng_state), and "
-                    f"the deferred {op.label} (recorded at {op.source or 'an unknown line'}) takes a "
-                    f"number of draws that depends on its values; {why}. So eager's state there "
-                    f"cannot be known. Call torch.manual_seed(...) before that point, or do the "
-                    f"eager draws after it"))
+                why = (
+                    "its model is gone, so it cannot be run to count them"
+                    if graph is None
+                    else "running it to count them showed it uses the generator's cached normal sample "
+                    "(normal_ of fewer than 16 elements) or draws more than can be counted"
+                )
+                return RngRestart(
+                    unknown=(
+                        f"{where} draws from the CPU generator, where eager code would find it past every "
+                        f"random op deferred since the last torch.manual_seed; but the real generator "
+                        f"moved since the last of them (eager random draws or torch.set_rng_state), and "
+                        f"the deferred {op.label} (recorded at {op.source or 'an unknown line'}) takes a "
+                        f"number of draws that depends on its values; {why}. So eager's state there "
+                        f"cannot be known. Call torch.manual_seed(...) before that point, or do the "
+                        f"eager draws after it"
+                    )
+                )
             part.counted_to, part.counted = position, part.counted + count
         total += part.counted
     return RngRestart(base=state.clone(), jump=total, cache_known=cache_known)
@@ -253,7 +259,11 @@ def install_reseed_hooks() -> None:
             _saved(state)
             return state
 
-        for name, function in (("manual_seed", wrapped_manual_seed), ("seed", wrapped_seed),
-                               ("set_rng_state", wrapped_set_rng_state), ("get_rng_state", wrapped_get_rng_state)):
+        for name, function in (
+            ("manual_seed", wrapped_manual_seed),
+            ("seed", wrapped_seed),
+            ("set_rng_state", wrapped_set_rng_state),
+            ("get_rng_state", wrapped_get_rng_state),
+        ):
             setattr(torch.random, name, function)
             setattr(torch, name, function)

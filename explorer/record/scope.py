@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -29,7 +30,7 @@ ValueReader = Callable[["FakeTensor"], torch.Tensor]
 class RecordingScope:
     """One running `deferred_init`: the graph it records into and how it answers value reads."""
 
-    graph: "InitGraph"
+    graph: InitGraph
     read_value: ValueReader
 
 
@@ -41,7 +42,7 @@ def active_scope() -> RecordingScope | None:
     return getattr(_local, "scope", None)
 
 
-def recording_graph() -> "InitGraph | None":
+def recording_graph() -> InitGraph | None:
     """The graph being recorded on this thread, if `deferred_init` is running."""
     scope = active_scope()
     return scope.graph if scope is not None else None

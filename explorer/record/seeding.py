@@ -15,7 +15,7 @@ such as `transformers.set_seed`; re-check on upgrades (tests/explorer/record/tes
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.random

@@ -11,6 +11,7 @@ import linecache
 import os
 import re
 import sys
+import traceback
 from types import CodeType, FrameType, TracebackType
 
 import torch
@@ -31,8 +32,9 @@ def _is_library_code(code: CodeType) -> bool:
     known = _library_code.get(code)
     if known is None:
         filename = code.co_filename
-        known = _library_code[code] = (filename.startswith(_TORCH_DIR) or filename.startswith(_EXPLORER_DIR)
-                                       or filename == _CONTEXTLIB_FILE)  # `with explorer.deferred():`
+        known = _library_code[code] = (
+            filename.startswith(_TORCH_DIR) or filename.startswith(_EXPLORER_DIR) or filename == _CONTEXTLIB_FILE
+        )  # `with explorer.deferred():`
     return known
 
 
@@ -71,13 +73,9 @@ def building_modules(skip: int = 1) -> str:
     return module_chain(frames)
 
 
-def traceback_frames(traceback: TracebackType | None) -> list[tuple[FrameType, int]]:
-    """(frame, line being run) for each entry of `traceback`, outermost first."""
-    frames = []
-    while traceback is not None:
-        frames.append((traceback.tb_frame, traceback.tb_lineno))
-        traceback = traceback.tb_next
-    return frames
+def traceback_frames(tb: TracebackType | None) -> list[tuple[FrameType, int]]:
+    """(frame, line being run) for each entry of the traceback `tb`, outermost first."""
+    return list(traceback.walk_tb(tb))
 
 
 def module_chain(frames: list[tuple[FrameType, int]]) -> str:
@@ -105,15 +103,13 @@ def innermost_user_frame(frames: list[tuple[FrameType, int]]) -> SourceLocation 
     return None
 
 
-def module_being_built(traceback: TracebackType | None) -> torch.nn.Module | None:
-    """The outermost module whose `__init__` was running when the exception of `traceback` was
-    raised: the root of what the failed constructor had built so far (its submodules assigned up
-    to the failing line). None when no module constructor was on the stack."""
-    while traceback is not None:
-        frame = traceback.tb_frame
+def module_being_built(tb: TracebackType | None) -> torch.nn.Module | None:
+    """The outermost module whose `__init__` was running when the exception of the traceback `tb`
+    was raised: the root of what the failed constructor had built so far (its submodules assigned
+    up to the failing line). None when no module constructor was on the stack."""
+    for frame, _ in traceback.walk_tb(tb):
         if frame.f_code.co_name == "__init__":
             owner = frame.f_locals.get("self")
             if isinstance(owner, torch.nn.Module):
                 return owner
-        traceback = traceback.tb_next
     return None

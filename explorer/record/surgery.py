@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 from torch import nn
 
@@ -31,7 +33,7 @@ SURGERY_METHODS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("transformers.modeling_utils", "PreTrainedModel", ("resize_token_embeddings",)),
 )
 
-ExtendRecording = Callable[[nn.Module], ContextManager[Any]]
+ExtendRecording = Callable[[nn.Module], AbstractContextManager[Any]]
 
 
 def holds_deferred_tensors(module: nn.Module) -> bool:
@@ -60,5 +62,5 @@ def _in_own_recording(original: Callable[..., Any], extend: ExtendRecording) -> 
         with extend(self) if outside else contextlib.nullcontext():
             return original(self, *args, **kwargs)
 
-    method._explorer_surgery = True  # type: ignore[attr-defined]
+    method._explorer_surgery = True  # type: ignore[attr-defined]  # a marker on the wrapper function
     return method

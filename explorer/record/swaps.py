@@ -13,7 +13,7 @@ time; re-check on upgrades (tests/explorer/record/test_recording.py casts inside
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.utils
