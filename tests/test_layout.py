@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,4 +163,32 @@ def test_the_trait_check_finds_a_synced_trait_without_help() -> None:
 def test_every_synced_widget_trait_says_what_it_is() -> None:
     offenders = [f"{path.relative_to(ROOT)}:{line}" for name, path in module_files().items()
                  if name.startswith("widgets") for line in _synced_traits_without_help(ast.parse(path.read_text()))]
+    assert offenders == []
+
+
+# -- every kept suppression says why (issue 27) --------------------------------------------------------
+_NOQA = re.compile(r"#\s*noqa\b(?::?\s*[A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*)?(?P<rest>.*)$")
+_TYPE_IGNORE = re.compile(r"#\s*type:\s*ignore(?:\[[^\]]*\])?(?P<rest>.*)$")
+
+
+def unexplained_suppressions(text: str) -> list[int]:
+    """Lines with a `# noqa` or `# type: ignore` and no reason after it ("- why" / "# why")."""
+    return [
+        number for number, line in enumerate(text.splitlines(), 1)
+        for pattern in (_NOQA, _TYPE_IGNORE)
+        if (found := pattern.search(line)) and not found["rest"].strip(" \t-—:#")
+    ]
+
+
+def test_the_suppression_check_reads_reasons() -> None:
+    text = ("import a  # noqa: F401\n"
+            "import b  # noqa: F401 - registers the op namespace\n"
+            "x = f()  # type: ignore[arg-type]\n"
+            "y = g()  # type: ignore[arg-type]  # torch's stub says int, the op takes a SymInt\n")
+    assert unexplained_suppressions(text) == [1, 3]
+
+
+def test_every_noqa_and_type_ignore_says_why() -> None:
+    offenders = [f"{path.relative_to(ROOT)}:{line}" for path in module_files().values()
+                 for line in unexplained_suppressions(path.read_text())]
     assert offenders == []
