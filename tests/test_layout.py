@@ -109,7 +109,9 @@ def test_the_engine_never_imports_the_read_only_stages_or_the_ui() -> None:
     engine = ("explorer.record", "explorer.replay", "explorer.graph", "explorer.naming", "explorer.errors")
     read_only = ("explorer.inspection", "explorer.render", "explorer.analysis", "explorer.distributed")
     offenders = [
-        (module, target) for module, targets in edges.items() for target in targets
+        (module, target)
+        for module, targets in edges.items()
+        for target in targets
         if _stage(module) in engine and _stage(target) in read_only
     ]
     assert offenders == []
@@ -123,7 +125,9 @@ def test_graph_is_below_every_stage() -> None:
 def test_explorer_imports_no_widget_or_jupyter_code() -> None:
     modules = module_files()
     offenders = [
-        (name, base) for name, path in modules.items() if name.startswith("explorer")
+        (name, base)
+        for name, path in modules.items()
+        if name.startswith("explorer")
         for base, _ in imports_of(name, path)
         if base.split(".")[0] in {"widgets", "ipywidgets", "anywidget", "IPython", "jupyterlab", "traitlets"}
     ]
@@ -146,23 +150,33 @@ def test_no_module_imports_another_modules_private_names() -> None:
 def _synced_traits_without_help(tree: ast.AST) -> list[int]:
     """Lines of `trait(...).tag(sync=True)` calls whose trait has no `help=`."""
     return [
-        node.lineno for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "tag"
-        and any(k.arg == "sync" for k in node.keywords) and isinstance(node.func.value, ast.Call)
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "tag"
+        and any(k.arg == "sync" for k in node.keywords)
+        and isinstance(node.func.value, ast.Call)
         and not any(k.arg == "help" for k in node.func.value.keywords)
     ]
 
 
 def test_the_trait_check_finds_a_synced_trait_without_help() -> None:
-    tree = ast.parse('a = traitlets.Unicode("").tag(sync=True)\n'
-                     'b = traitlets.Int(1, help="the first view\'s scale").tag(sync=True)\n'
-                     "c = traitlets.Int(1).tag(config=True)\n")
+    tree = ast.parse(
+        'a = traitlets.Unicode("").tag(sync=True)\n'
+        'b = traitlets.Int(1, help="the first view\'s scale").tag(sync=True)\n'
+        "c = traitlets.Int(1).tag(config=True)\n"
+    )
     assert _synced_traits_without_help(tree) == [1]
 
 
 def test_every_synced_widget_trait_says_what_it_is() -> None:
-    offenders = [f"{path.relative_to(ROOT)}:{line}" for name, path in module_files().items()
-                 if name.startswith("widgets") for line in _synced_traits_without_help(ast.parse(path.read_text()))]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for name, path in module_files().items()
+        if name.startswith("widgets")
+        for line in _synced_traits_without_help(ast.parse(path.read_text()))
+    ]
     assert offenders == []
 
 
@@ -174,21 +188,65 @@ _TYPE_IGNORE = re.compile(r"#\s*type:\s*ignore(?:\[[^\]]*\])?(?P<rest>.*)$")
 def unexplained_suppressions(text: str) -> list[int]:
     """Lines with a `# noqa` or `# type: ignore` and no reason after it ("- why" / "# why")."""
     return [
-        number for number, line in enumerate(text.splitlines(), 1)
+        number
+        for number, line in enumerate(text.splitlines(), 1)
         for pattern in (_NOQA, _TYPE_IGNORE)
         if (found := pattern.search(line)) and not found["rest"].strip(" \t-—:#")
     ]
 
 
 def test_the_suppression_check_reads_reasons() -> None:
-    text = ("import a  # noqa: F401\n"
-            "import b  # noqa: F401 - registers the op namespace\n"
-            "x = f()  # type: ignore[arg-type]\n"
-            "y = g()  # type: ignore[arg-type]  # torch's stub says int, the op takes a SymInt\n")
+    text = (
+        "import a  # noqa: F401\n"
+        "import b  # noqa: F401 - registers the op namespace\n"
+        "x = f()  # type: ignore[arg-type]\n"
+        "y = g()  # type: ignore[arg-type]  # torch's stub says int, the op takes a SymInt\n"
+    )
     assert unexplained_suppressions(text) == [1, 3]
 
 
 def test_every_noqa_and_type_ignore_says_why() -> None:
-    offenders = [f"{path.relative_to(ROOT)}:{line}" for path in module_files().values()
-                 for line in unexplained_suppressions(path.read_text())]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in module_files().values()
+        for line in unexplained_suppressions(path.read_text())
+    ]
     assert offenders == []
+
+
+# -- no function runs past a screen and a half ----------------------------------------------------------
+MAX_FUNCTION_LINES = 80  # `def` line to last line, docstring included
+# Functions allowed over MAX_FUNCTION_LINES for now, each with why. An entry is a debt, not a
+# licence: the test below also fails when an entry is no longer needed, so the list only shrinks.
+LONG_FUNCTIONS_ALLOWED = {
+    # The recording hot path (every op recorded under deferred init runs through it). explorer/record/
+    # is being changed by another engineer right now; the split waits for that work to land.
+    "explorer/record/builder.py::record": "hot path, split in progress",
+}
+
+
+def long_functions(tree: ast.AST, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """(name, lines) of every function or method in `tree` longer than `limit` lines."""
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_the_length_check_counts_a_functions_lines() -> None:
+    body = "".join(f"        x{i} = {i}\n" for i in range(80))
+    tree = ast.parse(f"def short():\n    return 1\n\nclass A:\n    def long(self):\n{body}")
+    assert long_functions(tree) == [("long", 81)]
+
+
+def test_no_function_in_explorer_or_widgets_is_over_80_lines() -> None:
+    found = {
+        f"{path.relative_to(ROOT).as_posix()}::{name}": lines
+        for path in module_files().values()
+        for name, lines in long_functions(ast.parse(path.read_text()))
+    }
+    assert {key: lines for key, lines in found.items() if key not in LONG_FUNCTIONS_ALLOWED} == {}
+    assert sorted(set(LONG_FUNCTIONS_ALLOWED) - set(found)) == []  # a split function leaves the list

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import ipywidgets as w
 import pandas as pd
@@ -33,6 +34,12 @@ from .materialize_preview import MaterializePreview
 
 _STEP_NAMES = {"rng": "generator jump", "replay": "replay"}
 THROUGHPUT_MIN_BYTES = 16 << 20  # a materialization this large sets the preview's bytes per second
+# (label, value) of the RNG-mode and checkpoint-format dropdowns: the values are RngMode's and SaveFormat's.
+_RNG_CHOICES = [("eager (bit-identical to eager construction)", "eager"), ("fast (per-op seeds)", "fast")]
+_SAVE_FORMAT_CHOICES = [
+    ("safetensors (Hugging Face layout)", "safetensors"),
+    ("DCP (torch.distributed.checkpoint)", "dcp"),
+]
 
 
 class MaterializationCancelled(Exception):
@@ -55,12 +62,12 @@ class MaterializeBar(w.VBox):
     true while a materialization is under way.
     """
 
-    done = traitlets.Int(0)
-    total = traitlets.Int(0)
-    done_bytes = traitlets.Int(0)
-    total_bytes = traitlets.Int(0)
-    running = traitlets.Bool(False)
-    steps = traitlets.List(traitlets.Unicode())
+    done = traitlets.Int(0, help="tensors materialized (or saved) so far, as the last progress report said")
+    total = traitlets.Int(0, help="tensors the running materialization (or save) will fill in all")
+    done_bytes = traitlets.Int(0, help="bytes of the tensors done so far, as the last progress report said")
+    total_bytes = traitlets.Int(0, help="bytes of all the tensors the running materialization (or save) fills")
+    running = traitlets.Bool(False, help="true while a materialization or a save is under way")
+    steps = traitlets.List(traitlets.Unicode(), help='the current run\'s steps so far, as "step: detail" lines')
 
     # Bytes per second of the last materialization in this process (the preview's time estimate).
     throughput: float | None = None
@@ -76,119 +83,87 @@ class MaterializeBar(w.VBox):
         self.selected_modules = selected_modules
         self.on_done = on_done
         self.preview_of = preview  # (what: "selection" | "whole module", device) → preview
-        self.device = w.Dropdown(
-            options=target_devices(), value="cpu", description="device", layout=w.Layout(width="180px")
+        self.error: BaseException | None = None
+        self.disabled_reason = ""
+        self._pending: tuple | None = None  # the click waiting for confirmation
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._step_texts: list[str] = []
+        rows = [self._materialize_row(), self._save_row(), *self._report_rows()]
+        self._connect_handlers()
+        super().__init__(rows)
+        self.add_class("de-materialize-bar")
+
+    # -- the bar's pieces, row by row ----------------------------------------------------------------
+    def _materialize_row(self) -> w.HBox:
+        """Target device and RNG mode, then Materialize selected / Release selected / all / Cancel."""
+        self.device = _dropdown(target_devices(), "cpu", "device", "180px", "de-device")
+        self.rng = _dropdown(_RNG_CHOICES, "eager", "rng", "320px", "de-rng")
+        self.selected_button = _button(
+            "Materialize selected", "de-materialize-button", "de-materialize-selected", button_style="primary"
         )
-        self.device.add_class("de-device")
-        self.rng = w.Dropdown(
-            options=[("eager (bit-identical to eager construction)", "eager"), ("fast (per-op seeds)", "fast")],
-            value="eager",
-            description="rng",
-            layout=w.Layout(width="320px"),
-        )
-        self.rng.add_class("de-rng")
-        self.selected_button = w.Button(
-            description="Materialize selected", button_style="primary", layout=w.Layout(width="auto")
-        )
-        self.selected_button.add_class("de-materialize-button")
-        self.selected_button.add_class("de-materialize-selected")
-        self.all_button = w.Button(description="Materialize all", layout=w.Layout(width="auto"))
-        self.all_button.add_class("de-materialize-button")
-        self.all_button.add_class("de-materialize-all")
-        self.release_button = w.Button(
-            description="Release selected",
-            layout=w.Layout(width="auto"),
+        self.all_button = _button("Materialize all", "de-materialize-button", "de-materialize-all")
+        self.release_button = _button(
+            "Release selected",
+            "de-release-selected",
             tooltip="the selected modules' materialized tensors become fake again and their memory is returned",
         )
-        self.release_button.add_class("de-release-selected")
-        self.cancel_button = w.Button(
-            description="Cancel", disabled=True, button_style="warning", layout=w.Layout(width="auto")
+        self.cancel_button = _button("Cancel", "de-cancel-button", disabled=True, button_style="warning")
+        buttons = [self.selected_button, self.release_button, self.all_button, self.cancel_button]
+        return w.HBox([self.device, self.rng, *buttons], layout=w.Layout(flex_flow="row wrap"))
+
+    def _save_row(self) -> w.HBox:
+        """Save checkpoint…: the directory to write, the format, and the button."""
+        self.save_directory = _with_classes(
+            w.Text(
+                value="",
+                placeholder="directory to write the checkpoint into",
+                description="save to",
+                layout=w.Layout(width="360px"),
+            ),
+            "de-save-directory",
         )
-        self.cancel_button.add_class("de-cancel-button")
-        self.progress = w.IntProgress(value=0, min=0, max=1, description="tensors")
-        self.progress.add_class("de-progress")
-        self.progress_text = w.Label("")
-        self.progress_text.add_class("de-progress-text")
-        self.step = w.Label("")
-        self.step.add_class("de-step")
-        self.status = w.Label("")
-        self.status.add_class("de-status")
-        self.held = w.Label("")
-        self.held.add_class("de-held")
-        self.preview = w.Label("")
-        self.preview.add_class("de-preview")
-        self.confirm_button = w.Button(description="Confirm", button_style="danger", layout=w.Layout(width="auto"))
-        self.confirm_button.add_class("de-confirm-button")
-        self.keep_button = w.Button(description="Don't", layout=w.Layout(width="auto"))
-        self.keep_button.add_class("de-confirm-cancel")
-        self.confirm_text = w.Label("")
-        self.confirm_text.add_class("de-confirm-text")
-        self.confirm_box = w.HBox(
-            [self.confirm_text, self.confirm_button, self.keep_button], layout=w.Layout(display="none")
+        self.save_format = _dropdown(_SAVE_FORMAT_CHOICES, "safetensors", "format", "320px", "de-save-format")
+        self.save_button = _button(
+            "Save checkpoint…",
+            "de-save-button",
+            tooltip="write the module's tensors in eager's values, one at a time; the module stays as it is",
         )
-        self.confirm_box.add_class("de-confirm")
-        self._pending: tuple | None = None  # the click waiting for confirmation
+        return w.HBox([self.save_directory, self.save_format, self.save_button], layout=w.Layout(flex_flow="row wrap"))
+
+    def _report_rows(self) -> list[w.DOMWidget]:
+        """Below the buttons: the preview, the confirmation question (hidden until asked), the
+        progress bar with its text, then the step, status and held-memory lines."""
+        self.progress = _with_classes(w.IntProgress(value=0, min=0, max=1, description="tensors"), "de-progress")
+        self.progress_text = _label("de-progress-text")
+        self.step = _label("de-step")
+        self.status = _label("de-status")
+        self.held = _label("de-held")
+        self.preview = _label("de-preview")
+        self.confirm_box = self._confirmation()
+        progress_row = w.HBox([self.progress, self.progress_text])
+        return [self.preview, self.confirm_box, progress_row, self.step, self.status, self.held]
+
+    def _confirmation(self) -> w.HBox:
+        """The "… materialize anyway?" question with Confirm and Don't, hidden until a large click asks it."""
+        self.confirm_button = _button("Confirm", "de-confirm-button", button_style="danger")
+        self.keep_button = _button("Don't", "de-confirm-cancel")
+        self.confirm_text = _label("de-confirm-text")
+        return _with_classes(
+            w.HBox([self.confirm_text, self.confirm_button, self.keep_button], layout=w.Layout(display="none")),
+            "de-confirm",
+        )
+
+    def _connect_handlers(self) -> None:
+        """What each click does, and the preview following the chosen device."""
         self.selected_button.on_click(lambda _: self.click("selection"))
         self.all_button.on_click(lambda _: self.click("whole module"))
         self.release_button.on_click(lambda _: self.release_selected())
         self.cancel_button.on_click(lambda _: self.cancel())
         self.confirm_button.on_click(lambda _: self.confirm())
         self.keep_button.on_click(lambda _: self._hide_confirmation("not materialized"))
-        self.save_directory = w.Text(
-            value="",
-            placeholder="directory to write the checkpoint into",
-            description="save to",
-            layout=w.Layout(width="360px"),
-        )
-        self.save_directory.add_class("de-save-directory")
-        self.save_format = w.Dropdown(
-            options=[
-                ("safetensors (Hugging Face layout)", "safetensors"),
-                ("DCP (torch.distributed.checkpoint)", "dcp"),
-            ],
-            value="safetensors",
-            description="format",
-            layout=w.Layout(width="320px"),
-        )
-        self.save_format.add_class("de-save-format")
-        self.save_button = w.Button(
-            description="Save checkpoint…",
-            layout=w.Layout(width="auto"),
-            tooltip="write the module's tensors in eager's values, one at a time; the module stays as it is",
-        )
-        self.save_button.add_class("de-save-button")
         self.save_button.on_click(lambda _: self.save())
         self.device.observe(lambda _: self.update_preview(), names="value")
-        self.error: BaseException | None = None
-        self.disabled_reason = ""
-        self._cancel = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._step_texts: list[str] = []
-        super().__init__(
-            [
-                w.HBox(
-                    [
-                        self.device,
-                        self.rng,
-                        self.selected_button,
-                        self.release_button,
-                        self.all_button,
-                        self.cancel_button,
-                    ],
-                    layout=w.Layout(flex_flow="row wrap"),
-                ),
-                w.HBox(
-                    [self.save_directory, self.save_format, self.save_button], layout=w.Layout(flex_flow="row wrap")
-                ),
-                self.preview,
-                self.confirm_box,
-                w.HBox([self.progress, self.progress_text]),
-                self.step,
-                self.status,
-                self.held,
-            ]
-        )
-        self.add_class("de-materialize-bar")
 
     # -- before a click does anything ----------------------------------------------------------------
     def update_preview(self, what: str = "selection") -> MaterializePreview | None:
@@ -438,3 +413,30 @@ def _released_text(before: dict[str, torch.Tensor], after: dict[str, torch.Tenso
         f"released {count} tensor{'s' * (count != 1)} ({bytes_text(sum(storages.values()))}) of the "
         "selection: fake again"
     )
+
+
+_Widget = TypeVar("_Widget", bound=w.DOMWidget)
+
+
+def _with_classes(widget: _Widget, *classes: str) -> _Widget:
+    """`widget` with the CSS classes the stylesheet and the browser tests find it by."""
+    for name in classes:
+        widget.add_class(name)
+    return widget
+
+
+def _button(description: str, *classes: str, **options: object) -> w.Button:
+    """A button as wide as its text, with its CSS classes (`options`: tooltip, style, disabled)."""
+    return _with_classes(w.Button(description=description, layout=w.Layout(width="auto"), **options), *classes)
+
+
+def _dropdown(options: list, value: str, description: str, width: str, css_class: str) -> w.Dropdown:
+    """A labelled dropdown of `options` ((label, value) pairs or plain values), `width` wide."""
+    return _with_classes(
+        w.Dropdown(options=options, value=value, description=description, layout=w.Layout(width=width)), css_class
+    )
+
+
+def _label(css_class: str) -> w.Label:
+    """An empty line of text the bar fills in later."""
+    return _with_classes(w.Label(""), css_class)

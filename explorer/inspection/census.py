@@ -145,6 +145,19 @@ def _memory_key(tensor: torch.Tensor) -> tuple[str, int]:
 def take_census(root: nn.Module) -> Census:
     """Gather the parameters, buffers, storages and recorded closures of `root`; changes nothing."""
     modules, slots = _slots(root)
+    graphs, graph_index, handles = _recordings(slots)
+    union = _KeyUnion()
+    with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+        tensors, keys = _named_tensors(slots, handles, graphs, graph_index, union)
+        _note_checkpoint_reads(tensors, graphs)  # before storages take their names' states
+        storages = _storages(tensors, keys, union, graphs)
+    closures = _closures_with_origins(tensors, graphs)
+    return Census(root, modules, tensors, storages, graphs, closures)
+
+
+def _recordings(slots: list[tuple[str, str, str, torch.Tensor]]) -> tuple[list[InitGraph], dict[int, int], list]:
+    """The graphs the slots' fakes were recorded in (first-seen order), each graph's index by `id`,
+    and every slot's fake handle (None for a tensor that is not one of ours)."""
     graphs: list[InitGraph] = []
     graph_index: dict[int, int] = {}
     handles = []
@@ -154,63 +167,86 @@ def take_census(root: nn.Module) -> Census:
         if handle is not None and id(handle.graph) not in graph_index:
             graph_index[id(handle.graph)] = len(graphs)
             graphs.append(handle.graph)
+    return graphs, graph_index, handles
 
+
+def _named_tensors(
+    slots: list[tuple[str, str, str, torch.Tensor]],
+    handles: list,
+    graphs: list[InitGraph],
+    graph_index: dict[int, int],
+    union: _KeyUnion,
+) -> tuple[list[NamedTensor], list[tuple]]:
+    """One `NamedTensor` per slot (its storage still -1), and per name its storage key: the recorded
+    storage for a name traced to a recording, else its memory. A materialized tensor's two keys are
+    joined in `union`."""
     tensors: list[NamedTensor] = []
-    keys: list[tuple] = []  # per name: its recorded storage key, else its memory key
-    union = _KeyUnion()
-    with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
-        for (name, path, kind, tensor), handle in zip(slots, handles):
-            graph: int | None = None
-            tid: TensorId | None = None
-            origin: Origin | None = None
-            if handle is not None:
-                graph, tid, state = graph_index[id(handle.graph)], handle.tensor_id, FAKE
-            elif is_fake(tensor):
-                state = FAKE  # another FakeTensorMode's: nothing recorded
-            else:
-                origin = origin_of(tensor)
-                state = REAL if origin is None else MATERIALIZED
-                if origin is not None and id(origin.graph()) in graph_index:
-                    graph, tid = graph_index[id(origin.graph())], origin.tensor_id
-            if graph is not None and tid is not None:
-                key: tuple = ("recorded", graph, graphs[graph].tensors[tid].storage)
-                if handle is None:
-                    # The same memory a fake of this storage will alias once it is materialized too.
-                    union.join(key, _memory_key(tensor))
-            else:
-                key = _memory_key(tensor)
-            union.find(key)
-            keys.append(key)
-            tensors.append(NamedTensor(name, path, kind, tensor, state, graph, tid, -1, tensor.numel(), origin))
+    keys: list[tuple] = []
+    for (name, path, kind, tensor), handle in zip(slots, handles):
+        graph: int | None = None
+        tid: TensorId | None = None
+        origin: Origin | None = None
+        if handle is not None:
+            graph, tid, state = graph_index[id(handle.graph)], handle.tensor_id, FAKE
+        elif is_fake(tensor):
+            state = FAKE  # another FakeTensorMode's: nothing recorded
+        else:
+            origin = origin_of(tensor)
+            state = REAL if origin is None else MATERIALIZED
+            if origin is not None and id(origin.graph()) in graph_index:
+                graph, tid = graph_index[id(origin.graph())], origin.tensor_id
+        if graph is not None and tid is not None:
+            key: tuple = ("recorded", graph, graphs[graph].tensors[tid].storage)
+            if handle is None:
+                # The same memory a fake of this storage will alias once it is materialized too.
+                union.join(key, _memory_key(tensor))
+        else:
+            key = _memory_key(tensor)
+        union.find(key)
+        keys.append(key)
+        tensors.append(NamedTensor(name, path, kind, tensor, state, graph, tid, -1, tensor.numel(), origin))
+    return tensors, keys
 
-        _note_checkpoint_reads(tensors, graphs)  # before storages take their names' states
-        storages: list[StorageRecord] = []
-        storage_of_root: dict[tuple, int] = {}
-        for position, (entry, key) in enumerate(zip(tensors, keys)):
-            component = union.find(key)
-            sid = storage_of_root.get(component)
-            if sid is None:
-                sid = storage_of_root[component] = len(storages)
-                storages.append(
-                    StorageRecord(
-                        sid,
-                        entry.tensor.untyped_storage().nbytes() if entry.graph is None else -1,
-                        str(entry.tensor.device),
-                        dtype_name(entry.tensor.dtype),
-                        entry.state,
-                        None,
-                        None,
-                    )
+
+def _storages(
+    tensors: list[NamedTensor], keys: list[tuple], union: _KeyUnion, graphs: list[InitGraph]
+) -> list[StorageRecord]:
+    """One `StorageRecord` per joined storage key, numbered in the order names first reach it; sets
+    every name's `storage`. Run after the names' states are final (checkpoint reads noted)."""
+    storages: list[StorageRecord] = []
+    storage_of_root: dict[tuple, int] = {}
+    for position, (entry, key) in enumerate(zip(tensors, keys)):
+        component = union.find(key)
+        sid = storage_of_root.get(component)
+        if sid is None:
+            sid = storage_of_root[component] = len(storages)
+            storages.append(
+                StorageRecord(
+                    sid,
+                    entry.tensor.untyped_storage().nbytes() if entry.graph is None else -1,
+                    str(entry.tensor.device),
+                    dtype_name(entry.tensor.dtype),
+                    entry.state,
+                    None,
+                    None,
                 )
-            record = storages[sid]
-            if entry.graph is not None and record.graph is None:
-                record.graph, record.recorded_id = entry.graph, key[2]
-                record.nbytes = graphs[entry.graph].storages[key[2]].nbytes
-            if record.state in DEFERRED_STATES and entry.state not in DEFERRED_STATES:
-                record.state = entry.state  # some name on it has real memory
-            record.names.append(position)
-            entry.storage = sid
+            )
+        record = storages[sid]
+        if entry.graph is not None and record.graph is None:
+            record.graph, record.recorded_id = entry.graph, key[2]
+            record.nbytes = graphs[entry.graph].storages[key[2]].nbytes
+        if record.state in DEFERRED_STATES and entry.state not in DEFERRED_STATES:
+            record.state = entry.state  # some name on it has real memory
+        record.names.append(position)
+        entry.storage = sid
+    return storages
 
+
+def _closures_with_origins(
+    tensors: list[NamedTensor], graphs: list[InitGraph]
+) -> dict[tuple[int, TensorId], list[OpIndex]]:
+    """The ops every recorded name needs; a fake (no origin yet) gets its `Origin` from them and from
+    its graph's creation sources, read once per graph."""
     closures: dict[tuple[int, TensorId], list[OpIndex]] = {}
     # graph → its fakes with their ids (materialized ones carry an origin already)
     unexplained: dict[int, list[tuple[NamedTensor, TensorId]]] = {}
@@ -227,7 +263,7 @@ def take_census(root: nn.Module) -> Census:
         sources = creation_sources(recording, dict.fromkeys(tid for _, tid in entries))
         for entry, tid in entries:
             entry.origin = Origin.of(recording, tid, len(closures[(position, tid)]), sources[tid])
-    return Census(root, modules, tensors, storages, graphs, closures)
+    return closures
 
 
 def _note_checkpoint_reads(tensors: list[NamedTensor], graphs: list[InitGraph]) -> None:

@@ -6,16 +6,18 @@ so the tab's wiring is tested apart from graphviz layout."""
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
 
 import pytest
 import torch
+from playwright.sync_api import Page
 from torch import nn
 
 import explorer
 import widgets
 from explorer.render.diagram import Diagram, DiagramCluster, DiagramNode
 from explorer.render.styles import FAKE, RANDOM
-from tests.support.lab import CHROMIUM, CHROMIUM_ARGS
+from tests.support.lab import CHROMIUM, CHROMIUM_ARGS, jupyter_server, run_all_cells, write_notebook
 
 
 class Block(nn.Module):
@@ -77,16 +79,19 @@ class GraphStandIn:
             raise ValueError("op_graph: give focus= or closure_of=, not both")  # as the contract's op_graph
         path = str(kwargs.get("focus") or "")
         cluster = DiagramCluster(path, path or "(root)", "", None)
-        nodes = [DiagramNode("tensor:blocks.0.attn.weight", FAKE, "weight", cluster=path),
-                 DiagramNode("op:0:3", RANDOM, "uniform_", cluster=path)]
+        nodes = [
+            DiagramNode("tensor:blocks.0.attn.weight", FAKE, "weight", cluster=path),
+            DiagramNode("op:0:3", RANDOM, "uniform_", cluster=path),
+        ]
         return Diagram("stand-in", nodes=nodes, clusters={path: cluster})
 
 
 @pytest.fixture
 def graph_stand_in(monkeypatch: pytest.MonkeyPatch) -> GraphStandIn:
     stand_in = GraphStandIn()
-    monkeypatch.setattr(explorer, "render", types.SimpleNamespace(node_kind=node_kind, op_layout=stand_in),
-                        raising=False)
+    monkeypatch.setattr(
+        explorer, "render", types.SimpleNamespace(node_kind=node_kind, op_layout=stand_in), raising=False
+    )
     return stand_in
 
 
@@ -103,14 +108,38 @@ def browser_context_args(browser_context_args: dict) -> dict:
     return {**browser_context_args, "viewport": {"width": 1400, "height": 1300}}
 
 
+@pytest.fixture(scope="module")
+def notebook_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """JupyterLab serving one notebook, written from the test module's `NOTEBOOK_NAME` (file name)
+    and `NOTEBOOK_CELLS` (code cells); yields (base URL, token). One server per test module."""
+    root, home = tmp_path_factory.mktemp("lab-root"), tmp_path_factory.mktemp("lab-home")
+    write_notebook(root / request.module.NOTEBOOK_NAME, request.module.NOTEBOOK_CELLS)
+    with jupyter_server(root, home) as server:
+        yield server
+
+
+@pytest.fixture
+def notebook_page(notebook_lab: tuple[str, str], page: Page, request: pytest.FixtureRequest) -> Page:
+    """The test module's notebook opened fresh in JupyterLab (`?reset`: no saved layout), every cell
+    run, and the left side panel closed to give the wide widget the room a person would."""
+    base, token = notebook_lab
+    page.goto(f"{base}/lab/tree/{request.module.NOTEBOOK_NAME}?reset&token={token}")
+    run_all_cells(page)
+    open_panel = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
+    if open_panel.count():
+        open_panel.click()
+    return page
+
+
 @pytest.fixture
 def disk_ui(tmp_path) -> widgets.ExplorerWidget:
     """The explorer of a tiny sharded bfloat16 Llama loaded as float32 by from_pretrained under deferred
     init: every weight "disk", the rotary buffers "fake"."""
-    from tests.support.checkpoints import saved_tiny_llama
-
     import transformers
 
+    from tests.support.checkpoints import saved_tiny_llama
+
     saved_tiny_llama(tmp_path)
-    return widgets.ExplorerWidget(explorer.deferred_init(
-        transformers.LlamaForCausalLM.from_pretrained, tmp_path, dtype=torch.float32))
+    return widgets.ExplorerWidget(
+        explorer.deferred_init(transformers.LlamaForCausalLM.from_pretrained, tmp_path, dtype=torch.float32)
+    )

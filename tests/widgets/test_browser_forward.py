@@ -10,7 +10,6 @@ forward on it. The screenshot is docs/forward.png (the README shows it).
 from __future__ import annotations
 
 import re
-from typing import Iterator
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -19,28 +18,18 @@ from tests.support.lab import (
     KERNEL_REPLY_TIMEOUT_MS,
     REPO,
     graph_node,
-    jupyter_server,
     kernel_answer,
-    run_all_cells,
     wait_for_widget_or_cell_error,
-    write_notebook,
 )
 
 SCREENSHOT = REPO / "docs" / "forward.png"
 
-LLAMA_7B = '''import transformers, widgets
+LLAMA_7B = """import transformers, widgets
 config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
     num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)
 ui = widgets.explore(transformers.LlamaForCausalLM, config)
-ui'''
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    root, home = tmp_path_factory.mktemp("lab-root"), tmp_path_factory.mktemp("lab-home")
-    write_notebook(root / "forward.ipynb", [LLAMA_7B])
-    with jupyter_server(root, home) as server:
-        yield server
+ui"""
+NOTEBOOK_NAME, NOTEBOOK_CELLS = "forward.ipynb", [LLAMA_7B]  # what `notebook_page` opens
 
 
 def open_tab(page: Page, title: str) -> None:
@@ -49,13 +38,8 @@ def open_tab(page: Page, title: str) -> None:
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_forward_view_unfolds_layers_and_reports_a_clicked_op(lab, page: Page) -> None:
-    base, token = lab
-    page.goto(f"{base}/lab/tree/forward.ipynb?reset&token={token}")
-    run_all_cells(page)
-    open_panel = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
-    if open_panel.count():  # give the wide widget the room a person would
-        open_panel.click()
+def test_forward_view_unfolds_layers_and_reports_a_clicked_op(notebook_page: Page) -> None:
+    page = notebook_page
     try:
         wait_for_widget_or_cell_error(page, page.locator(".de-tree-node"))
         open_tab(page, "Memory")
@@ -80,20 +64,28 @@ def test_forward_view_unfolds_layers_and_reports_a_clicked_op(lab, page: Page) -
         product = page.locator(".de-graph g.node", has_text=re.compile(r"\b\d+: mm\b"))
         expect(product).to_have_count(1)
         product.dispatch_event("click")
-        expect(status).to_have_text(re.compile(
-            r"^op \d+: mm in lm_head \(Linear\) · \[128, 4096\] float32, \[4096, 32000\] float32 → "
-            r"\[128, 32000\] float32 · 33\.6 GFLOP · creates 15\.6 MiB$"), timeout=KERNEL_REPLY_TIMEOUT_MS)
+        expect(status).to_have_text(
+            re.compile(
+                r"^op \d+: mm in lm_head \(Linear\) · \[128, 4096\] float32, \[4096, 32000\] float32 → "
+                r"\[128, 32000\] float32 · 33\.6 GFLOP · creates 15\.6 MiB$"
+            ),
+            timeout=KERNEL_REPLY_TIMEOUT_MS,
+        )
         expect(product).to_have_class(re.compile(r"\bde-graph-selected\b"), timeout=KERNEL_REPLY_TIMEOUT_MS)
 
-        answer = kernel_answer(page, 'g = ui.graph_tab; f = g.forward; i = int(g.view.selected.rpartition(":")[2]); '
-                               'print("forward:", g.kind.value, sorted(g.unfolded), f.owners[i], f.ops["flops"][i])',
-                               "forward:")
+        answer = kernel_answer(
+            page,
+            'g = ui.graph_tab; f = g.forward; i = int(g.view.selected.rpartition(":")[2]); '
+            'print("forward:", g.kind.value, sorted(g.unfolded), f.owners[i], f.ops["flops"][i])',
+            "forward:",
+        )
         assert answer == f"forward: forward ['model.layers'] lm_head {2 * 128 * 4096 * 32000}"
 
         graph_node(page, "module:model.layers.1").dispatch_event("click")  # a layer: the forward focuses on it
         expect(status).to_contain_text("— model.layers.1, depth 5", timeout=KERNEL_REPLY_TIMEOUT_MS)
         expect(page.locator(".de-graph-crumb")).to_have_text(["(root)", "model", "layers", "1"])
-        expect(graph_node(page, "tensor:model.layers.1.self_attn.q_proj.weight")).to_contain_text("[4096, 4096] float32")
+        q_proj = graph_node(page, "tensor:model.layers.1.self_attn.q_proj.weight")
+        expect(q_proj).to_contain_text("[4096, 4096] float32")
     finally:
         view = page.locator(".de-explorer")
         if view.count():

@@ -2,14 +2,13 @@
 
 Opens a notebook written here (a small model with an uninitialized parameter, running statistics
 written twice, and a materialized Linear), clicks the Init tab, the `Linear` class and its weight,
-then the `BatchNorm1d` class, and checks what the page draws against what the kernel holds. The screenshot is docs/init.png
-(the README shows it).
+then the `BatchNorm1d` class, and checks what the page draws against what the kernel holds. The
+screenshot is docs/init.png (the README shows it).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Iterator
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -17,16 +16,13 @@ from playwright.sync_api import Page, expect
 from tests.support.lab import (
     KERNEL_REPLY_TIMEOUT_MS,
     REPO,
-    jupyter_server,
     kernel_answer,
-    run_all_cells,
     wait_for_widget_or_cell_error,
-    write_notebook,
 )
 
 SCREENSHOT = REPO / "docs" / "init.png"
 
-AUDITED = '''import torch, widgets, explorer
+AUDITED = """import torch, widgets, explorer
 from torch import nn
 
 class Audited(nn.Module):
@@ -40,26 +36,14 @@ torch.manual_seed(0)
 model = explorer.deferred_init(Audited)
 explorer.materialize_module(model.proj)
 ui = widgets.ExplorerWidget(model)
-ui'''
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    root, home = tmp_path_factory.mktemp("lab-root"), tmp_path_factory.mktemp("lab-home")
-    write_notebook(root / "audited.ipynb", [AUDITED])
-    with jupyter_server(root, home) as server:
-        yield server
+ui"""
+NOTEBOOK_NAME, NOTEBOOK_CELLS = "audited.ipynb", [AUDITED]  # what `notebook_page` opens
 
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_init_tab_counts_flags_and_draws_a_histogram(lab, page: Page) -> None:
-    base, token = lab
-    page.goto(f"{base}/lab/tree/audited.ipynb?reset&token={token}")
-    run_all_cells(page)
-    open_panel = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
-    if open_panel.count():
-        open_panel.click()
+def test_init_tab_counts_flags_and_draws_a_histogram(notebook_page: Page) -> None:
+    page = notebook_page
     try:
         wait_for_widget_or_cell_error(page, page.locator(".de-tabs"))
         page.locator(".de-tabs .lm-TabBar-tab", has_text=re.compile(r"^\s*Init\s*$")).click()
@@ -77,8 +61,11 @@ def test_init_tab_counts_flags_and_draws_a_histogram(lab, page: Page) -> None:
         expect(histogram.locator("rect.de-init-bar")).to_have_count(40)
         expect(histogram.locator("polyline.de-init-density")).to_have_count(1)
         expect(histogram).to_contain_text("proj.weight: uniform(-0.0625, 0.0625)")
-        answer = kernel_answer(page, 'print("init:", ui.init_tab.classes.selected, ui.init_tab.table.selected, '
-                                     'ui.init_tab.table.row_keys)', "init:")
+        answer = kernel_answer(
+            page,
+            'print("init:", ui.init_tab.classes.selected, ui.init_tab.table.selected, ui.init_tab.table.row_keys)',
+            "init:",
+        )
         assert answer == "init: Linear proj.weight ['proj.weight', 'proj.bias']"
         # the flagged rows of another class are marked (amber: written twice); the histogram stays
         page.locator('.de-init-classes .de-table-row[data-key="BatchNorm1d"]').click()

@@ -9,7 +9,6 @@ the page and asks the kernel what the panel computed. The screenshot is docs/tra
 from __future__ import annotations
 
 import re
-from typing import Iterator
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -17,40 +16,25 @@ from playwright.sync_api import Page, expect
 from tests.support.lab import (
     KERNEL_REPLY_TIMEOUT_MS,
     REPO,
-    jupyter_server,
     kernel_answer,
-    run_all_cells,
     wait_for_widget_or_cell_error,
-    write_notebook,
 )
 
 SCREENSHOT = REPO / "docs" / "train.png"
 STEP_TIMEOUT_MS = 3 * KERNEL_REPLY_TIMEOUT_MS  # a 7B step under FSDP on a loaded 2-core machine
 
-LLAMA_7B = '''import transformers, widgets
+LLAMA_7B = """import transformers, widgets
 config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
     num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)
 ui = widgets.explore(transformers.LlamaForCausalLM, config)
-ui'''
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    root, home = tmp_path_factory.mktemp("lab-root"), tmp_path_factory.mktemp("lab-home")
-    write_notebook(root / "train.ipynb", [LLAMA_7B])
-    with jupyter_server(root, home) as server:
-        yield server
+ui"""
+NOTEBOOK_NAME, NOTEBOOK_CELLS = "train.ipynb", [LLAMA_7B]  # what `notebook_page` opens
 
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_training_step_panel_says_a_7b_llama_fits_on_8_gpus(lab, page: Page) -> None:
-    base, token = lab
-    page.goto(f"{base}/lab/tree/train.ipynb?reset&token={token}")
-    run_all_cells(page)
-    open_panel = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
-    if open_panel.count():  # give the wide widget the room a person would
-        open_panel.click()
+def test_training_step_panel_says_a_7b_llama_fits_on_8_gpus(notebook_page: Page) -> None:
+    page = notebook_page
     panel = page.locator(".de-train-panel")
     try:
         wait_for_widget_or_cell_error(page, page.locator(".de-tree-node"))
@@ -65,16 +49,21 @@ def test_training_step_panel_says_a_7b_llama_fits_on_8_gpus(lab, page: Page) -> 
         panel.locator(".de-train-budget input").press("Enter")
         panel.locator(".de-train-button").click()
         verdict = panel.locator(".de-train-verdict")
-        expect(verdict).to_have_text(re.compile(r"^fits on 8 × 80GB \(peak \d+\.\d GiB per device\); peak in the \w+$"),
-                                     timeout=STEP_TIMEOUT_MS)
+        expect(verdict).to_have_text(
+            re.compile(r"^fits on 8 × 80GB \(peak \d+\.\d GiB per device\); peak in the \w+$"), timeout=STEP_TIMEOUT_MS
+        )
         segments = panel.locator(".de-train-bar .train-bar-segment")
         expect(segments.first).to_be_visible()
         categories = [s.get_attribute("data-category") for s in segments.all()]
         assert categories[0] == "sharded_parameters" and "optimizer_state" in categories
         expect(panel.locator(".de-train-table .de-table-row").first).to_be_visible()
-        answer = kernel_answer(page, 's = ui.memory_tab.train_panel.last_step; '
-                               'print("train:", s.world_size, s.optimizer, s.activation_checkpointing, '
-                               's.fits("80GB"), len(s.modules), round(s.peak_bytes / 2**30, 1))', "train:")
+        answer = kernel_answer(
+            page,
+            "s = ui.memory_tab.train_panel.last_step; "
+            'print("train:", s.world_size, s.optimizer, s.activation_checkpointing, '
+            's.fits("80GB"), len(s.modules), round(s.peak_bytes / 2**30, 1))',
+            "train:",
+        )
         shown = re.search(r"peak (\d+\.\d) GiB", verdict.inner_text()).group(1)
         # the root and its 32 decoder layers are the sharded modules the table lists
         assert answer == f"train: 8 AdamW True True 33 {shown}"

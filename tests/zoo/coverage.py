@@ -25,9 +25,9 @@ import re
 import time
 import traceback
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -55,7 +55,10 @@ class ZooRow:
     detail: dict = field(default_factory=dict)
 
 
-def timm_builders() -> list[tuple[str, str, Callable[[], nn.Module]]]:
+ZooEntry = tuple[str, str, Callable[[], nn.Module]]  # (source, model name, build it from seed 0)
+
+
+def timm_builders() -> list[ZooEntry]:
     import timm
 
     def builder(name: str) -> Callable[[], nn.Module]:
@@ -64,7 +67,7 @@ def timm_builders() -> list[tuple[str, str, Callable[[], nn.Module]]]:
     return [("timm", name, builder(name)) for name in timm.list_models()]
 
 
-def transformers_builders() -> list[tuple[str, str, Callable[[], nn.Module]]]:
+def transformers_builders() -> list[ZooEntry]:
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
@@ -80,6 +83,30 @@ def transformers_builders() -> list[tuple[str, str, Callable[[], nn.Module]]]:
         class_name = class_names if isinstance(class_names, str) else class_names[0]
         rows.append(("transformers", f"{model_type}:{class_name}", builder(model_type, class_name)))
     return rows
+
+
+# Every zoo run (this one, tests/zoo/init_audit.py) lists its models here: source → its listing.
+ZOO_SOURCES: dict[str, Callable[[], list[ZooEntry]]] = {"timm": timm_builders, "transformers": transformers_builders}
+
+
+def add_listing_arguments(parser: argparse.ArgumentParser, sources: dict[str, Callable[[], list[ZooEntry]]]) -> None:
+    """`--only` (one of `sources`), `--limit` and `--match`: what `zoo_entries` takes."""
+    parser.add_argument("--only", choices=list(sources), default=None)
+    parser.add_argument("--limit", type=int, default=0, help="first N models of each source")
+    parser.add_argument("--match", default="", help="regex on model names")
+
+
+def zoo_entries(
+    only: str | None, limit: int, match: str, extra_sources: dict[str, Callable[[], list[ZooEntry]]] | None = None
+) -> list[ZooEntry]:
+    """The (source, name, build) entries a zoo run builds: the source `only` names, or with None
+    every source of `ZOO_SOURCES` in order (an `extra_sources` one runs only when named); the first
+    `limit` of each source (0: all); then those whose name the regex `match` finds ("" : all)."""
+    listings = {**ZOO_SOURCES, **(extra_sources or {})}
+    entries = [entry for source in ([only] if only else ZOO_SOURCES) for entry in listings[source]()[: limit or None]]
+    if match:
+        entries = [entry for entry in entries if re.search(match, entry[1])]
+    return entries
 
 
 def failure_kind(error: BaseException) -> str:
@@ -120,7 +147,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _parity(deferred: nn.Module, build: Callable[[], nn.Module]) -> str:
-    """"" when every parameter and buffer equals eager construction bit for bit, else the first mismatch."""
+    """ "" when every parameter and buffer equals eager construction bit for bit, else the first mismatch."""
     torch.manual_seed(0)
     eager = build()
     got = dict(deferred.named_parameters(remove_duplicate=False)) | dict(deferred.named_buffers(remove_duplicate=False))
@@ -143,13 +170,13 @@ def run_one(source: str, name: str, build: Callable[[], nn.Module]) -> ZooRow:
         start = time.perf_counter()
         module = deferred_init(build)
         row.record_s = round(time.perf_counter() - start, 3)
-    except Exception as error:  # noqa: BLE001 - every failure is a row
+    except Exception as error:  # every failure is a row
         row.kind, row.message = failure_kind(error), str(error)[:2000]
         row.detail["traceback"] = traceback.format_exc()[-3000:]
         try:
             with torch.device("meta"):
                 build()
-        except Exception as meta_error:  # noqa: BLE001
+        except Exception as meta_error:  # failing on meta too is the finding
             row.status = "fails-on-meta"
             row.kind = failure_kind(meta_error)
         return row
@@ -170,7 +197,7 @@ def run_one(source: str, name: str, build: Callable[[], nn.Module]) -> ZooRow:
                 row.kind, row.message = "still fake", ", ".join(fakes[:5])
                 return row
             row.status = "materialized"
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # every failure is a row
         row.kind, row.message = failure_kind(error), str(error)[:2000]
         row.detail["traceback"] = traceback.format_exc()[-3000:]
     return row
@@ -179,13 +206,13 @@ def run_one(source: str, name: str, build: Callable[[], nn.Module]) -> ZooRow:
 def _child(conn, source: str, name: str, build: Callable[[], nn.Module]) -> None:
     try:
         row = run_one(source, name, build)
-    except BaseException as error:  # noqa: BLE001 - the runner itself failed: still a row
+    except BaseException as error:  # the runner itself failed: still a row
         row = ZooRow(source, name, "crashed", kind=failure_kind(error), message=traceback.format_exc()[-2000:])
     conn.send(asdict(row))
     conn.close()
 
 
-def run_all(entries: list[tuple[str, str, Callable[[], nn.Module]]], jobs: int, out: Path) -> list[ZooRow]:
+def run_all(entries: list[ZooEntry], jobs: int, out: Path) -> list[ZooRow]:
     """Each entry in its own forked child, `jobs` at a time; rows are appended to results.jsonl as they end."""
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
@@ -254,8 +281,13 @@ def report(rows: list[ZooRow], families: dict[str, str] | None = None) -> str:
         for row in rows:
             if row.source == "timm":
                 by_family[families.get(row.name, "?")][row.status] += 1
-        lines += ["", "### timm by family", "", "| family | models | " + " | ".join(statuses) + " |",
-                  "|---" * (len(statuses) + 2) + "|"]
+        lines += [
+            "",
+            "### timm by family",
+            "",
+            "| family | models | " + " | ".join(statuses) + " |",
+            "|---" * (len(statuses) + 2) + "|",
+        ]
         for family, counts in sorted(by_family.items()):
             cells = " | ".join(str(counts.get(s, 0)) for s in statuses)
             lines.append(f"| {family} | {sum(counts.values())} | {cells} |")
@@ -276,20 +308,12 @@ def report(rows: list[ZooRow], families: dict[str, str] | None = None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["timm", "transformers"], default=None)
-    parser.add_argument("--limit", type=int, default=0, help="first N models of each source")
-    parser.add_argument("--match", default="", help="regex on model names")
+    add_listing_arguments(parser, ZOO_SOURCES)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     declare_torchvision_ops()
-    entries = []
-    if args.only in (None, "timm"):
-        entries += timm_builders()[: args.limit or None]
-    if args.only in (None, "transformers"):
-        entries += transformers_builders()[: args.limit or None]
-    if args.match:
-        entries = [e for e in entries if re.search(args.match, e[1])]
+    entries = zoo_entries(args.only, args.limit, args.match)
     rows = run_all(entries, args.jobs, args.out)
     text = report(rows, timm_families() if args.only in (None, "timm") else None)
     (args.out / "report.md").write_text(text)

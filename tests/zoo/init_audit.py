@@ -30,13 +30,11 @@ import argparse
 import ctypes
 import json
 import multiprocessing as mp
-import os
-import re
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -44,7 +42,7 @@ from torch import nn
 from explorer import deferred_init, init_report
 from explorer.analysis.init_measure import Measured, disagrees, measure
 from tests.support.torchvision_hook import declare_torchvision_ops
-from tests.zoo.coverage import failure_kind, timm_builders, transformers_builders
+from tests.zoo.coverage import ZOO_SOURCES, ZooEntry, add_listing_arguments, failure_kind, zoo_entries
 
 VERIFY_BYTES = 384 << 20  # models larger than this are audited, not verified
 TIME_LIMIT_S = 240
@@ -71,37 +69,64 @@ class AuditRow:
 def _tiny_apertus() -> nn.Module:
     import transformers as T
 
-    return T.ApertusModel(T.ApertusConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    return T.ApertusModel(
+        T.ApertusConfig(
+            vocab_size=96,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    )
 
 
 def _tiny_altclip() -> nn.Module:
     import transformers as T
 
-    text = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                project_dim=16, max_position_embeddings=64)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
-                  patch_size=8)
+    text = dict(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        project_dim=16,
+        max_position_embeddings=64,
+    )
+    vision = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+    )
     return T.AltCLIPModel(T.AltCLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
 
 
 def _tiny_clip() -> nn.Module:
     import transformers as T
 
-    text = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                max_position_embeddings=64)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
-                  patch_size=8)
+    text = dict(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+    )
+    vision = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+    )
     return T.CLIPModel(T.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
 
 
 # Architectures whose default configs are too large to verify and whose audit flags something:
 # tiny configs of the same classes, so the claims can be checked against eager construction.
-TINY_EXTRA = {"apertus:ApertusModel": _tiny_apertus, "altclip:AltCLIPModel": _tiny_altclip,
-              "clip:CLIPModel": _tiny_clip}
+TINY_EXTRA = {
+    "apertus:ApertusModel": _tiny_apertus,
+    "altclip:AltCLIPModel": _tiny_altclip,
+    "clip:CLIPModel": _tiny_clip,
+}
 
 
-def hf_tiny_builders() -> list[tuple[str, str, Callable[[], nn.Module]]]:
+def hf_tiny_builders() -> list[ZooEntry]:
     """tests/support/hf_configs.py's tiny architectures (each builds in milliseconds), and `TINY_EXTRA`."""
     from tests.support.hf_configs import HF_ARCHITECTURES
 
@@ -109,7 +134,8 @@ def hf_tiny_builders() -> list[tuple[str, str, Callable[[], nn.Module]]]:
         return lambda: arch.cls(arch.config())
 
     return [("hf-tiny", f"{arch.name}:{arch.cls.__name__}", builder(arch)) for arch in HF_ARCHITECTURES] + [
-        ("hf-tiny", name, build) for name, build in TINY_EXTRA.items()]
+        ("hf-tiny", name, build) for name, build in TINY_EXTRA.items()
+    ]
 
 
 def reinit_function(source: str, model: nn.Module) -> tuple[str, Callable[[nn.Module], object]]:
@@ -135,16 +161,20 @@ def _dirty_heap(pattern: int, nbytes: int) -> None:
     libc = ctypes.CDLL("libc.so.6")
     libc.mallopt(_M_MMAP_MAX, 0)
     libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-    small = [torch.full((size,), pattern, dtype=torch.uint8)
-             for size in (1, 4, 8, 16, 32, 64, 128, 256, 1024, 4096) * 2000]
+    small = [
+        torch.full((size,), pattern, dtype=torch.uint8) for size in (1, 4, 8, 16, 32, 64, 128, 256, 1024, 4096) * 2000
+    ]
     block = torch.full((nbytes,), pattern, dtype=torch.uint8)
     del small, block
 
 
 def _bytes_of(model: nn.Module, names: list[str]) -> dict[str, bytes]:
     tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
-    return {name: tensors[name].detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            for name in names if name in tensors}
+    return {
+        name: tensors[name].detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        for name in names
+        if name in tensors
+    }
 
 
 def _in_fresh_process(work: Callable[[], dict]) -> dict:
@@ -155,7 +185,7 @@ def _in_fresh_process(work: Callable[[], dict]) -> dict:
     def target() -> None:
         try:
             child.send(work())
-        except BaseException as error:  # noqa: BLE001
+        except BaseException as error:  # any failure goes back to the parent as {"error": ...}
             child.send({"error": f"{type(error).__name__}: {error}"})
 
     process = context.Process(target=target, daemon=False)
@@ -175,10 +205,12 @@ def eager_bytes(build: Callable[[], nn.Module], names: list[str], pattern: int, 
     return _in_fresh_process(work)
 
 
-def reinit_run(build: Callable[[], nn.Module], source: str, names: list[str], pattern: int, heap: int,
-               stats: bool) -> dict:
+def reinit_run(
+    build: Callable[[], nn.Module], source: str, names: list[str], pattern: int, heap: int, stats: bool
+) -> dict:
     """Meta construction, `to_empty()` onto pattern-dirtied memory, then the re-init: each name's
     bytes (or, with `stats`, its measured moments)."""
+
     def work() -> dict:
         torch.manual_seed(0)
         with torch.device("meta"):
@@ -188,7 +220,9 @@ def reinit_run(build: Callable[[], nn.Module], source: str, names: list[str], pa
         reinit_function(source, model)[1](model)
         if not stats:
             return _bytes_of(model, names)
-        tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+        tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(
+            model.named_buffers(remove_duplicate=False)
+        )
         return {name: tuple(measure(tensors[name])) for name in names if name in tensors}
 
     return _in_fresh_process(work)
@@ -198,9 +232,18 @@ def eager_stats(build: Callable[[], nn.Module], names: list[str]) -> dict:
     def work() -> dict:
         torch.manual_seed(0)
         model = build()
-        tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
-        return {name: (tuple(measure(tensors[name])), tensors[name].numel(), str(tensors[name].dtype).removeprefix("torch."))
-                for name in names if name in tensors}
+        tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(
+            model.named_buffers(remove_duplicate=False)
+        )
+        return {
+            name: (
+                tuple(measure(tensors[name])),
+                tensors[name].numel(),
+                str(tensors[name].dtype).removeprefix("torch."),
+            )
+            for name in names
+            if name in tensors
+        }
 
     return _in_fresh_process(work)
 
@@ -233,8 +276,11 @@ def verify(row: AuditRow, build: Callable[[], nn.Module]) -> None:
             for name, (moments, count, dtype) in eager.items():
                 got = reinit.get(name)
                 expected = Measured(*moments)
-                if got is not None and (got != moments) and disagrees(
-                        Measured(*got), expected.mean, expected.std, count, True, getattr(torch, dtype)):
+                if (
+                    got is not None
+                    and (got != moments)
+                    and disagrees(Measured(*got), expected.mean, expected.std, count, True, getattr(torch, dtype))
+                ):
                     confirmed.append(name)
         row.confirmed["reinit differs"] = sorted(confirmed)
 
@@ -252,7 +298,7 @@ def audit_one(source: str, name: str, build: Callable[[], nn.Module]) -> AuditRo
         model = deferred_init(build)
         row.reinit, fn = reinit_function(source, model)
         table = init_report(model, reinit=fn)
-    except Exception as error:  # noqa: BLE001 - every failure is a row
+    except Exception as error:  # every failure is a row
         row.kind, row.message = failure_kind(error), traceback.format_exc()[-1500:]
         return row
     row.tensors = len(table)
@@ -272,7 +318,7 @@ def audit_one(source: str, name: str, build: Callable[[], nn.Module]) -> AuditRo
     try:
         verify(row, build)
         row.status = "verified"
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # every failure is a row
         row.kind, row.message = failure_kind(error), traceback.format_exc()[-1500:]
     return row
 
@@ -280,7 +326,7 @@ def audit_one(source: str, name: str, build: Callable[[], nn.Module]) -> AuditRo
 def _child(conn, source: str, name: str, build: Callable[[], nn.Module]) -> None:
     try:
         row = audit_one(source, name, build)
-    except BaseException as error:  # noqa: BLE001
+    except BaseException as error:  # the runner itself failed: still a row
         row = AuditRow(source, name, "crashed", kind=failure_kind(error), message=traceback.format_exc()[-1500:])
     conn.send(asdict(row))
     conn.close()
@@ -329,25 +375,40 @@ def run_all(entries: list, jobs: int, out: Path) -> list[AuditRow]:
                 sink.write(json.dumps(asdict(row)) + "\n")
                 sink.flush()
                 found = {flag: len(names) for flag, names in row.confirmed.items() if names}
-                print(f"{row.status:>10}  {source}:{name}  claims={ {f: len(n) for f, n in row.claims.items()} } "
-                      f"confirmed={found} {row.kind}", flush=True)
+                print(
+                    f"{row.status:>10}  {source}:{name}  claims={ {f: len(n) for f, n in row.claims.items()} } "
+                    f"confirmed={found} {row.kind}",
+                    flush=True,
+                )
     return [done[(s, n)] for s, n, _ in entries if (s, n) in done]
 
 
 def report(rows: list[AuditRow]) -> str:
     """Markdown: counts, confirmed findings (model, re-init, tensors), then unconfirmed claims."""
-    lines = [f"{len(rows)} models: " + ", ".join(
-        f"{sum(r.status == s for r in rows)} {s}" for s in ("verified", "too-large", "failed", "timeout", "crashed")
-        if any(r.status == s for r in rows)), ""]
+    lines = [
+        f"{len(rows)} models: "
+        + ", ".join(
+            f"{sum(r.status == s for r in rows)} {s}"
+            for s in ("verified", "too-large", "failed", "timeout", "crashed")
+            if any(r.status == s for r in rows)
+        ),
+        "",
+    ]
     for flag in AUDITED_FLAGS:
         lines += [f"### {flag}: confirmed", ""]
         found = [(r, r.confirmed.get(flag, [])) for r in rows if r.confirmed.get(flag)]
-        lines += [f"- `{r.source}:{r.name}` ({r.reinit if 'reinit' in flag else 'eager construction'}): "
-                  + ", ".join(f"`{n}`" for n in names[:12]) + (f" (+{len(names) - 12})" if len(names) > 12 else "")
-                  for r, names in found] or ["- none"]
+        lines += [
+            f"- `{r.source}:{r.name}` ({r.reinit if 'reinit' in flag else 'eager construction'}): "
+            + ", ".join(f"`{n}`" for n in names[:12])
+            + (f" (+{len(names) - 12})" if len(names) > 12 else "")
+            for r, names in found
+        ] or ["- none"]
         lines.append("")
-        unconfirmed = [(r, sorted(set(r.claims.get(flag, [])) - set(r.confirmed.get(flag, []))))
-                       for r in rows if r.status == "verified"]
+        unconfirmed = [
+            (r, sorted(set(r.claims.get(flag, [])) - set(r.confirmed.get(flag, []))))
+            for r in rows
+            if r.status == "verified"
+        ]
         unconfirmed = [(r, names) for r, names in unconfirmed if names]
         if unconfirmed:
             lines += [f"{flag}, claimed but not confirmed:", ""]
@@ -361,22 +422,13 @@ def report(rows: list[AuditRow]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["timm", "transformers", "hf-tiny"], default=None)
-    parser.add_argument("--limit", type=int, default=0, help="first N models of each source")
-    parser.add_argument("--match", default="", help="regex on model names")
+    extra_sources = {"hf-tiny": hf_tiny_builders}  # only when named: `--only hf-tiny`
+    add_listing_arguments(parser, {**ZOO_SOURCES, **extra_sources})
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     declare_torchvision_ops()
-    entries = []
-    if args.only in (None, "timm"):
-        entries += timm_builders()[: args.limit or None]
-    if args.only in (None, "transformers"):
-        entries += transformers_builders()[: args.limit or None]
-    if args.only == "hf-tiny":
-        entries += hf_tiny_builders()[: args.limit or None]
-    if args.match:
-        entries = [entry for entry in entries if re.search(args.match, entry[1])]
+    entries = zoo_entries(args.only, args.limit, args.match, extra_sources)
     rows = run_all(entries, args.jobs, args.out)
     text = report(rows)
     (args.out / "init_report.md").write_text(text)
