@@ -11,6 +11,22 @@ PyTorch names an extension point, and the maps it reads: `_pg_map`, `_pg_names`.
 caller already has a default group (a real job), they are set aside: fresh ones take their place
 for the step and the caller's are put back on every exit, its groups registered again by name
 (tearing down ours unregisters every name). Mirrors PyTorch 2.13 internals: re-check on upgrades.
+
+Note: [DTensor caches hold the fake rank]
+DTensor memoizes sharding decisions process-wide: the C++ dispatch fast path's sharding-propagation
+cache, its Python twin (`ShardingPropagator.propagate_op_sharding`), the redistribution planner
+(`_redistribute._gen_transform_infos`), tensor-meta propagation and the cost model's
+`MeshTopoInfo.build_from_mesh`. Their keys hold `DTensorSpec`s whose `DeviceMesh` compares equal to
+any mesh of the same ranks, shape and dim names: the *rank* is not part of the key. Their values hold
+our fake mesh, whose rank is 0 (and rank-dependent logical shapes). So after a fake step, a real
+job in this process or in a process forked from it (gloo ranks started with multiprocessing's
+"fork") that builds an equal mesh gets, for the same op on the same shapes, DTensors on our rank-0
+mesh: every rank then computes rank 0's coordinates and offsets (a DCP save fails "invalid fill",
+`full_tensor()` and resharding read the wrong rows). The caches are emptied when the fake group is
+made (nothing of the caller's leaks into the step) and on every exit (nothing of ours leaks out); the
+only cost is that the caller's next DTensor ops recompute their sharding once.
+Mirrors PyTorch 2.13 internals: re-check the list on upgrades (grep torch/distributed/tensor for
+`cache`).
 """
 
 from __future__ import annotations
@@ -28,6 +44,10 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard import _fsdp_param
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._collective_utils import MeshTopoInfo
+from torch.distributed.tensor._redistribute import _gen_transform_infos
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 # The module globals of distributed_c10d that hold process-group state (see note [Process-group state]).
@@ -65,18 +85,35 @@ def _caller_groups_set_aside() -> Iterator[None]:
                 torch._C._distributed_c10d._register_process_group(name, group)
 
 
+def clear_dtensor_caches() -> None:
+    """Empty DTensor's process-wide sharding caches, whose entries carry a mesh and its rank
+    (note [DTensor caches hold the fake rank])."""
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch fast path's
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()  # a LocalLRUCache
+    ShardingPropagator._propagate_tensor_meta_cached.cache_clear()  # an lru_cache on the method
+    _gen_transform_infos.cache_clear()
+    MeshTopoInfo.build_from_mesh.cache_clear()  # an lru_cache on the staticmethod
+
+
 @contextmanager
 def fake_process_group(world_size: int, device_type: str = "cpu") -> Iterator[DeviceMesh]:
     """A default process group of `world_size` fake ranks (this process is rank 0) and its 1-d mesh.
 
-    The global process-group state is restored on every exit (note [Process-group state]).
+    The global process-group state is restored on every exit (note [Process-group state]), and
+    DTensor's sharding caches are emptied on entry and on every exit, so that no mesh of ours (rank 0)
+    is handed later to a real job of this process or of one forked from it (note [DTensor caches
+    hold the fake rank]).
     """
     with _caller_groups_set_aside():
+        clear_dtensor_caches()
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
         try:
             yield init_device_mesh(device_type, (world_size,))
         finally:
-            dist.destroy_process_group()
+            try:
+                dist.destroy_process_group()
+            finally:
+                clear_dtensor_caches()
 
 
 class LazyChunks(Sequence):

@@ -295,7 +295,9 @@ def train_step(
     `optimizer`: a function from parameters to an optimizer (default `torch.optim.AdamW`);
     `loss`: a function of the output (default `default_loss`). `world_size > 1`: the step of rank 0
     under FSDP2 over a fake process group; `shard(twin)` applies `fully_shard` (default: each repeated
-    block, then the root); process-group state is restored on any exit. `activation_checkpointing`:
+    block, then the root); process-group state is restored on any exit and DTensor's sharding caches
+    are emptied, so no later real job of this process or of one forked from it is handed the fake
+    rank's mesh (`fake_fsdp`, note [DTensor caches hold the fake rank]). `activation_checkpointing`:
     each repeated block is wrapped with `torch.utils.checkpoint` (before sharding).
 
     Raises TypeError for a non-module, ValueError for a bad world size, TrainStepError when the step

@@ -1,14 +1,26 @@
-"""fake_fsdp: lazily made FSDP2 chunks equal torch.chunk's, blocks are found, groups restored."""
+"""fake_fsdp: lazily made FSDP2 chunks equal torch.chunk's, blocks are found, groups restored, and
+a fake step leaves nothing behind that real ranks forked later from this process would inherit."""
 
 from __future__ import annotations
+
+import datetime
+import multiprocessing
+import queue
+import socket
+import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
-from explorer.analysis.fake_fsdp import LazyChunks, fake_process_group, repeated_blocks
+from explorer import deferred_init, train_step
+from explorer.analysis.fake_fsdp import LazyChunks, fake_process_group, repeated_blocks, shard_blocks
 from tests.support.hf_configs import HF_BY_NAME, build_eager
+
+LLAMA = HF_BY_NAME["llama"]
+RANKS_TIMEOUT_S = 120  # a guard against hangs on a loaded machine, not a timing check
 
 
 @pytest.mark.parametrize("rows,ranks", [(11, 2), (3, 8), (64, 64), (0, 4), (7, 7), (5, 3)])
@@ -54,3 +66,82 @@ def test_fake_process_group_puts_back_an_existing_group(tmp_path):
     with pytest.raises(RuntimeError), fake_process_group(2):
         raise RuntimeError("inside")
     assert not dist.is_initialized()
+
+
+def _llama_inputs() -> dict[str, torch.Tensor]:
+    ids = LLAMA.inputs()["input_ids"]
+    return {"input_ids": ids, "labels": ids}
+
+
+def _gloo_rank(rank: int, port: int, results: multiprocessing.Queue) -> None:
+    """One forked gloo rank: an all_reduce, then the eager Llama sharded as train_step shards it (each
+    decoder layer, then the root) and one AdamW step; puts what the test asserts on `results`."""
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                                timeout=datetime.timedelta(seconds=30))
+        try:
+            total = torch.tensor([float(rank + 1)])
+            dist.all_reduce(total)
+            mesh = init_device_mesh("cpu", (2,))
+            model = build_eager(LLAMA)
+            full = {name: p.detach().clone() for name, p in model.named_parameters()}
+            shard_blocks(model, mesh)
+            wrong_shards = [name for name, p in model.named_parameters()
+                            if p.device_mesh.get_coordinate() != (rank,)
+                            or not torch.equal(p.to_local(), full[name].chunk(2)[rank])]
+            optimizer = torch.optim.AdamW(model.parameters())
+            loss = model(**_llama_inputs()).loss
+            loss.backward()
+            optimizer.step()
+            # numpy arrays: a queue would pass tensors as shared memory, gone once the rank exits
+            updated = {name: p.detach().full_tensor().numpy() for name, p in model.named_parameters()}
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, total.item(), wrong_shards, loss.item(), updated))
+    except BaseException:  # noqa: BLE001 - the test shows what the rank raised
+        results.put((rank, traceback.format_exc()))
+
+
+def _eager_adamw_step() -> tuple[float, dict[str, torch.Tensor]]:
+    model = build_eager(LLAMA)
+    optimizer = torch.optim.AdamW(model.parameters())
+    loss = model(**_llama_inputs()).loss
+    loss.backward()
+    optimizer.step()
+    return loss.item(), {name: p.detach() for name, p in model.named_parameters()}
+
+
+def test_gloo_ranks_forked_after_a_fake_sharded_step_work():
+    # The fake step shards a model of the same shapes the ranks shard, so that DTensor's sharding
+    # caches, if left filled, would hand the ranks the fake group's rank-0 mesh
+    # (note [DTensor caches hold the fake rank]).
+    torch.manual_seed(0)
+    train_step(deferred_init(LLAMA.cls, LLAMA.config()), **_llama_inputs(), world_size=2)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    ranks = [context.Process(target=_gloo_rank, args=(rank, port, results), daemon=True) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    try:
+        got = sorted((results.get(timeout=RANKS_TIMEOUT_S) for _ in ranks), key=lambda result: result[0])
+    except queue.Empty:
+        pytest.fail(f"the forked gloo ranks did not answer within {RANKS_TIMEOUT_S}s")
+    finally:
+        for process in ranks:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+    assert all(len(result) == 5 for result in got), "\n".join(str(result[1]) for result in got)
+    loss, expected = _eager_adamw_step()
+    for rank, (got_rank, total, wrong_shards, rank_loss, updated) in enumerate(got):
+        assert got_rank == rank
+        assert total == 3.0  # 1 + 2
+        assert wrong_shards == []  # each rank holds its own rows, on a mesh where it is itself
+        assert rank_loss == loss
+        for name, tensor in expected.items():
+            assert torch.equal(torch.from_numpy(updated[name]), tensor), (rank, name)

@@ -2,7 +2,7 @@
 category by category; and train_step runs inside a live process group, leaving it as it was.
 
 Two ranks are spawned (gloo on 127.0.0.1, as tests/explorer/test_distributed.py sets it up; spawned
-rather than forked, as a fork of a process that already ran fake steps and threads can hang); each shards
+rather than forked: a clean interpreter per rank); each shards
 the eager Llama with the default wrapping (each decoder layer, then the root) and runs one AdamW
 step under FSDPMemTracker; then, with its gloo group still up, the same step of the deferred model
 on fake ranks (train_step's machinery, and train_step itself).

@@ -3,10 +3,6 @@ every module in every state, on the same step (note [Fast memory trackers])."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import torch
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -66,23 +62,12 @@ def fsdp_step(tracker_class: type) -> tuple[dict, dict]:
 
 
 def test_fast_fsdp_memtracker_equals_fsdp_memtracker_on_a_fake_two_rank_step():
-    # In a fresh process: a fake-process-group step leaves state behind that ranks forked later by
-    # this pytest process inherit (their collectives then disagree); see the closing note of issue 26.
-    check = "from tests.explorer.analysis.test_train_memory_tracker import check_fast_fsdp; check_fast_fsdp()"
-    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[3], timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "equal", done.stderr[-2000:]
-
-
-def check_fast_fsdp() -> None:
-    """The fast FSDP tracker against PyTorch's on one fake two-rank step; prints "equal"."""
     fast_peak, fast_modules = fsdp_step(FastFSDPMemTracker)
     peak, modules = fsdp_step(FSDPMemTracker)
     assert fast_peak == peak
     assert list(fast_modules) == ["", "model.layers.0", "model.layers.1"] == list(modules)
     for path, snapshots in modules.items():
         assert fast_modules[path] == snapshots, path
-    print("equal")
 
 
 def test_frozen_parameters_get_no_gradient_hooks_and_no_gradients():

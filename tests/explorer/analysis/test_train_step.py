@@ -7,10 +7,6 @@ eager model built from the same seed, AdamW, the same loss, forward → backward
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 import torch
@@ -159,34 +155,20 @@ def test_train_step_leaves_graph_values_and_rng_unchanged():
         assert torch.equal(got, expected), name
 
 
-SHARDED_STEP_LEAVES_THE_MODEL = """
-import torch
-from explorer import deferred_init, is_deferred, materialize_module, train_step
-from explorer.record.fake import handle_of
-from tests.support.hf_configs import HF_BY_NAME, build_eager
-
-llama = HF_BY_NAME["llama"]
-torch.manual_seed(0)
-deferred = deferred_init(llama.cls, llama.config())
-graph = handle_of(deferred.lm_head.weight).graph
-before, rng = (len(graph.ops), len(graph.tensors), len(graph.externals)), torch.get_rng_state()
-ids = llama.inputs()["input_ids"]
-train_step(deferred, input_ids=ids, labels=ids, world_size=2, activation_checkpointing=True)
-assert torch.equal(torch.get_rng_state(), rng)
-assert (len(graph.ops), len(graph.tensors), len(graph.externals)) == before and is_deferred(deferred)
-materialize_module(deferred)
-eager = build_eager(llama)
-assert all(torch.equal(a, b) for a, b in zip(deferred.state_dict().values(), eager.state_dict().values()))
-print("unchanged")
-"""
-
-
 def test_a_sharded_step_leaves_graph_values_and_rng_unchanged():
-    # In a fresh process: a fake-process-group step leaves state behind that ranks forked later by
-    # this pytest process inherit (see the closing note of issue 26: under investigation).
-    done = subprocess.run([sys.executable, "-c", SHARDED_STEP_LEAVES_THE_MODEL], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[3], timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "unchanged", done.stderr[-2000:]
+    torch.manual_seed(0)
+    deferred = deferred_init(LLAMA.cls, LLAMA.config())
+    graph = handle_of(deferred.lm_head.weight).graph
+    before = (len(graph.ops), len(graph.tensors), len(graph.externals))
+    rng = torch.get_rng_state()
+    train_step(deferred, **llama_inputs(), world_size=2, activation_checkpointing=True)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert (len(graph.ops), len(graph.tensors), len(graph.externals)) == before
+    assert is_deferred(deferred)
+    materialize_module(deferred)
+    eager = build_eager(LLAMA)
+    for (name, got), expected in zip(deferred.state_dict().items(), eager.state_dict().values()):
+        assert torch.equal(got, expected), name
 
 
 def test_train_step_leaves_an_eager_module_unchanged():
@@ -283,7 +265,7 @@ def test_summary_and_html_show_peak_and_categories():
     assert "blocks.0.conv1" in html
 
 
-def check_world_size_leaves_no_process_group_behind_even_on_failure():
+def test_world_size_leaves_no_process_group_behind_even_on_failure():
     model = deferred_init(SmallCNN)
 
     def failing_loss(output):
@@ -298,7 +280,7 @@ def check_world_size_leaves_no_process_group_behind_even_on_failure():
     assert list(step.modules["name"]) == ["", "blocks.0", "blocks.1"]
 
 
-def check_a_shard_function_chooses_what_fully_shard_wraps():
+def test_a_shard_function_chooses_what_fully_shard_wraps():
     from torch.distributed.fsdp import fully_shard
 
     model = deferred_init(SmallCNN)
@@ -310,20 +292,3 @@ def check_a_shard_function_chooses_what_fully_shard_wraps():
     assert str(error.value) == "shard(...) left the root SmallCNN unsharded: call fully_shard(module) on it last"
     assert not dist.is_initialized()
 
-
-def test_world_size_leaves_no_process_group_behind_even_on_failure():
-    run_in_a_fresh_process("check_world_size_leaves_no_process_group_behind_even_on_failure")  # a fake-process-group step: see run_in_a_fresh_process
-
-
-def test_a_shard_function_chooses_what_fully_shard_wraps():
-    run_in_a_fresh_process("check_a_shard_function_chooses_what_fully_shard_wraps")  # a fake-process-group step: see run_in_a_fresh_process
-
-
-def run_in_a_fresh_process(check: str) -> None:
-    """Runs `check()` of this module in a new interpreter. A fake-process-group step leaves state
-    behind that ranks forked later by this pytest process inherit (their collectives then disagree:
-    tests/explorer/test_distributed.py failed after these ran in-process); the cause is not found yet."""
-    code = f"from tests.explorer.analysis.test_train_step import {check}; {check}(); print('passed')"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[3], timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("passed"), done.stderr[-3000:]
