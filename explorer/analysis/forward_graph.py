@@ -20,14 +20,12 @@ from typing import Any, cast
 import pandas as pd
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
 from ..graph import InitGraph
-from ..inspection.census import Census, take_census
+from ..inspection.census import Census
 from ..inspection.ops import op_kind
 from ..naming import dtype_name, is_inside
-from ..record.scope import recording_graph
-from .dry_run import DryRunError, fake_forward_arguments, fake_state
+from .dry_run import CpuGroupedMm, DryRunError, not_on_fakes_message, prepare_fake_forward
 from .forward_record import ForwardRecorder, ModuleStack
 
 OP_COLUMNS = [
@@ -169,17 +167,8 @@ def forward_graph(module: nn.Module, *inputs: Any, **kwargs: Any) -> ForwardGrap
     Raises ForwardGraphError (a DryRunError) naming the module whose forward was running when the
     forward cannot run on fake tensors; TypeError when `module` is not an nn.Module.
     """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"explorer.forward_graph expects an nn.Module, got {type(module).__name__}")
-    if recording_graph() is not None:
-        raise ForwardGraphError(
-            "forward_graph cannot run inside deferred_init: call it on the module deferred_init returned"
-        )
-    census = take_census(module)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    state = fake_state(census, mode)
-    device = next(iter(state.values())).device if state else torch.device("cpu")
-    args, kwargs = fake_forward_arguments(module, mode, device, inputs, kwargs)
+    fake = prepare_fake_forward(module, inputs, kwargs, "forward_graph", ForwardGraphError)
+    census, mode, state, args, kwargs = fake.census, fake.mode, fake.state, fake.args, fake.kwargs
 
     modules = ModuleStack(module)
     recorder = ForwardRecorder(modules)
@@ -189,7 +178,7 @@ def forward_graph(module: nn.Module, *inputs: Any, **kwargs: Any) -> ForwardGrap
     state_tensors = cast(dict[str, torch.Tensor], state)
     rng_state = torch.get_rng_state()
     try:
-        with torch.no_grad(), mode, recorder, modules:
+        with torch.no_grad(), mode, CpuGroupedMm(), recorder, modules:
             try:
                 output = torch.func.functional_call(module, state_tensors, args, kwargs, strict=False)
             except Exception as error:
@@ -222,11 +211,7 @@ def forward_graph(module: nn.Module, *inputs: Any, **kwargs: Any) -> ForwardGrap
 
 def _failure(error: Exception, modules: ModuleStack) -> ForwardGraphError:
     path = modules.current
-    where = f"{path or '<root>'} ({modules.classes.get(path, '?')})"
-    why = ""
-    if isinstance(error, (DataDependentOutputException, DynamicOutputShapeException)):
-        why = " (it depends on tensor values, which fake tensors do not have)"
-    return ForwardGraphError(f"the forward of {where} cannot run on fake tensors{why}: {type(error).__name__}: {error}")
+    return ForwardGraphError(not_on_fakes_message(f"{path or '<root>'} ({modules.classes.get(path, '?')})", error))
 
 
 def ops_inside(forward: ForwardGraph, path: str) -> list[int]:

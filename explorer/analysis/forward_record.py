@@ -20,7 +20,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from ..graph import InitGraph, OpNode, StorageInfo, TensorInfo, TensorRef
 from ..record.builder import op_facts
@@ -74,6 +74,18 @@ _aten = torch.ops.aten
 _FLOP_ALIASES = {_aten._scaled_dot_product_flash_attention_for_cpu: _aten._scaled_dot_product_flash_attention}
 
 
+def grouped_mm_flops(a_shape: tuple, b_shape: tuple, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """FLOPs of `aten._grouped_mm` (torch has no formula; fused MoE experts run through it), from the
+    operands' shapes in `torch.utils.flop_counter`'s shape convention: 2-D x 3-D (rows, each through
+    one expert) 2·M·K·N, 3-D x 3-D (batched) 2·G·M·K·N, 2-D x 2-D (groups split K) 2·M·K·N, 3-D x 2-D
+    (groups split the rows of the output) 2·K for each output element."""
+    if len(a_shape) == 3 and len(b_shape) == 3:
+        return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[-1]
+    if len(a_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[-1]
+    return 2 * a_shape[-1] * out_shape[0] * out_shape[1]
+
+
 def draws_random(func: Any, args: tuple, kwargs: dict) -> bool:
     """A seeded op that would draw: attention's dropout does not at `dropout_p == 0`."""
     if torch.Tag.nondeterministic_seeded not in func.tags:
@@ -105,12 +117,17 @@ def _has_tensor(items: list | tuple) -> bool:
     return any(isinstance(item, (torch.Tensor, list, tuple, dict)) for item in items)
 
 
+# torch's formulas plus ours (`FlopCounterMode(custom_mapping=EXTRA_FLOP_FORMULAS)` counts the same)
+EXTRA_FLOP_FORMULAS = {_aten._grouped_mm: grouped_mm_flops}
+FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(formula) for op, formula in EXTRA_FLOP_FORMULAS.items()}}
+
+
 def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     """FLOPs of one aten call by `torch.utils.flop_counter`'s formulas (0 for ops it has none for).
 
     Mirrors `FlopCounterMode._count_flops` (torch 2.13): re-check the call convention on upgrades.
     """
-    formula = flop_registry.get(_FLOP_ALIASES.get(func.overloadpacket, func.overloadpacket))
+    formula = FLOP_FORMULAS.get(_FLOP_ALIASES.get(func.overloadpacket, func.overloadpacket))
     return int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
 
 

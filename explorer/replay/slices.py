@@ -31,6 +31,7 @@ import torch
 
 from ..graph import InitGraph, OpNode, TensorId, TensorInfo, accepts_generator, is_inplace_random
 from ..record.fake import handle_of
+from ..record.no_data import named_tensors_of
 from ..record.scope import outside_recording
 from .draws import Family, draw_count, family_of, is_contiguous
 from .fill_layout import FillLayout, RecordedFill, draw_range, fill_layout
@@ -238,6 +239,8 @@ def materialize_slice(
         if isinstance(recipe, str):
             if not _slice_bytes(info):
                 return None  # an empty view: nothing asked, nothing to warn about
+            if name == "<tensor>":
+                name = _view_name(graph, tensor)
             warnings.warn(
                 WholeBaseWarning(
                     f"materializing {name} ({_slice_bytes(info):,} bytes) makes its whole base "
@@ -256,6 +259,16 @@ def materialize_slice(
         memo[tid] = result
         remember_origins(graph, [tid], [result])  # so inspect tells it from an eager tensor
         return result
+
+
+def _view_name(graph: InitGraph, view: torch.Tensor) -> str:
+    """`a [2, 4] view of parameter 'layers.0.w'`: the view's shape and the first parameter or buffer
+    of the module `graph` built that shares its storage (`<tensor>` when the module is gone)."""
+    storage = torch.Tensor.untyped_storage(view)._cdata
+    for kind, owner, candidate in named_tensors_of(graph):
+        if torch.Tensor.untyped_storage(candidate)._cdata == storage:
+            return f"a {list(view.shape)} view of {kind} {owner!r}"
+    return "<tensor>"
 
 
 def _made(graph: InitGraph, recipe: _Recipe, info: TensorInfo, rng: RngMode) -> torch.Tensor:

@@ -204,9 +204,11 @@ def test_value_dependent_forward_names_the_module():
     model = deferred_init(lambda: nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.ReLU(), Gate())))
     with pytest.raises(DryRunError) as error:
         dry_run(model, (3, 4))
+    line = Gate.forward.__code__.co_firstlineno + 1
     assert str(error.value) == (
         "the forward of 1.1 (Gate) cannot run on fake tensors (it depends on tensor values, which fake "
-        "tensors do not have): DataDependentOutputException: aten._local_scalar_dense.default"
+        "tensors do not have): DataDependentOutputException: aten._local_scalar_dense.default "
+        f"(at {__file__}:{line} in forward: return x if x.sum() > 0 else -x)"
     )
 
 
@@ -238,3 +240,41 @@ def test_70b_llama_dry_run_without_storage():
     table = result.modules.set_index("name")
     assert table.loc["model.layers.79.mlp.down_proj"]["output_shapes"] == [(1, 16, 8192)]
     assert table.loc["model.layers.79"]["flops"] == 2 * 16 * per_layer
+
+
+class GroupedMatmuls(nn.Module):
+    """A 2-D x 3-D grouped product with offsets (as MoE experts run it) and a 3-D x 3-D one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.Parameter(torch.randn(4, 12, 8))
+
+    def forward(self, rows: torch.Tensor, offsets: torch.Tensor, batched: torch.Tensor) -> tuple:
+        return torch._grouped_mm(rows, self.experts, offsets), torch._grouped_mm(batched, self.experts)
+
+
+def test_float32_grouped_mm_on_cpu_fakes_gives_the_cpu_kernels_shapes_and_dtype():
+    module = GroupedMatmuls()
+    inputs = (torch.randn(10, 12), torch.tensor([2, 5, 5, 10], dtype=torch.int32), torch.randn(4, 10, 12))
+    expected = module(*inputs)
+    run = dry_run(module, *inputs)
+    assert signature(run.output) == signature(expected) == [((10, 8), torch.float32), ((4, 10, 8), torch.float32)]
+    # torch counts no FLOPs for _grouped_mm: each of the 10 rows through one 12x8 expert, then 4 batched 10x12 @ 12x8
+    assert run.flops_by_op == {"aten._grouped_mm": 2 * 10 * 12 * 8 + 2 * 4 * 10 * 12 * 8}
+
+
+def test_grouped_mm_with_misaligned_strides_is_refused_on_fakes_as_on_cpu():
+    module = GroupedMatmuls()
+    rows = torch.randn(10, 13)[:, :12]  # row stride 13 floats = 52 bytes, not a multiple of 16
+    inputs = (rows, torch.tensor([2, 5, 5, 10], dtype=torch.int32), torch.randn(4, 10, 12))
+    with pytest.raises(RuntimeError, match="strides should be multiple of 16 bytes"):
+        module(*inputs)
+    with pytest.raises(DryRunError) as caught:
+        dry_run(module, *inputs)
+    line = GroupedMatmuls.forward.__code__.co_firstlineno + 1
+    assert str(caught.value) == (
+        "the forward of <root> (GroupedMatmuls) cannot run on fake tensors: RuntimeError: "
+        "_grouped_mm: mat_a's strides (13, 1) are not multiples of 16 bytes "
+        f"(at {__file__}:{line} in forward: "
+        "return torch._grouped_mm(rows, self.experts, offsets), torch._grouped_mm(batched, self.experts))"
+    )

@@ -179,3 +179,47 @@ def test_a_value_dependent_forward_names_the_module():
 def test_forward_graph_refuses_what_is_not_a_module():
     with pytest.raises(TypeError, match="^explorer.forward_graph expects an nn.Module, got function$"):
         forward_graph(tiny_cnn, (1, 3, 8, 8))
+
+
+def test_fused_moe_experts_run_grouped_mm_in_float32_on_cpu_fakes():
+    # transformers 5 runs Mixtral's fused experts through aten._grouped_mm, whose fake kernel in
+    # torch 2.13 accepts only bfloat16 while the CPU kernel takes float32 (explorer.analysis.dry_run.CpuGroupedMm)
+    arch = HF_BY_NAME["mixtral"]  # hidden 32, intermediate 64, 4 experts, 2 per token, 2 layers
+    eager = build_eager(arch).eval()
+    torch.manual_seed(0)
+    deferred = deferred_init(arch.cls, arch.config()).eval()
+    inputs = arch.inputs()  # 2 x 8 tokens: 16 tokens, 2 experts each = 32 rows
+    with torch.no_grad():
+        expected = eager(**inputs).logits
+    forward = forward_graph(deferred, inputs)
+    assert (forward.output.logits.shape, forward.output.logits.dtype) == (expected.shape, expected.dtype)
+    grouped = forward.ops[forward.ops["aten"] == "aten._grouped_mm.default"]
+    assert list(grouped["module"]) == ["model.layers.0.mlp.experts"] * 2 + ["model.layers.1.mlp.experts"] * 2
+    assert list(grouped["input_shapes"])[:2] == [[(32, 32), (4, 32, 128), (4,)], [(32, 64), (4, 64, 32), (4,)]]
+    assert list(grouped["output_shapes"])[:2] == [[(32, 128)], [(32, 32)]]
+    assert set(grouped["output_dtypes"].map(tuple)) == {("float32",)}
+    # each of the 32 rows goes through one expert: 2·M·K·N
+    assert list(grouped["flops"])[:2] == [2 * 32 * 32 * 128, 2 * 32 * 64 * 32]
+
+
+def test_a_forward_branching_on_a_random_draw_names_the_line_that_reads_it():
+    # LayerDrop as M2M100, Wav2Vec2 and others write it: in training mode a layer is skipped when a
+    # fresh torch.rand draw falls below the drop rate, which fakes cannot decide
+    class LayerDrop(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            skip = torch.rand([])
+            return x if skip < 0.1 else self.layer(x)
+
+    model = nn.Sequential(LayerDrop())
+    with pytest.raises(ForwardGraphError) as caught:
+        forward_graph(model, (2, 4))
+    line = LayerDrop.forward.__code__.co_firstlineno + 2
+    assert str(caught.value) == (
+        "the forward of 0 (LayerDrop) cannot run on fake tensors (it depends on tensor values, which fake tensors "
+        "do not have): DataDependentOutputException: aten._local_scalar_dense.default "
+        f"(at {__file__}:{line} in forward: return x if skip < 0.1 else self.layer(x))"
+    )

@@ -144,7 +144,8 @@ def test_a_view_that_is_not_rows_makes_the_whole_base_and_warns(restore_rng) -> 
     plan = slice_plan(deferred.gate_up_proj[:, 2])
     assert (plan.sliced, plan.nbytes, plan.source) == (False, 5 * 6 * 7 * 4, None)
     assert plan.reason == "it is not a contiguous run of its base's elements (only rows are drawn alone: t[i], t[a:b])"
-    with pytest.warns(WholeBaseWarning, match=r"materializing <tensor> \(140 bytes\) makes its whole base \(840 bytes\)"):
+    expected = r"materializing a \[5, 7\] view of parameter 'gate_up_proj' \(140 bytes\) makes its whole base \(840 "
+    with pytest.warns(WholeBaseWarning, match=expected):
         column = materialize_tensor(deferred.gate_up_proj[:, 2])
     assert _bits(column).equal(_bits(eager.gate_up_proj[:, 2]))
 
@@ -169,3 +170,19 @@ def test_a_view_of_a_base_materialized_earlier_shares_its_memory(restore_rng) ->
     assert (plan.sliced, plan.nbytes) == (False, 0)
     row = materialize_tensor(other.gate_up_proj[1])
     assert row.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+
+
+def test_the_whole_base_warning_names_the_parameter_the_view_reads(restore_rng) -> None:
+    # an embedding's padding row is zeroed after its normal_ fill: two writes, so rows are not drawn alone
+    torch.manual_seed(2)
+    eager = nn.Sequential(nn.Embedding(10, 4, padding_idx=0))
+    torch.manual_seed(2)
+    deferred = deferred_init(lambda: nn.Sequential(nn.Embedding(10, 4, padding_idx=0)))
+    with pytest.warns(WholeBaseWarning) as caught:
+        row = materialize_tensor(deferred[0].weight[3])
+    assert [str(w.message) for w in caught] == [
+        "materializing a [4] view of parameter '0.weight' (16 bytes) makes its whole base (160 bytes): its base's "
+        "value is not one random fill, constant or checkpoint read of the whole storage "
+        "(ops: aten.empty.memory_format, aten.normal_.default, aten.fill_.Scalar)"
+    ]
+    assert _bits(row).equal(_bits(eager[0].weight[3]))
