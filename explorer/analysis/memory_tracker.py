@@ -96,9 +96,34 @@ class _FrozenParameters:
         self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)  # type: ignore[attr-defined]  # MemTracker's, after this mixin in the MRO
 
 
-class FastMemTracker(_FastPeaks, _FrozenParameters, MemTracker):
+class _FailureSite:
+    """Mixin: remembers the innermost module running when an op raised, as `failed_in`.
+
+    ModTracker's forward hooks always run, so by the time an error leaves the step the modules it
+    was raised in are no longer "running"; the op that raised still passes through this mode.
+    """
+
+    failed_in: str | None = None
+    _mod_tracker: ModTracker  # MemTracker's, after this mixin in the MRO
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)  # MemTracker's, next in the MRO
+        except Exception:
+            if self.failed_in is None:
+                self.failed_in = innermost_module(self._mod_tracker)
+            raise
+
+
+def innermost_module(mod_tracker: ModTracker) -> str | None:
+    """The deepest module ModTracker has running (its longest name), None outside any."""
+    names = sorted(mod_tracker.parents - {"Global"}, key=len)
+    return names[-1] if names else None
+
+
+class FastMemTracker(_FailureSite, _FastPeaks, _FrozenParameters, MemTracker):
     """`MemTracker` with a cheap peak update; same categories and bytes (note [Fast memory trackers])."""
 
 
-class FastFSDPMemTracker(_FastPeaks, FSDPMemTracker):
+class FastFSDPMemTracker(_FailureSite, _FastPeaks, FSDPMemTracker):
     """`FSDPMemTracker` with a cheap peak update; same categories and bytes (note [Fast memory trackers])."""

@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
 from ..record.scope import recording_graph
-from .dry_run import fake_forward_arguments, tensor_leaves
+from .dry_run import CpuGroupedMm, fake_forward_arguments, tensor_leaves
 from .fake_fsdp import (
     checkpoint_blocks,
     fake_process_group,
@@ -34,7 +34,7 @@ from .fake_fsdp import (
     repeated_blocks,
     shard_blocks,
 )
-from .memory_tracker import FastFSDPMemTracker, FastMemTracker
+from .memory_tracker import FastFSDPMemTracker, FastMemTracker, innermost_module
 from .train_budget import parse_budget
 from .train_modules import module_table
 from .train_render import summary_text, train_step_html, verdict_text
@@ -188,9 +188,17 @@ def _peak_total(tracker: MemTracker) -> int:
     return max((device_snap["Total"] for device_snap in snapshot.values()), default=0)
 
 
-def _running(tracker: MemTracker) -> str:
-    names = sorted(tracker._mod_tracker.parents - {"Global"}, key=len)
-    return names[-1] if names else "<no module>"
+def _running(tracker: MemTracker, twin: nn.Module) -> str:
+    """The innermost module running when the step failed, as its path and class ("layers.0.mlp
+    (LlamaMLP)"), `<root> (Class)` for the root and `no module` outside every module."""
+    name = getattr(tracker, "failed_in", None) or innermost_module(tracker._mod_tracker)
+    if name is None:
+        return "no module"
+    path = name.partition(".")[2]  # ModTracker names modules "<root class>.<path>"
+    try:
+        return f"{path or '<root>'} ({type(twin.get_submodule(path)).__name__})"
+    except AttributeError:  # renamed since the hooks ran: the tracker's name is all there is
+        return name
 
 
 def run_step(
@@ -212,23 +220,27 @@ def run_step(
     else:
         tracker.track_external(twin, optimizer, *tensor_leaves((args, kwargs)))
     phase: Phase = "forward"
+    running = "no module"
     try:
         with tracker:
-            value = loss(twin(*args, **kwargs))  # the output is dropped before backward, as in a loop
-            run.phase_peaks["forward"] = _peak_total(tracker)
-            phase = "backward"
-            value.backward()
-            del value  # nor is the loss held through the optimizer step
-            run.phase_peaks["backward"] = _peak_total(tracker)
-            phase = "optimizer"
-            optimizer.step()
-            run.phase_peaks["optimizer"] = _peak_total(tracker)
+            try:
+                value = loss(twin(*args, **kwargs))  # the output is dropped before backward, as in a loop
+                run.phase_peaks["forward"] = _peak_total(tracker)
+                phase = "backward"
+                value.backward()
+                del value  # nor is the loss held through the optimizer step
+                run.phase_peaks["backward"] = _peak_total(tracker)
+                phase = "optimizer"
+                optimizer.step()
+                run.phase_peaks["optimizer"] = _peak_total(tracker)
+            except Exception:
+                running = _running(tracker, twin)  # leaving the tracker empties its module stack
+                raise
     except TrainStepError:
         raise
     except Exception as error:
         raise TrainStepError(
-            f"the {phase} of {root_class} cannot run on fake tensors (in {_running(tracker)}): "
-            f"{type(error).__name__}: {error}"
+            f"the {phase} of {root_class} cannot run on fake tensors, in {running}: {type(error).__name__}: {error}"
         ) from error
     return run
 
@@ -313,7 +325,7 @@ def train_step(
         device = first.device if first is not None else torch.device("cpu")
         args, kwargs = fake_forward_arguments(module, mode, device, inputs_or_shapes, forward_kwargs)
         if world_size == 1:
-            with mode, torch.enable_grad():
+            with mode, CpuGroupedMm(), torch.enable_grad():
                 tracker, run = _single(
                     twin,
                     args,
@@ -326,6 +338,7 @@ def train_step(
             with (
                 fake_process_group(world_size, device.type) as mesh,
                 mode,
+                CpuGroupedMm(),
                 torch.enable_grad(),
             ):
                 tracker, run = _sharded(

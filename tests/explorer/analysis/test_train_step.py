@@ -107,6 +107,31 @@ def test_cnn_step_equals_memtracker_on_eager_by_category(checkpointing):
     assert step.peak["buffers"] == 4 * (8 * 4 + 8 * 4 + 8)  # 4 BatchNorms: mean, var (float32), count (int64)
 
 
+def test_fused_moe_step_equals_memtracker_on_eager_by_category():
+    # transformers 5 runs fused experts through aten._grouped_mm, whose fake kernel refuses float32
+    mixtral = HF_BY_NAME["mixtral"]
+    ids = mixtral.inputs()["input_ids"]
+    torch.manual_seed(0)
+    step = train_step(deferred_init(mixtral.cls, mixtral.config()), input_ids=ids, labels=ids)
+    total, expected, _ = memtracker_step(build_eager(mixtral), {"input_ids": ids, "labels": ids})
+    assert step.peak_bytes == total
+    assert step.peak == expected
+
+
+def test_a_failing_step_names_the_module_that_was_running():
+    class Shift(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x if x.sum() > 0 else -x  # branches on a value: fakes have none
+
+    model = deferred_init(nn.Sequential, nn.Linear(4, 4), Shift())
+    with pytest.raises(TrainStepError) as error:
+        train_step(model, (2, 4))
+    assert str(error.value) == (
+        "the forward of Sequential cannot run on fake tensors, in 1 (Shift): "
+        "DataDependentOutputException: aten._local_scalar_dense.default"
+    )
+
+
 def test_llama_module_table_equals_memtracker_module_peaks():
     torch.manual_seed(0)
     deferred = deferred_init(LLAMA.cls, LLAMA.config())
