@@ -47,6 +47,7 @@ _PLAIN_ARGUMENTS = frozenset(
 
 
 _NO_READS: frozenset = frozenset()
+_SELF_ONLY = ((0, "self"),)  # `OpFacts.written` of an op that writes its first argument only
 # The C method itself: DeferredTensor.untyped_storage wraps storages for users (record/no_data.py),
 # which the recorder, asking for every op's storages, does not need.
 _storage = torch._C.TensorBase.untyped_storage
@@ -89,10 +90,12 @@ def _contents_read(
 ) -> frozenset[TensorId]:
     """The inputs whose contents an op reads: none for pure aliasing; an op that overwrites its
     target does not read the target's old contents, unless that is also its source (`x.copy_(x)`)."""
-    if aliases_only:
+    if aliases_only or not inputs:
         return _NO_READS
     if overwrites_self and written_tids:
         target = written_tids[0]
+        if len(inputs) == 1:  # `w.normal_()`, `w.fill_(1)`: reads nothing
+            return _NO_READS if inputs[0] == target else frozenset(inputs)
         return frozenset(inputs) if inputs.count(target) > 1 else frozenset(inputs) - {target}
     return frozenset(inputs)
 
@@ -287,7 +290,7 @@ class GraphBuilder:
                 and tensor.shape == info.shape
                 and tensor.stride() == info.stride
                 and tensor.storage_offset() == info.storage_offset
-            ):
+            ):  # `_unchanged`, inlined: this runs for every fake argument of every op
                 return handle.tensor_id
             name = "set_data"
         else:
@@ -299,6 +302,18 @@ class GraphBuilder:
                 "it may come from another FakeTensorMode"
             )
         return self.alias(tensor, self._storage_anchor[sid], name=name, source=source)
+
+    def _unchanged(self, tensor: FakeTensor, handle: DeferredHandle) -> bool:
+        """True when `tensor` of this graph has the storage and layout its id was recorded with."""
+        if handle.graph is not self.graph:
+            return False
+        info = self.graph.tensors[handle.tensor_id]
+        return (
+            self._storage_keys[info.storage] == _storage(tensor)._cdata
+            and tensor.shape == info.shape
+            and tensor.stride() == info.stride
+            and tensor.storage_offset() == info.storage_offset
+        )
 
     def alias(self, tensor: FakeTensor, base: TensorId, *, name: str, source: SourceLocation | None) -> TensorId:
         """Record `tensor` as an alias of `base` by its metadata (for `.data = x`, `_make_subclass`)."""
@@ -419,9 +434,54 @@ class GraphBuilder:
     ) -> None:
         """Append one op that has just run under fake mode, with its (fake) result `out`; `written`
         is what `before_write` returned for it."""
-        facts = op_facts(func)
+        entry = _FACTS_BY_ID.get(id(func))
+        facts = entry[1] if entry is not None else op_facts(func)
         inputs: list[TensorId] = []
         externals: list[int] = []
+        ref_args = self._argument_refs(func, args, inputs, externals, source, written)
+        ref_kwargs = self._keyword_refs(func, facts, kwargs, out, inputs, externals, source, written)
+        index = len(self.graph.ops)  # after any synthetic alias ops that the refs appended
+        stream = self._random_stream(func, args, kwargs, out, index, source) if facts.random else None
+        written_tids, resizes = self._written_tensors(facts, args, kwargs, written) if facts.written else ([], False)
+        outputs, output_ids, created = self._output_refs(out, index)
+        if externals and created and views_external(func) and not _copied_by_to(func, args, out):
+            self._note_external_views(created, externals)
+        writes = self._note_writes(written_tids, index) if written_tids else ()
+        aliases_only = not writes and not created and bool(output_ids)
+        self.graph.ops.append(
+            OpNode(
+                index=index,
+                func=func,
+                args=ref_args,
+                kwargs=ref_kwargs,
+                outputs=outputs,
+                output_ids=output_ids,
+                inputs=tuple(inputs),
+                reads=_contents_read(inputs, written_tids, aliases_only, facts.overwrites_self),
+                externals=tuple(externals),
+                writes=writes,
+                creates=created,
+                aliases_only=aliases_only,
+                random=facts.random,
+                source=source,
+                overwrites=facts.overwrites_self and len(writes) == 1 and _covers_storage(args[0]),
+                stream=stream,
+                resizes=resizes,
+                inference=torch.is_inference_mode_enabled(),
+            )
+        )
+
+    def _argument_refs(
+        self,
+        func: Any,
+        args: tuple,
+        inputs: list[TensorId],
+        externals: list[int],
+        source: SourceLocation | None,
+        written: dict[int, TensorId] | None,
+    ) -> tuple:
+        """The positional arguments as the graph stores them (see `_ref`); fakes' ids go to `inputs`,
+        real tensors' positions in `graph.externals` to `externals`."""
         plain = _PLAIN_ARGUMENTS
         refs = self._tensor_refs
         ref_list = []
@@ -437,7 +497,22 @@ class GraphBuilder:
                 ref_list.append(refs[tid] if tid < len(refs) else self._tensor_ref(tid))
             else:
                 ref_list.append(self._ref(a, inputs, externals, func, source, written))
-        ref_args = tuple(ref_list)
+        return tuple(ref_list)
+
+    def _keyword_refs(
+        self,
+        func: Any,
+        facts: OpFacts,
+        kwargs: dict,
+        out: Any,
+        inputs: list[TensorId],
+        externals: list[int],
+        source: SourceLocation | None,
+        written: dict[int, TensorId] | None,
+    ) -> dict[str, Any]:
+        """The keyword arguments as the graph stores them, with the dtype a factory took from the
+        default filled in (note [Default dtype at record time])."""
+        plain = _PLAIN_ARGUMENTS
         ref_kwargs = (
             {
                 k: v if type(v) in plain else self._ref(v, inputs, externals, func, source, written)
@@ -448,60 +523,44 @@ class GraphBuilder:
         )
         if facts.takes_dtype and kwargs.get("dtype") is None:
             dtype = _first_tensor_dtype(out)
-            if dtype is not None:  # see note [Default dtype at record time]
+            if dtype is not None:
                 ref_kwargs["dtype"] = dtype
-        index = len(self.graph.ops)  # after any synthetic alias ops that _ref appended
-        stream = self._random_stream(func, args, kwargs, out, index, source) if facts.random else None
-        written_tids, resizes = self._written_tensors(facts, args, kwargs) if facts.written else ([], False)
+        return ref_kwargs
 
-        output_ids: list[TensorId] = []
-        created: list[int] = []
+    def _output_refs(self, out: Any, index: OpIndex) -> tuple[Any, tuple[TensorId, ...], tuple[StorageId, ...]]:
+        """The op's result as the graph stores it, the ids of its tensors, and the storages it
+        created; fakes seen for the first time are registered as made by op `index`."""
         if type(out) is DeferredTensor:  # `_out_ref` for the one-tensor result of most ops, inlined
             handle = out.__dict__.get(HANDLE_ATTR)
+            created: tuple[StorageId, ...] = ()
             if handle is not None and handle.graph is self.graph:
                 tid = handle.tensor_id  # in-place and out= ops return their argument
             else:
                 tid, new_storage = self._new_tensor(out, index)
                 if new_storage is not None:
-                    created.append(new_storage)
-            output_ids.append(tid)
-            outputs = refs[tid] if tid < len(refs) else self._tensor_ref(tid)
-        else:
-            outputs = self._out_ref(out, index, output_ids, created)
-        if externals and created and views_external(func) and not _copied_by_to(func, args, out):
-            self._external_views.update(created)
-            for sid in created:
-                self._viewed_externals[sid] = tuple(externals)
+                    created = (new_storage,)
+            refs = self._tensor_refs
+            return (refs[tid] if tid < len(refs) else self._tensor_ref(tid)), (tid,), created
+        output_ids: list[TensorId] = []
+        created_list: list[StorageId] = []
+        outputs = self._out_ref(out, index, output_ids, created_list)
+        return outputs, tuple(output_ids), tuple(created_list)
 
-        writes = self._note_writes(written_tids, index) if written_tids else ()
-        overwrites = facts.overwrites_self and len(writes) == 1 and _covers_storage(args[0])
-        aliases_only = not writes and not created and bool(output_ids)
-        self.graph.ops.append(
-            OpNode(
-                index=index,
-                func=func,
-                args=ref_args,
-                kwargs=ref_kwargs,
-                outputs=outputs,
-                output_ids=tuple(output_ids),
-                inputs=tuple(inputs),
-                reads=_contents_read(inputs, written_tids, aliases_only, facts.overwrites_self),
-                externals=tuple(externals),
-                writes=writes,
-                creates=tuple(created),
-                aliases_only=aliases_only,
-                random=facts.random,
-                source=source,
-                overwrites=overwrites,
-                stream=stream,
-                resizes=resizes,
-                inference=torch.is_inference_mode_enabled(),
-            )
-        )
+    def _note_external_views(self, created: tuple[StorageId, ...], externals: list[int]) -> None:
+        """New storages that view real tensors from outside: replay aliases the real memory."""
+        self._external_views.update(created)
+        for sid in created:
+            self._viewed_externals[sid] = tuple(externals)
 
-    def _written_tensors(self, facts: OpFacts, args: tuple, kwargs: dict) -> tuple[list[TensorId], bool]:
+    def _written_tensors(
+        self, facts: OpFacts, args: tuple, kwargs: dict, written: dict[int, TensorId] | None
+    ) -> tuple[list[TensorId], bool]:
         """The fakes an op writes (ids as before it ran), and whether it grew one of their storages
-        (`resize_`, or an `out=` tensor the op resized)."""
+        (`resize_`, or an `out=` tensor the op resized). `written` is `before_write`'s answer."""
+        if written and not facts.may_resize and facts.written == _SELF_ONLY and args:
+            tid = written.get(id(args[0]))  # most writes: one fake `self`, its id taken just before
+            if tid is not None:
+                return [tid], False
         written_tids: list[TensorId] = []
         resizes = False
         for position, name in facts.written:
@@ -568,8 +627,12 @@ class GraphBuilder:
         construction changes the caller's tensor there and then, and deferred_init can neither defer
         that side effect nor replay it later without changing the tensor a second time.
         """
+        entry = _FACTS_BY_ID.get(id(func))
+        facts = entry[1] if entry is not None else op_facts(func)
+        if facts.written == _SELF_ONLY and args and type(args[0]) is DeferredTensor and not self._external_views:
+            return {id(args[0]): self.id_of(args[0], source)}  # the common case: `w.normal_()`, `w.fill_(1)`
         ids: dict[int, TensorId] = {}
-        for position, name in op_facts(func).written:
+        for position, name in facts.written:
             argument = _argument(args, kwargs, position, name)
             for tensor in argument if isinstance(argument, (list, tuple)) else (argument,):
                 if not isinstance(tensor, torch.Tensor):
@@ -648,9 +711,11 @@ class GraphBuilder:
             for reference in list(self._fakes.values()):
                 tensor = reference()
                 if tensor is not None:
-                    self.id_of(tensor, None)  # records a trailing `.data = x`
-                    stamped = handle_of(tensor)
-                    assert stamped is not None  # id_of registered the fake
+                    stamped = tensor.__dict__.get(HANDLE_ATTR)
+                    if stamped is None or not self._unchanged(tensor, stamped):
+                        self.id_of(tensor, None)  # records a trailing `.data = x`
+                        stamped = handle_of(tensor)
+                        assert stamped is not None  # id_of registered the fake
                     stamped.version = version_of(tensor)
         self._fakes.clear()
         # `_storage_objects` stay: fake storages hold no memory, and keeping them keeps storage

@@ -51,7 +51,23 @@ def _collector_paused() -> Any:
         yield
     finally:
         if was_enabled:
+            _promote_survivors()
             gc.enable()
+
+
+def _promote_survivors() -> None:
+    """Move every object the recording allocated straight to the oldest generation.
+
+    Re-enabled after a recording, the collector's first young-generation pass would scan all of the
+    recording's records at once (measured: about 5% of deferred_init on a 7B Llama) to find them
+    alive: they live as long as the model. `gc.freeze()` + `gc.unfreeze()` moves every tracked
+    object to the oldest generation without scanning (both are O(1) list splices); a cycle that
+    was garbage is still found, by the next full collection. Skipped when the caller keeps frozen
+    objects of its own (unfreezing would release them).
+    """
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
 
 
 def read_value(builder: GraphBuilder, fake: FakeTensor) -> torch.Tensor:

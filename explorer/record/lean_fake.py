@@ -11,7 +11,7 @@ device for factories, the input's device for views. Every other op goes through 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -53,6 +53,7 @@ VIEWS = frozenset(
 FILLS = frozenset({_aten.fill_.Scalar, _aten.zero_.default, _aten.copy_.default})
 _LIFT_FRESH = _aten.lift_fresh.default
 _DETACH = _aten.detach.default
+_COPY = _aten.copy_.default
 
 
 @functools.cache
@@ -184,22 +185,35 @@ def _layout_from_cpu(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | Non
 # instead of `OpOverload.__call__`'s boxed schema path (about half the cost). Their positional
 # arguments are the schema's, and they take the schema's keyword arguments (dtype, layout, device,
 # pin_memory, memory_format).
+# `zeros` and `ones` take `empty`'s: on the meta device values do not exist, the layout and dtype
+# rules are `empty`'s, and their own meta kernels run a fill (a Python reference) after it.
 _BINDINGS = {
     _aten.empty.memory_format: torch.empty,
     _aten.empty_strided.default: torch.empty_strided,
-    _aten.zeros.default: torch.zeros,
-    _aten.ones.default: torch.ones,
+    _aten.zeros.default: torch.empty,
+    _aten.ones.default: torch.empty,
     _aten.full.default: torch.full,
 }
 
 _FACTORY, _VIEW, _FILL, _LIFT, _PLAIN = "factory", "view", "fill", "lift", "plain"
-# The short path each op takes (None: FakeTensorMode), by id(): OpOverload hashes in Python.
-_PATHS: dict[int, tuple[Any, str | None]] = {}
 
 
-def _path(func: Any) -> str | None:
-    entry = _PATHS.get(id(func))
-    if entry is None:
+class _Route(NamedTuple):
+    """How the short path treats one op overload, decided once per overload."""
+
+    func: Any  # kept alive: routes are found by id(func)
+    path: str | None  # None: FakeTensorMode
+    call: Any  # what a factory calls on the meta device (its Python binding, or the overload)
+    small_arange: bool  # an arange: small CPU ones take their layout from the CPU kernel
+
+
+# By id(): OpOverload hashes in Python (torch/_ops.py), and these are looked up for every op.
+_ROUTES: dict[int, _Route] = {}
+
+
+def _route(func: Any) -> _Route:
+    route = _ROUTES.get(id(func))
+    if route is None:
         path: str | None
         if func in FACTORIES:
             path = _FACTORY
@@ -211,32 +225,59 @@ def _path(func: Any) -> str | None:
             path = _LIFT
         else:
             path = _PLAIN if _is_plain_compute(func) else None
-        entry = _PATHS[id(func)] = (func, path)
-    return entry[1]
+        route = _ROUTES[id(func)] = _Route(func, path, _BINDINGS.get(func, func), func in _ARANGES)
+    return route
+
+
+# Note: [Fills checked once per layout]
+# A fill (`fill_`, `zero_`) leaves its target's metadata as it was: the meta kernel is run only to
+# raise what it raises, and its outcome depends on nothing but the op, the target's dtype, shape and
+# stride, the scalar, and inference state. Its Python reference implementation costs more than the
+# rest of recording the op, and constructors fill tensors of a few layouts hundreds of times, so a
+# call that succeeded once is not run again for the same key (one that raised is never remembered).
+_SCALARS = (float, int, bool)
+_FILLS_PASSED: set[tuple] = set()
+_FILLS_REMEMBERED = 4096  # a bound, for programs that fill tensors of endless layouts
+
+
+def _fill_key(func: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """The memo key of a scalar fill (see note [Fills checked once per layout]), or None."""
+    if kwargs or func is _COPY:
+        return None
+    if len(args) == 2:
+        value = args[1]
+        if type(value) not in _SCALARS:
+            return None
+    elif len(args) == 1:
+        value = None
+    else:
+        return None
+    target = args[0]
+    return (
+        id(func),
+        target.dtype,
+        target.shape,
+        target.stride(),
+        type(value),
+        value,
+        target.is_inference(),
+        torch.is_inference_mode_enabled(),
+    )
 
 
 def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args: tuple, kwargs: dict) -> Any:
     """The op's fake result by the short path, or NotImplemented when the op is not one of ours."""
-    path = _path(func)
+    route = _ROUTES.get(id(func)) or _route(func)
+    path = route.path
     if path is None:
         return NotImplemented
     if path is _FACTORY:
-        device = kwargs.get("device") or _CPU
-        if device.type == "meta":
-            return NotImplemented
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                return NotImplemented
-        with torch._C._DisableTorchDispatch():
-            if device.type == "cpu" and func in _ARANGES and _small_arange(args):
-                out = func(*args, **kwargs)
-                out = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=_META)
-            else:
-                out = _BINDINGS.get(func, func)(*args, **{**kwargs, "device": _META})
-        return make(out, device)
+        return _factory(make, route, args, kwargs)
     if path is _VIEW or path is _FILL:
         if not args or type(args[0]) is not DeferredTensor or args[0].fake_mode is not fake_mode:
             return NotImplemented
+        if path is _FILL:
+            return _fill(fake_mode, func, args, kwargs)
         if (
             func is _DETACH
             and len(args) == 1
@@ -248,15 +289,9 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
             # kernel first, without that call (`Parameter(t)` issues one per parameter).
             with torch._C._DisableTorchDispatch():
                 return make(args[0], args[0].fake_device, False)
-        if func is _aten.copy_.default:
-            if _common_device(fake_mode, args) is None:
-                return NotImplemented
-        elif any(isinstance(a, torch.Tensor) for a in args[1:]):
+        if any(isinstance(a, torch.Tensor) for a in args[1:]):
             return NotImplemented
-        out = _run_meta(fake_mode, func, args, kwargs)
-        if path is _FILL:
-            return args[0]
-        return make(out, args[0].fake_device)
+        return make(_run_meta(fake_mode, func, args, kwargs), args[0].fake_device)
     if path is _LIFT:
         return _lift_fresh(make, args[0])
     device = _common_device(fake_mode, (*args, *kwargs.values()))
@@ -268,3 +303,37 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
         if out is not None:
             return make(out, device)
     return make(_run_meta(fake_mode, func, args, kwargs), device)
+
+
+def _factory(make: FakeFactory, route: _Route, args: tuple, kwargs: dict) -> Any:
+    """A factory's fake: its meta kernel's result on the device the op names."""
+    device = kwargs.get("device") or _CPU
+    if device.type == "meta":
+        return NotImplemented
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return NotImplemented
+    with torch._C._DisableTorchDispatch():
+        if route.small_arange and device.type == "cpu" and _small_arange(args):
+            out = route.func(*args, **kwargs)
+            out = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=_META)
+        else:
+            out = route.call(*args, **{**kwargs, "device": _META})
+    return make(out, device)
+
+
+def _fill(fake_mode: FakeTensorMode, func: Any, args: tuple, kwargs: dict) -> Any:
+    """A fill (or `copy_`) returns its target; the meta kernel runs to raise what eager's would."""
+    if func is _COPY:
+        if _common_device(fake_mode, args) is None:
+            return NotImplemented
+    elif any(isinstance(a, torch.Tensor) for a in args[1:]):
+        return NotImplemented
+    key = _fill_key(func, args, kwargs)
+    if key is None or key not in _FILLS_PASSED:
+        _run_meta(fake_mode, func, args, kwargs)
+        if key is not None:
+            if len(_FILLS_PASSED) >= _FILLS_REMEMBERED:
+                _FILLS_PASSED.clear()
+            _FILLS_PASSED.add(key)
+    return args[0]

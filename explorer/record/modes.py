@@ -11,6 +11,7 @@ notices the swap the next time the tensor is used) and `.numpy()` (`DeferredTens
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,9 +35,9 @@ _aten = torch.ops.aten
 _INPLACE_VIEW = torch.Tag.inplace_view
 
 
-def _metadata_access() -> contextlib.AbstractContextManager[None]:
-    """Lets the recorder read stride/storage of tensors whose class refuses it (lazy parameters)."""
-    return torch._C.DisableTorchFunctionSubclass()
+# Lets the recorder read stride/storage of tensors whose class refuses it (lazy parameters). The
+# guard's class itself, called directly: a wrapper function would cost a call per recorded op.
+_metadata_access: Callable[[], contextlib.AbstractContextManager[None]] = torch._C.DisableTorchFunctionSubclass
 
 
 class RecordingDispatchMode(TorchDispatchMode):
@@ -59,7 +60,8 @@ class RecordingDispatchMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        kind = _kind(func)
+        entry = _KINDS.get(id(func))
+        kind = entry[1] if entry is not None else _kind(func)
         if kind is _PASS_THROUGH:
             return func(*args, **kwargs)
         if kind is _RESOLVE and not _RESOLVE_BIT[func](args[0]):
