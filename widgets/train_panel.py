@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import explorer
+from explorer.analysis.train_modules import MODULE_COLUMNS
 from explorer.analysis.train_render import stacked_bar_svg
 
 from .formatting import bytes_text
@@ -30,14 +31,6 @@ OPTIMIZERS: dict[str, Callable] = {
     "SGD": lambda params: torch.optim.SGD(params, lr=0.01),
     "Adagrad": torch.optim.Adagrad,
 }
-MODULE_COLUMNS = [
-    "name",
-    "class",
-    "calls",
-    "forward_peak_bytes",
-    "backward_peak_bytes",
-    "activation_bytes",
-]
 # Reads the inputs text and dtype name into forward's positional inputs (the Memory tab's parser).
 InputReader = Callable[[str, str], list[torch.Tensor]]
 
