@@ -47,7 +47,7 @@ _PLAIN_ARGUMENTS = frozenset(
 
 
 _NO_READS: frozenset = frozenset()
-_SELF_ONLY = ((0, "self"),)  # `OpFacts.written` of an op that writes its first argument only
+SELF_ONLY = ((0, "self"),)  # `OpFacts.written` of an op that writes its first argument only
 # The C method itself: DeferredTensor.untyped_storage wraps storages for users (record/no_data.py),
 # which the recorder, asking for every op's storages, does not need.
 _storage = torch._C.TensorBase.untyped_storage
@@ -182,6 +182,31 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 def _takes_dtype(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
     return schema is not None and any(a.name == "dtype" and a.kwarg_only for a in schema.arguments)
+
+
+def all_plain(values: Any) -> bool:
+    """True when every value is stored as it is (`_PLAIN_ARGUMENTS`, or a list or tuple of them)."""
+    plain = _PLAIN_ARGUMENTS
+    for value in values:
+        kind = type(value)
+        if kind in plain:
+            continue
+        if kind is not list and kind is not tuple:
+            return False
+        for item in value:
+            if type(item) not in plain:
+                return False
+    return True
+
+
+# Note: [Direct records]
+# Constructors issue a few op shapes by the thousand, layer after layer (`empty` + `detach` +
+# `uniform_` + `normal_` per Linear weight): a factory with plain arguments, `detach` of one fake,
+# and an op writing only its fake `self`. `GraphBuilder.record` treats any op (tensors in lists,
+# real tensors from outside, out= arguments, resizes); for these shapes most of its questions have a
+# known answer, and `record_factory`, `record_detach` and `record_self_write` build the same
+# `OpNode` directly (tests/explorer/record/test_direct_records.py compares whole graphs recorded
+# both ways). `RecordingDispatchMode` picks them; any other op takes `record`.
 
 
 def _first_tensor_dtype(out: Any) -> torch.dtype | None:
@@ -471,6 +496,80 @@ class GraphBuilder:
             )
         )
 
+    # -- the ops constructors repeat, recorded directly -----------------------------------------
+    # See note [Direct records]. Each returns False, having changed nothing, when the op is not of
+    # its shape; the caller then calls `record`.
+
+    def record_factory(self, func: Any, args: tuple, kwargs: dict, out: Any, source: SourceLocation | None) -> bool:
+        """A factory (`empty`, `ones`...) with plain arguments whose result is a new fake."""
+        entry = _FACTS_BY_ID.get(id(func))
+        facts = entry[1] if entry is not None else op_facts(func)
+        if facts.random or facts.written or type(out) is not DeferredTensor or HANDLE_ATTR in out.__dict__:
+            return False
+        if not (all_plain(args) and all_plain(kwargs.values())):
+            return False
+        index = len(self.graph.ops)
+        tid, sid = self._new_tensor(out, index)
+        if sid is None:  # a storage seen before: not a new tensor's (the general path says what it is)
+            raise AssertionError(f"{func} returned a fake over a storage recorded before")
+        ref_kwargs = dict(kwargs)
+        if facts.takes_dtype and kwargs.get("dtype") is None:
+            ref_kwargs["dtype"] = out.dtype
+        refs = self._tensor_refs
+        self.graph.ops.append(
+            OpNode(
+                index, func, args, ref_kwargs, refs[tid] if tid < len(refs) else self._tensor_ref(tid),
+                (tid,), (), _NO_READS, (), (), (sid,), False, False, source,
+                inference=torch.is_inference_mode_enabled(),
+            )
+        )  # fmt: skip
+        return True
+
+    def direct_write_target(self, tensor: FakeTensor, source: SourceLocation | None) -> TensorId | None:
+        """The id of fake `tensor` before an op writes it, as `before_write` gives it, when
+        `record_self_write` may record that op; None when some fake views memory from outside
+        (`before_write` then checks what the op writes)."""
+        if self._external_views:
+            return None
+        return self.id_of(tensor, source)
+
+    def record_detach(self, func: Any, base: TensorId, out: Any, source: SourceLocation | None) -> None:
+        """`detach` of fake `base` (`nn.Parameter(t)` issues one per parameter): a new alias."""
+        index = len(self.graph.ops)
+        tid, sid = self._new_tensor(out, index)
+        if sid is not None:
+            raise AssertionError(f"{func} returned a fake over a new storage")
+        refs = self._tensor_refs
+        self.graph.ops.append(
+            OpNode(
+                index, func, (refs[base] if base < len(refs) else self._tensor_ref(base),), {},
+                refs[tid] if tid < len(refs) else self._tensor_ref(tid), (tid,), (base,), _NO_READS, (), (), (),
+                True, False, source, inference=torch.is_inference_mode_enabled(),
+            )
+        )  # fmt: skip
+
+    def record_self_write(
+        self, func: Any, facts: OpFacts, target: TensorId, args: tuple, kwargs: dict, source: SourceLocation | None
+    ) -> None:
+        """An op that writes only its fake `self` (`normal_`, `fill_`, `zero_`...) and returns it,
+        its other arguments plain; `target` is `self`'s id before the op ran (`before_write`)."""
+        graph = self.graph
+        index = len(graph.ops)
+        stream = self._random_stream(func, args, kwargs, args[0], index, source) if facts.random else None
+        sid = graph.tensors[target].storage
+        graph.writers[sid].append(index)
+        refs = self._tensor_refs
+        ref = refs[target] if target < len(refs) else self._tensor_ref(target)
+        overwrites = facts.overwrites_self
+        graph.ops.append(
+            OpNode(
+                index, func, (ref, *args[1:]), dict(kwargs), ref, (target,), (target,),
+                _NO_READS if overwrites else frozenset((target,)), (), (sid,), (), False, facts.random, source,
+                overwrites=overwrites and _covers_storage(args[0]), stream=stream,
+                inference=torch.is_inference_mode_enabled(),
+            )
+        )  # fmt: skip
+
     def _argument_refs(
         self,
         func: Any,
@@ -557,7 +656,7 @@ class GraphBuilder:
     ) -> tuple[list[TensorId], bool]:
         """The fakes an op writes (ids as before it ran), and whether it grew one of their storages
         (`resize_`, or an `out=` tensor the op resized). `written` is `before_write`'s answer."""
-        if written and not facts.may_resize and facts.written == _SELF_ONLY and args:
+        if written and not facts.may_resize and facts.written == SELF_ONLY and args:
             tid = written.get(id(args[0]))  # most writes: one fake `self`, its id taken just before
             if tid is not None:
                 return [tid], False
@@ -629,7 +728,7 @@ class GraphBuilder:
         """
         entry = _FACTS_BY_ID.get(id(func))
         facts = entry[1] if entry is not None else op_facts(func)
-        if facts.written == _SELF_ONLY and args and type(args[0]) is DeferredTensor and not self._external_views:
+        if facts.written == SELF_ONLY and args and type(args[0]) is DeferredTensor and not self._external_views:
             return {id(args[0]): self.id_of(args[0], source)}  # the common case: `w.normal_()`, `w.fill_(1)`
         ids: dict[int, TensorId] = {}
         for position, name in facts.written:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch._subclasses.fake_tensor import (
@@ -25,9 +25,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import DeferredInitError
 from ..graph import is_inplace_random
-from .builder import GraphBuilder, written_arguments
+from .builder import SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
 from .computed import compute_for_real
-from .lean_fake import FakeFactory, lean_dispatch
+from .fake import DeferredTensor
+from .lean_fake import FACTORIES, FakeFactory, lean_dispatch
 from .scope import ValueReader, outside_recording
 from .source import building_modules, user_location
 
@@ -60,13 +61,17 @@ class RecordingDispatchMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        entry = _KINDS.get(id(func))
-        kind = entry[1] if entry is not None else _kind(func)
+        entry = _KINDS.get(id(func)) or _entry(func)
+        kind = entry.kind
         if kind is _PASS_THROUGH:
             return func(*args, **kwargs)
         if kind is _RESOLVE and not _RESOLVE_BIT[func](args[0]):
             return args[0]  # eager returns its argument itself when there is nothing to resolve
         source = user_location(2)
+        if entry.direct:
+            out = self._record_directly(entry, func, args, kwargs, source)
+            if out is not NotImplemented:
+                return out
         if kind is _VALUE_READ:
             # A fake's true value comes from replay; a real tensor from outside has its own.
             real = self.read_value(args[0]) if isinstance(args[0], FakeTensor) else args[0]
@@ -120,16 +125,70 @@ class RecordingDispatchMode(TorchDispatchMode):
             self.builder.record(func, args, kwargs, out, source, written)
         return out
 
+    def _record_directly(self, entry: _Kind, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:
+        """The op run and recorded by a direct record (note [Direct records]), or NotImplemented
+        when it is not of such a shape: then nothing was recorded, and the general path runs it."""
+        builder = self.builder
+        if entry.kind is _CREATE:
+            try:
+                out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
+            except Exception:
+                return NotImplemented  # the general path raises it again, as a failure naming the op
+            if out is not NotImplemented:
+                with _metadata_access():
+                    if builder.record_factory(func, args, kwargs, out, source):
+                        return out
+            return NotImplemented
+        if not args or type(args[0]) is not DeferredTensor or args[0].fake_mode is not self.fake_mode:
+            return NotImplemented
+        if entry.kind is _DETACH_OP:
+            if len(args) != 1 or kwargs:
+                return NotImplemented
+            out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
+            if out is NotImplemented:
+                return out
+            with _metadata_access():
+                builder.record_detach(func, builder.id_of(args[0], source), out, source)
+            return out
+        if not (all_plain(args[1:]) and all_plain(kwargs.values())):
+            return NotImplemented
+        with _metadata_access():
+            target = builder.direct_write_target(args[0], source)
+        if target is None:
+            return NotImplemented
+        if entry.kind is not _INPLACE_RANDOM:  # an in-place random op only fills values: nothing to run
+            try:
+                out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
+            except Exception:
+                return NotImplemented
+            if out is not args[0]:
+                return NotImplemented
+        with _metadata_access():
+            builder.record_self_write(func, entry.facts, target, args, kwargs, source)
+        return args[0]
 
-_PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLVE, _OTHER = (
+
+_PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLVE, _CREATE, _DETACH_OP, _OTHER = (
     "pass-through",
     "value-read",
     "inplace-view",
     "inplace-random",
     "writing",
     "resolve",
+    "create",
+    "detach",
     "other",
 )
+
+
+class _Kind(NamedTuple):
+    """How the recorder treats an op overload, decided once per overload."""
+
+    func: Any  # kept alive: kinds are found by id(func)
+    kind: str
+    facts: OpFacts
+    direct: bool  # may be recorded by a direct record (note [Direct records])
+
 
 # `tolist()` of a real tensor under inference mode starts with these; made fake, they would hand
 # the caller's tensor back as a fake whose (absent) storage tolist then reads.
@@ -144,16 +203,19 @@ _RESOLVE_BIT = {
 _VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.item.default, _aten.is_nonzero.default})
 
 
-# By id(): OpOverload hashes in Python (see builder._FACTS_BY_ID); the overload is kept beside it.
-_KINDS: dict[int, tuple[Any, str]] = {}
+# By id(): OpOverload hashes in Python (see builder._FACTS_BY_ID); the overload is kept in the entry.
+_KINDS: dict[int, _Kind] = {}
 
 
-def _kind(func: Any) -> str:
-    """How the recorder treats an op, decided once per op overload."""
+def _entry(func: Any) -> _Kind:
+    """How the recorder treats `func` (read once per op overload)."""
     entry = _KINDS.get(id(func))
     if entry is None:
-        entry = _KINDS[id(func)] = (func, _read_kind(func))
-    return entry[1]
+        kind = _read_kind(func)
+        facts = op_facts(func)
+        self_writer = kind in (_INPLACE_RANDOM, _WRITING) and facts.written == SELF_ONLY and not facts.may_resize
+        entry = _KINDS[id(func)] = _Kind(func, kind, facts, kind in (_CREATE, _DETACH_OP) or self_writer)
+    return entry
 
 
 def _read_kind(func: Any) -> str:
@@ -169,4 +231,8 @@ def _read_kind(func: Any) -> str:
         return _INPLACE_RANDOM
     if written_arguments(func):
         return _WRITING
+    if func in FACTORIES:
+        return _CREATE
+    if func is _aten.detach.default:
+        return _DETACH_OP
     return _OTHER
