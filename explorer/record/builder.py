@@ -236,6 +236,11 @@ class GraphBuilder:
         # ...and which externals (indices into graph.externals) each of those storages views.
         self._viewed_externals: dict[int, tuple[int, ...]] = {}
         self._tensor_refs: list[TensorRef] = []  # TensorRef(i) at i, made once (see _tensor_ref)
+        # Whether writing all of tensor `tid` writes all of its storage, with the storage's size then
+        # (a storage another view resized since is asked again): constructors write each tensor twice.
+        self._covering: dict[TensorId, tuple[int, bool]] = {}
+        # device → (generator key, the graph's positions list of that stream), once the stream exists
+        self._streams: dict[torch.device, tuple[str, list[OpIndex]]] = {}
 
     # -- ids ---------------------------------------------------------------------------------
     def _storage_id(self, tensor: torch.Tensor, device: torch.device, creator: int) -> tuple[int, bool]:
@@ -500,15 +505,16 @@ class GraphBuilder:
     # See note [Direct records]. Each returns False, having changed nothing, when the op is not of
     # its shape; the caller then calls `record`.
 
-    def record_factory(self, func: Any, args: tuple, kwargs: dict, out: Any, source: SourceLocation | None) -> bool:
+    def record_factory(
+        self, func: Any, facts: OpFacts, args: tuple, kwargs: dict, out: Any, source: SourceLocation | None
+    ) -> bool:
         """A factory (`empty`, `ones`...) with plain arguments whose result is a new fake."""
-        entry = _FACTS_BY_ID.get(id(func))
-        facts = entry[1] if entry is not None else op_facts(func)
         if facts.random or facts.written or type(out) is not DeferredTensor or HANDLE_ATTR in out.__dict__:
             return False
         if not (all_plain(args) and all_plain(kwargs.values())):
             return False
-        index = len(self.graph.ops)
+        graph = self.graph
+        index = len(graph.ops)
         tid, sid = self._new_tensor(out, index)
         if sid is None:  # a storage seen before: not a new tensor's (the general path says what it is)
             raise AssertionError(f"{func} returned a fake over a storage recorded before")
@@ -516,14 +522,37 @@ class GraphBuilder:
         if facts.takes_dtype and kwargs.get("dtype") is None:
             ref_kwargs["dtype"] = out.dtype
         refs = self._tensor_refs
-        self.graph.ops.append(
+        graph.ops.append(
             OpNode(
                 index, func, args, ref_kwargs, refs[tid] if tid < len(refs) else self._tensor_ref(tid),
-                (tid,), (), _NO_READS, (), (), (sid,), False, False, source,
-                inference=torch.is_inference_mode_enabled(),
+                (tid,), (), _NO_READS, (), (), (sid,), False, False, source, "", False, None, False,
+                torch.is_inference_mode_enabled(), False,
             )
         )  # fmt: skip
         return True
+
+    def record_detach(self, func: Any, tensor: FakeTensor, out: DeferredTensor, source: SourceLocation | None) -> None:
+        """`detach` of fake `tensor` (`nn.Parameter(t)` issues one per parameter): `out` is a new
+        alias with `tensor`'s layout, registered from `tensor`'s record instead of asking `out`."""
+        base = self.id_of(tensor, source)
+        graph = self.graph
+        index = len(graph.ops)
+        info = graph.tensors[base]
+        tid = len(graph.tensors)
+        graph.tensors[tid] = TensorInfo(
+            tid, info.storage, index, info.shape, info.stride, info.storage_offset, info.dtype, info.device,
+            out.requires_grad,
+        )  # fmt: skip
+        out.__dict__[HANDLE_ATTR] = DeferredHandle(graph, tid, version_of(out))
+        self._fakes[id(out)] = weakref.ref(out)
+        refs = self._tensor_refs
+        graph.ops.append(
+            OpNode(
+                index, func, (refs[base] if base < len(refs) else self._tensor_ref(base),), {},
+                refs[tid] if tid < len(refs) else self._tensor_ref(tid), (tid,), (base,), _NO_READS, (), (), (),
+                True, False, source, "", False, None, False, torch.is_inference_mode_enabled(), False,
+            )
+        )  # fmt: skip
 
     def direct_write_target(self, tensor: FakeTensor, source: SourceLocation | None) -> TensorId | None:
         """The id of fake `tensor` before an op writes it, as `before_write` gives it, when
@@ -533,40 +562,41 @@ class GraphBuilder:
             return None
         return self.id_of(tensor, source)
 
-    def record_detach(self, func: Any, base: TensorId, out: Any, source: SourceLocation | None) -> None:
-        """`detach` of fake `base` (`nn.Parameter(t)` issues one per parameter): a new alias."""
-        index = len(self.graph.ops)
-        tid, sid = self._new_tensor(out, index)
-        if sid is not None:
-            raise AssertionError(f"{func} returned a fake over a new storage")
-        refs = self._tensor_refs
-        self.graph.ops.append(
-            OpNode(
-                index, func, (refs[base] if base < len(refs) else self._tensor_ref(base),), {},
-                refs[tid] if tid < len(refs) else self._tensor_ref(tid), (tid,), (base,), _NO_READS, (), (), (),
-                True, False, source, inference=torch.is_inference_mode_enabled(),
-            )
-        )  # fmt: skip
-
     def record_self_write(
         self, func: Any, facts: OpFacts, target: TensorId, args: tuple, kwargs: dict, source: SourceLocation | None
     ) -> None:
         """An op that writes only its fake `self` (`normal_`, `fill_`, `zero_`...) and returns it,
-        its other arguments plain; `target` is `self`'s id before the op ran (`before_write`)."""
+        its other arguments plain; `target` is `self`'s id before the op ran (`direct_write_target`)."""
         graph = self.graph
         index = len(graph.ops)
-        stream = self._random_stream(func, args, kwargs, args[0], index, source) if facts.random else None
-        sid = graph.tensors[target].storage
+        stream = None
+        if facts.random:
+            device = args[0].__dict__["_fake_device"]
+            known = self._streams.get(device)
+            if known is not None and not graph.finished:  # `_stream_position`, inlined for its common case
+                key, positions = known
+                stream = (key, len(positions))
+                positions.append(index)
+                rng_ledger.note_draw(graph, key, stream[1])
+            elif device.type != "meta":
+                stream = self._stream_position(device, func, index, source)
+        info = graph.tensors[target]
+        sid = info.storage
         graph.writers[sid].append(index)
         refs = self._tensor_refs
         ref = refs[target] if target < len(refs) else self._tensor_ref(target)
         overwrites = facts.overwrites_self
+        if overwrites:
+            nbytes = graph.storages[sid].nbytes
+            covering = self._covering.get(target)
+            if covering is None or covering[0] != nbytes:
+                covering = self._covering[target] = (nbytes, _covers_storage(args[0]))
+            overwrites = covering[1]
         graph.ops.append(
             OpNode(
-                index, func, (ref, *args[1:]), dict(kwargs), ref, (target,), (target,),
-                _NO_READS if overwrites else frozenset((target,)), (), (sid,), (), False, facts.random, source,
-                overwrites=overwrites and _covers_storage(args[0]), stream=stream,
-                inference=torch.is_inference_mode_enabled(),
+                index, func, (ref, *args[1:]), dict(kwargs) if kwargs else {}, ref, (target,), (target,),
+                _NO_READS if facts.overwrites_self else frozenset((target,)), (), (sid,), (), False, facts.random,
+                source, "", overwrites, stream, False, torch.is_inference_mode_enabled(), False,
             )
         )  # fmt: skip
 
@@ -690,12 +720,18 @@ class GraphBuilder:
     def _random_stream(
         self, func: Any, args: tuple, kwargs: dict, out: Any, index: OpIndex, source: SourceLocation | None
     ) -> tuple[str, int] | None:
-        """(generator key, position) of a random op in its device's stream; None on meta. An op
-        recorded after construction starts where eager's generator would be (note [Eager's
-        generator after construction]); raises DeferredInitError where that cannot be known."""
+        """(generator key, position) of a random op in its device's stream; None on meta."""
         device = self._random_device(func, args, kwargs, out)
         if device is None or device.type == "meta":
             return None
+        return self._stream_position(device, func, index, source)
+
+    def _stream_position(
+        self, device: torch.device, func: Any, index: OpIndex, source: SourceLocation | None
+    ) -> tuple[str, int]:
+        """Append random op `index` to `device`'s stream: its (generator key, position). An op
+        recorded after construction starts where eager's generator would be (note [Eager's
+        generator after construction]); raises DeferredInitError where that cannot be known."""
         key = _stream_keys.get(device)
         if key is None:
             key = _stream_keys[device] = stream_key(device)
@@ -703,6 +739,7 @@ class GraphBuilder:
         if key not in graph.rng_start:
             graph.rng_start[key] = capture_start_state(key)
         positions = graph.random_streams.setdefault(key, [])
+        self._streams[device] = (key, positions)
         position = len(positions)
         if graph.finished and key == rng_ledger.KEY:
             where = f"{func} at {source or '<unknown source>'}"

@@ -127,17 +127,18 @@ class RecordingDispatchMode(TorchDispatchMode):
 
     def _record_directly(self, entry: _Kind, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:
         """The op run and recorded by a direct record (note [Direct records]), or NotImplemented
-        when it is not of such a shape: then nothing was recorded, and the general path runs it."""
+        when it is not of such a shape: then nothing was recorded, and the general path runs it.
+
+        Its tensors are `DeferredTensor`s exactly, which answer metadata reads without the
+        `_metadata_access` guard that lazy parameters need."""
         builder = self.builder
         if entry.kind is _CREATE:
             try:
                 out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
             except Exception:
                 return NotImplemented  # the general path raises it again, as a failure naming the op
-            if out is not NotImplemented:
-                with _metadata_access():
-                    if builder.record_factory(func, args, kwargs, out, source):
-                        return out
+            if out is not NotImplemented and builder.record_factory(func, entry.facts, args, kwargs, out, source):
+                return out
             return NotImplemented
         if not args or type(args[0]) is not DeferredTensor or args[0].fake_mode is not self.fake_mode:
             return NotImplemented
@@ -145,15 +146,12 @@ class RecordingDispatchMode(TorchDispatchMode):
             if len(args) != 1 or kwargs:
                 return NotImplemented
             out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
-            if out is NotImplemented:
-                return out
-            with _metadata_access():
-                builder.record_detach(func, builder.id_of(args[0], source), out, source)
+            if out is not NotImplemented:
+                builder.record_detach(func, args[0], out, source)
             return out
-        if not (all_plain(args[1:]) and all_plain(kwargs.values())):
+        if (len(args) > 1 and not all_plain(args[1:])) or (kwargs and not all_plain(kwargs.values())):
             return NotImplemented
-        with _metadata_access():
-            target = builder.direct_write_target(args[0], source)
+        target = builder.direct_write_target(args[0], source)
         if target is None:
             return NotImplemented
         if entry.kind is not _INPLACE_RANDOM:  # an in-place random op only fills values: nothing to run
@@ -163,8 +161,7 @@ class RecordingDispatchMode(TorchDispatchMode):
                 return NotImplemented
             if out is not args[0]:
                 return NotImplemented
-        with _metadata_access():
-            builder.record_self_write(func, entry.facts, target, args, kwargs, source)
+        builder.record_self_write(func, entry.facts, target, args, kwargs, source)
         return args[0]
 
 

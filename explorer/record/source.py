@@ -24,18 +24,22 @@ _CONTEXTLIB_FILE = contextlib.__file__
 _ASSIGNMENT = re.compile(r"self\.(\w+)\s*(?::[^=]*)?=")
 
 
-_library_code: dict[CodeType, bool] = {}
-_locations: dict[tuple[CodeType, int], SourceLocation] = {}
+# Both keyed by id(code) with the code object kept in the value: hashing a code object hashes its
+# bytecode and constants afresh each time (CPython does not cache it), and these are looked up for
+# every frame of every recorded op. Holding the code object keeps its id from being reused.
+_library_code: dict[int, tuple[CodeType, bool]] = {}
+_locations: dict[tuple[int, int], tuple[CodeType, SourceLocation]] = {}
 
 
 def _is_library_code(code: CodeType) -> bool:
-    known = _library_code.get(code)
-    if known is None:
+    known = _library_code.get(id(code))
+    if known is None or known[0] is not code:
         filename = code.co_filename
-        known = _library_code[code] = (
-            filename.startswith(_TORCH_DIR) or filename.startswith(_EXPLORER_DIR) or filename == _CONTEXTLIB_FILE
+        known = _library_code[id(code)] = (
+            code,
+            filename.startswith(_TORCH_DIR) or filename.startswith(_EXPLORER_DIR) or filename == _CONTEXTLIB_FILE,
         )  # `with explorer.deferred():`
-    return known
+    return known[1]
 
 
 def user_location(skip: int = 1) -> SourceLocation | None:
@@ -43,19 +47,21 @@ def user_location(skip: int = 1) -> SourceLocation | None:
     library = _library_code
     frame: FrameType | None = sys._getframe(skip)
     while frame is not None:
-        known = library.get(frame.f_code)  # inlined: this runs for every recorded op
-        if known is None:
-            known = _is_library_code(frame.f_code)
-        if not known:
+        code = frame.f_code
+        known = library.get(id(code))  # inlined `_is_library_code`: this runs for every recorded op
+        if known is None or known[0] is not code:
+            if not _is_library_code(code):
+                break
+        elif not known[1]:
             break
         frame = frame.f_back
     if frame is None:
         return None
     code, line = frame.f_code, frame.f_lineno
-    location = _locations.get((code, line))
-    if location is None:  # a constructor's lines repeat layer after layer: one immutable record each
-        location = _locations[(code, line)] = SourceLocation(code.co_filename, line, code.co_name)
-    return location
+    seen = _locations.get((id(code), line))
+    if seen is None or seen[0] is not code:  # a constructor's lines repeat layer after layer: one record each
+        seen = _locations[(id(code), line)] = (code, SourceLocation(code.co_filename, line, code.co_name))
+    return seen[1]
 
 
 def building_modules(skip: int = 1) -> str:
