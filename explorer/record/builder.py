@@ -51,6 +51,10 @@ SELF_ONLY = ((0, "self"),)  # `OpFacts.written` of an op that writes its first a
 # The C method itself: DeferredTensor.untyped_storage wraps storages for users (record/no_data.py),
 # which the recorder, asking for every op's storages, does not need.
 _storage = torch._C.TensorBase.untyped_storage
+# The address of a tensor's StorageImpl, which is `_storage(t)._cdata` without making the Python
+# storage object (half the cost; asked for every fake argument of every op). Private to torch:
+# re-check on upgrades (tests/explorer/record/test_direct_records.py records alias-heavy programs).
+_storage_key = torch._C._storage_id
 _stream_keys: dict[torch.device, str] = {}
 
 
@@ -244,11 +248,11 @@ class GraphBuilder:
 
     # -- ids ---------------------------------------------------------------------------------
     def _storage_id(self, tensor: torch.Tensor, device: torch.device, creator: int) -> tuple[int, bool]:
-        storage = _storage(tensor)
-        key = storage._cdata
+        key = _storage_key(tensor)
         sid = self._storage_ids.get(key)
         if sid is not None:
             return sid, False
+        storage = _storage(tensor)
         sid = len(self._storage_keys)
         self._storage_ids[key] = sid
         self._storage_keys.append(key)
@@ -305,7 +309,7 @@ class GraphBuilder:
         """The id of a fake input. Fakes made behind the dispatcher's back (`_make_subclass`), or
         whose storage `.data = x` swapped in C++, get a synthetic alias op recorded now."""
         handle = tensor.__dict__.get(HANDLE_ATTR)
-        storage_key = _storage(tensor)._cdata
+        storage_key = _storage_key(tensor)
         if handle is not None:
             if handle.graph is not self.graph:
                 raise DeferredInitError(
@@ -339,7 +343,7 @@ class GraphBuilder:
             return False
         info = self.graph.tensors[handle.tensor_id]
         return (
-            self._storage_keys[info.storage] == _storage(tensor)._cdata
+            self._storage_keys[info.storage] == _storage_key(tensor)
             and tensor.shape == info.shape
             and tensor.stride() == info.stride
             and tensor.storage_offset() == info.storage_offset
@@ -775,7 +779,7 @@ class GraphBuilder:
                     continue
                 if isinstance(tensor, FakeTensor):
                     if not (
-                        self._external_views and self._storage_ids.get(_storage(tensor)._cdata) in self._external_views
+                        self._external_views and self._storage_ids.get(_storage_key(tensor)) in self._external_views
                     ):
                         ids[id(tensor)] = self.id_of(tensor, source)
                         continue
@@ -823,7 +827,7 @@ class GraphBuilder:
         """
         self._absorb_layout_bump(self.graph.tensors[tensor.__dict__[HANDLE_ATTR].tensor_id].storage)
         # The storage it has now: `set_(source)` (parametrize's right_inverse) moves it to another one.
-        sid = self._storage_ids.get(_storage(tensor)._cdata)
+        sid = self._storage_ids.get(_storage_key(tensor))
         if sid is None:
             raise DeferredInitError(
                 f"{func} at {source or '<unknown source>'} points a deferred tensor at the memory of a real "

@@ -40,6 +40,17 @@ class DeferredTensor(FakeTensor):
     """A FakeTensor recorded by `deferred_init`: prints with its metadata and `fake=True`, and ops
     on it after `deferred_init` returned are recorded into its graph (see record/extension.py)."""
 
+    # FakeTensor gives each instance these attributes, all None until fake mode's memos fill them;
+    # here they are None on the class instead, so that the fakes recording makes by the thousand
+    # carry a small dict (`lean_fake.FakeFactory` leaves out what the class already says).
+    # Re-check the list on upgrades: a name missing here just stays per instance.
+    constant = pytype = dispatch_keys = real_tensor = None
+    _nonzero_memo = _nonzero_memo_vc = _nonzero_memo_epoch = None
+    _item_memo = _item_memo_vc = _item_memo_epoch = None
+    _unique_memo = _unique_memo_vc = _unique_memo_epoch = None
+    _unique_consecutive_memo = _unique_consecutive_memo_vc = _unique_consecutive_memo_epoch = None
+    _nested_int_memo = _nested_int_memo_vc = _nested_int_memo_epoch = None
+
     @classmethod
     def __torch_dispatch__(  # type: ignore[override]  # the dispatcher passes a dict; FakeTensor's stub says Mapping
         cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None

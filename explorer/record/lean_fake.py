@@ -111,7 +111,12 @@ class FakeFactory:
     def __init__(self, fake_mode: FakeTensorMode) -> None:
         with torch._C._DisableTorchDispatch():
             sample = FakeTensor(fake_mode, torch.empty(0, device=_META), _CPU)
-        self.template = dict(sample.__dict__)
+        # What FakeTensor sets on every instance, less what DeferredTensor's class already says.
+        self.template = {
+            name: value
+            for name, value in sample.__dict__.items()
+            if not (value is None and name in DeferredTensor.__dict__ and DeferredTensor.__dict__[name] is None)
+        }
         self.devices: dict[torch.device, torch.device] = {}
         self.throw_on_data_ptr = not fake_mode._allow_unsafe_data_ptr_access
 
