@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -54,7 +54,7 @@ _storage = torch._C.TensorBase.untyped_storage
 # The address of a tensor's StorageImpl, which is `_storage(t)._cdata` without making the Python
 # storage object (half the cost; asked for every fake argument of every op). Private to torch:
 # re-check on upgrades (tests/explorer/record/test_direct_records.py records alias-heavy programs).
-_storage_key = torch._C._storage_id
+_storage_key: Callable[[torch.Tensor], int] = torch._C._storage_id  # type: ignore[attr-defined]  # untyped in the stubs
 _stream_keys: dict[torch.device, str] = {}
 
 
@@ -519,9 +519,27 @@ class GraphBuilder:
             return False
         graph = self.graph
         index = len(graph.ops)
-        tid, sid = self._new_tensor(out, index)
-        if sid is None:  # a storage seen before: not a new tensor's (the general path says what it is)
+        # `_new_tensor` for a fake that certainly has a storage of its own, inlined
+        key = _storage_key(out)
+        if key in self._storage_ids:  # a storage seen before: not a new tensor's
             raise AssertionError(f"{func} returned a fake over a storage recorded before")
+        storage = _storage(out)
+        sid = len(self._storage_keys)
+        self._storage_ids[key] = sid
+        self._storage_keys.append(key)
+        self._storage_objects.append(storage)
+        attributes = out.__dict__
+        device = attributes["_fake_device"]
+        graph.storages[sid] = StorageInfo(sid, storage.nbytes(), device, index)
+        graph.writers[sid] = [index]
+        tid = len(graph.tensors)
+        offset = cast(int, out.storage_offset())  # no ShapeEnv while recording: never a SymInt
+        graph.tensors[tid] = TensorInfo(
+            tid, sid, index, out.shape, out.stride(), offset, out.dtype, device, out.requires_grad
+        )  # fmt: skip
+        self._storage_anchor[sid] = tid
+        attributes[HANDLE_ATTR] = DeferredHandle(graph, tid, version_of(out))
+        self._fakes[id(out)] = weakref.ref(out)
         ref_kwargs = dict(kwargs)
         if facts.takes_dtype and kwargs.get("dtype") is None:
             ref_kwargs["dtype"] = out.dtype
