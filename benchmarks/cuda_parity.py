@@ -1,0 +1,216 @@
+"""CUDA materialization against eager CUDA construction, bit for bit: run on a machine with a GPU.
+
+    python benchmarks/cuda_parity.py            # prints one line per check and a closing count
+
+CI has no GPU, so this is not part of `make test`; docs/benchmarks.md records where and when it
+last ran. Each check builds the same model eagerly and deferred from one seed and compares every
+parameter and buffer bitwise:
+
+- recorded on CUDA, materialized on CUDA with rng="eager" (CUDA's Philox generator replayed), whole
+  and layer by layer from the last one (earlier random ops re-run on scratch tensors);
+- recorded on the CPU, materialized onto CUDA (drawn on the CPU generator, then moved);
+- the global CPU and CUDA generators unchanged by materialization;
+- a timing line: one late Llama layer on CUDA, eager parity, against building that layer eagerly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+def backport_for_older_torch() -> list[str]:
+    """The engine is tested on torch 2.13; a GPU machine may carry an older one (2.11 has been seen).
+    Adds the two private helpers of 2.13 that the recorder calls and such a torch lacks, as 2.13
+    writes them, and returns what it added (printed with the results)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    added = []
+    if not hasattr(FakeTensor, "_normalize_fake_device"):
+
+        def normalize(device: torch.device) -> torch.device:
+            if device.type == "cuda":
+                torch.empty(1, device=device)  # 2.13's init_gpu_context
+            if device.type in ("cuda", "xpu") and device.index is None:
+                index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+                device = torch.device(f"{device.type}:{index}")
+            return device
+
+        FakeTensor._normalize_fake_device = staticmethod(normalize)  # type: ignore[attr-defined]
+        added.append("FakeTensor._normalize_fake_device")
+    if not hasattr(torch._C, "_storage_id"):
+        torch._C._storage_id = lambda tensor: tensor.untyped_storage()._cdata  # type: ignore[attr-defined]
+        added.append("torch._C._storage_id")
+    return added
+
+
+BACKPORTED = backport_for_older_torch()
+
+from explorer import deferred_init, materialize_module  # noqa: E402
+
+# PARITY_DEVICE=cpu runs the same checks on the CPU (a smoke run of this script where there is no GPU).
+DEVICE = os.environ.get("PARITY_DEVICE", "cuda")
+CUDA = torch.device(DEVICE)
+
+
+def tiny_llama(device: str | None = None, layers: int = 4) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=layers,
+                         num_attention_heads=8, num_key_value_heads=4, vocab_size=1000)
+    if device is None:
+        return LlamaForCausalLM(config)
+    with torch.device(device):
+        return LlamaForCausalLM(config)
+
+
+class Mixed(nn.Module):
+    """Factories with device=, in-place random inits, a constant buffer and a value read."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(300, 64, padding_idx=0, device=device)
+        self.proj = nn.Linear(64, 48, device=device)
+        self.conv = nn.Conv2d(3, 8, 3, device=device)
+        self.norm = nn.LayerNorm(48, device=device)
+        self.scale = nn.Parameter(torch.randn(48, device=device) * 0.02)
+        nn.init.trunc_normal_(self.proj.weight, std=0.02)
+        nn.init.orthogonal_(self.conv.weight)
+        self.register_buffer("steps", torch.arange(10, device=device).float().sqrt())
+        self.threshold = float(self.scale.abs().max().item())
+
+
+def synchronize() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+
+def compare(eager: nn.Module, built: nn.Module, device: torch.device) -> None:
+    want, got = state(eager), state(built)
+    assert want.keys() == got.keys(), sorted(set(want) ^ set(got))
+    differ = []
+    for name, value in want.items():
+        other = got[name]
+        assert other.device.type == device.type, f"{name} on {other.device}, expected {device}"
+        assert other.dtype == value.dtype and other.shape == value.shape, name
+        if not torch.equal(other.to(value.device), value):
+            differ.append(name)
+    assert not differ, f"{len(differ)} of {len(want)} tensors differ from eager: {differ[:8]}"
+
+
+def generators() -> dict[str, torch.Tensor]:
+    states = {"cpu": torch.get_rng_state()}
+    if DEVICE == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def check_cuda_recorded(build: Callable[[], nn.Module]) -> None:
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    deferred = deferred_init(build)
+    before = generators()
+    materialize_module(deferred, device=DEVICE)
+    after = generators()
+    compare(eager, deferred, CUDA)
+    moved = [key for key in before if not torch.equal(before[key], after[key])]
+    assert not moved, f"materialization moved the {moved} generator(s): {before} -> {after}"
+
+
+def check_last_layer_first() -> None:
+    torch.manual_seed(1)
+    eager = tiny_llama(DEVICE)
+    torch.manual_seed(1)
+    deferred = deferred_init(tiny_llama, DEVICE)
+    layers = deferred.model.layers
+    for index in reversed(range(len(layers))):
+        materialize_module(layers[index], device=DEVICE)
+        compare(eager.model.layers[index], layers[index], CUDA)
+    materialize_module(deferred, device=DEVICE)
+    compare(eager, deferred, CUDA)
+
+
+def check_cpu_recorded_onto_cuda() -> None:
+    torch.manual_seed(2)
+    eager = tiny_llama()
+    torch.manual_seed(2)
+    deferred = deferred_init(tiny_llama)
+    materialize_module(deferred, device=DEVICE)
+    compare(eager, deferred, CUDA)
+
+
+def check_late_layer_timing() -> str:
+    """Llama-2-7B shapes, 32 layers recorded on CUDA: `layers[31]` materialized with eager parity."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)
+
+    def build() -> nn.Module:
+        with torch.device(DEVICE):
+            return LlamaForCausalLM(config)
+
+    torch.manual_seed(3)
+    deferred = deferred_init(build)
+    synchronize()
+    start = time.perf_counter()
+    materialize_module(deferred.model.layers[31], device=DEVICE)
+    synchronize()
+    layer_s = time.perf_counter() - start
+    torch.manual_seed(3)
+    start = time.perf_counter()
+    eager = build()
+    synchronize()
+    eager_s = time.perf_counter() - start
+    compare(eager.model.layers[31], deferred.model.layers[31], CUDA)
+    del eager
+    return f"7B layers[31] on CUDA, eager parity: {layer_s:.2f} s; eager construction of the whole 7B: {eager_s:.2f} s"
+
+
+CHECKS: dict[str, Callable[[], object]] = {
+    "nn.Linear recorded on cuda": lambda: check_cuda_recorded(lambda: nn.Linear(64, 32, device=DEVICE)),
+    "mixed inits recorded on cuda": lambda: check_cuda_recorded(lambda: Mixed(DEVICE)),
+    "tiny Llama recorded on cuda": lambda: check_cuda_recorded(lambda: tiny_llama(DEVICE)),
+    "tiny Llama, layers materialized last first": check_last_layer_first,
+    "tiny Llama recorded on cpu, materialized onto cuda": check_cpu_recorded_onto_cuda,
+    "7B late layer on cuda": check_late_layer_timing,
+}
+if DEVICE != "cuda":  # the 7B eager baseline needs 27 GB: a GPU's memory, not a smoke run's
+    del CHECKS["7B late layer on cuda"]
+
+
+def main() -> int:
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke run)"
+    print(f"torch {torch.__version__}, {where}; backported for this torch: {BACKPORTED or 'nothing'}", flush=True)
+    passed = failed = 0
+    for name, check in CHECKS.items():
+        try:
+            detail = check()
+        except Exception:  # report every check, then the count
+            failed += 1
+            print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
+        else:
+            passed += 1
+            print(f"ok   {name}" + (f": {detail}" if isinstance(detail, str) else ""), flush=True)
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
