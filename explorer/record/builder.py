@@ -148,11 +148,14 @@ def _argument(args: tuple, kwargs: dict, position: int | None, name: str) -> Any
     return kwargs.get(name)
 
 
-def _covers_storage(tensor: torch.Tensor) -> bool:
-    """True when writing every element of `tensor` writes every byte of its storage."""
+def _covers_storage(tensor: torch.Tensor, storage_nbytes: int | None = None) -> bool:
+    """True when writing every element of `tensor` writes every byte of its storage (whose size
+    is asked of the storage unless the caller knows it)."""
     if tensor.storage_offset() != 0 or not tensor.is_contiguous():
         return False
-    return tensor.numel() * tensor.element_size() == _storage(tensor).nbytes()
+    if storage_nbytes is None:
+        storage_nbytes = _storage(tensor).nbytes()
+    return tensor.numel() * tensor.element_size() == storage_nbytes
 
 
 def version_of(tensor: torch.Tensor) -> int | None:
@@ -612,7 +615,7 @@ class GraphBuilder:
             nbytes = graph.storages[sid].nbytes
             covering = self._covering.get(target)
             if covering is None or covering[0] != nbytes:
-                covering = self._covering[target] = (nbytes, _covers_storage(args[0]))
+                covering = self._covering[target] = (nbytes, _covers_storage(args[0], nbytes))
             overwrites = covering[1]
         graph.ops.append(
             OpNode(

@@ -117,15 +117,19 @@ class FakeFactory:
             for name, value in sample.__dict__.items()
             if not (value is None and name in DeferredTensor.__dict__ and DeferredTensor.__dict__[name] is None)
         }
-        self.devices: dict[torch.device, torch.device] = {}
+        # device → (the device fakes report, `template` with that device as `_fake_device`)
+        self.devices: dict[torch.device, tuple[torch.device, dict[str, Any]]] = {}
         self.throw_on_data_ptr = not fake_mode._allow_unsafe_data_ptr_access
+
+    def _for_device(self, device: torch.device) -> tuple[torch.device, dict[str, Any]]:
+        normalized = FakeTensor._normalize_fake_device(device)
+        found = self.devices[device] = (normalized, {**self.template, "_fake_device": normalized})
+        return found
 
     def __call__(self, elem: torch.Tensor, device: torch.device, requires_grad: bool | None = None) -> DeferredTensor:
         """A fake on `device` over a detached alias of `elem` (`_make_subclass` detaches it), with
         `elem`'s requires_grad unless `requires_grad` is given."""
-        normalized = self.devices.get(device)
-        if normalized is None:
-            normalized = self.devices[device] = FakeTensor._normalize_fake_device(device)
+        normalized, attributes = self.devices.get(device) or self._for_device(device)
         tensor = torch.Tensor._make_subclass(
             DeferredTensor,
             elem,
@@ -135,9 +139,7 @@ class FakeFactory:
         )
         if self.throw_on_data_ptr:
             torch._C._set_throw_on_mutable_data_ptr(tensor)
-        attributes = tensor.__dict__
-        attributes.update(self.template)
-        attributes["_fake_device"] = normalized
+        tensor.__dict__.update(attributes)
         return tensor
 
 
@@ -283,17 +285,10 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
             return NotImplemented
         if path is _FILL:
             return _fill(fake_mode, func, args, kwargs)
-        if (
-            func is _DETACH
-            and len(args) == 1
-            and not kwargs
-            and not args[0].is_inference()
-            and not torch.is_inference_mode_enabled()
-        ):
-            # `_make_subclass` detaches its argument itself: the same fake as running `detach`'s meta
-            # kernel first, without that call (`Parameter(t)` issues one per parameter).
-            with torch._C._DisableTorchDispatch():
-                return make(args[0], args[0].fake_device, False)
+        if func is _DETACH and len(args) == 1 and not kwargs:
+            out = detached_fake(make, args[0])
+            if out is not NotImplemented:
+                return out
         if any(isinstance(a, torch.Tensor) for a in args[1:]):
             return NotImplemented
         return make(_run_meta(fake_mode, func, args, kwargs), args[0].fake_device)
@@ -310,10 +305,32 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
     return make(_run_meta(fake_mode, func, args, kwargs), device)
 
 
+# Whether a device is the meta device, by the device: `device.type` makes a new string per call.
+_IS_META: dict[torch.device, bool] = {}
+
+
+def detached_fake(make: FakeFactory, tensor: DeferredTensor) -> Any:
+    """`tensor.detach()`'s fake (`Parameter(t)` issues one per parameter), or NotImplemented for an
+    inference tensor or under inference mode. `_make_subclass` detaches its argument itself: the
+    same fake as running `detach`'s meta kernel first, without that call."""
+    if tensor.is_inference() or torch.is_inference_mode_enabled():
+        return NotImplemented
+    with torch._C._DisableTorchDispatch():
+        return make(tensor, tensor.__dict__["_fake_device"], False)
+
+
+def factory_fake(make: FakeFactory, func: Any, args: tuple, kwargs: dict) -> Any:
+    """A factory op's fake (`func` one of FACTORIES), or NotImplemented (meta device, tensor args)."""
+    return _factory(make, _ROUTES.get(id(func)) or _route(func), args, kwargs)
+
+
 def _factory(make: FakeFactory, route: _Route, args: tuple, kwargs: dict) -> Any:
     """A factory's fake: its meta kernel's result on the device the op names."""
     device = kwargs.get("device") or _CPU
-    if device.type == "meta":
+    is_meta = _IS_META.get(device)
+    if is_meta is None:
+        is_meta = _IS_META[device] = device.type == "meta"
+    if is_meta:
         return NotImplemented
     for a in args:
         if isinstance(a, torch.Tensor):

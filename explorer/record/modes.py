@@ -28,7 +28,7 @@ from ..graph import is_inplace_random
 from .builder import SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
 from .computed import compute_for_real
 from .fake import DeferredTensor
-from .lean_fake import FACTORIES, FakeFactory, lean_dispatch
+from .lean_fake import FACTORIES, FakeFactory, detached_fake, factory_fake, lean_dispatch
 from .scope import ValueReader, outside_recording
 from .source import building_modules, user_location
 
@@ -134,7 +134,7 @@ class RecordingDispatchMode(TorchDispatchMode):
         builder = self.builder
         if entry.kind is _CREATE:
             try:
-                out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
+                out = factory_fake(self.make_fake, func, args, kwargs)
             except Exception:
                 return NotImplemented  # the general path raises it again, as a failure naming the op
             if out is not NotImplemented and builder.record_factory(func, entry.facts, args, kwargs, out, source):
@@ -145,7 +145,7 @@ class RecordingDispatchMode(TorchDispatchMode):
         if entry.kind is _DETACH_OP:
             if len(args) != 1 or kwargs:
                 return NotImplemented
-            out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
+            out = detached_fake(self.make_fake, args[0])
             if out is not NotImplemented:
                 builder.record_detach(func, args[0], out, source)
             return out
