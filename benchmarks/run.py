@@ -33,6 +33,7 @@ ENGINE_ENV = "BENCH_ENGINE_DIR"
 sys.path[:0] = [p for p in (os.environ.get(ENGINE_ENV), str(ROOT), str(HERE)) if p]
 
 import cases  # noqa: E402  (after the path setup; light: no torch at import)
+import fill_bench  # noqa: E402  (the recording rows: issue 25's topic)
 from harness import MARKER, MB, ChildError, Report, Row, log, run_child, seconds, verdict  # noqa: E402
 
 # Topic modules (benchmarks/<name>.py): each has TOPIC, CASES and bench(report, quick, timeout).
@@ -95,45 +96,6 @@ def child_main(spec: str) -> None:
 
 
 # -- benchmarks -----------------------------------------------------------------------------------
-# The VM's speed moves between processes (the same build takes 55 ms in one and 110 ms in the
-# next), while inside one process deferred and meta move together: the row is the median over
-# fresh processes of each one's ratio of medians.
-DEFERRED_PROCESSES = 3
-
-
-def bench_deferred_init(report: Report, config: str, reps: int) -> None:
-    name = f"deferred_init {config} vs meta-device construction (time)"
-    try:
-        runs = [run_child("deferred_init_time", 900, config=config, reps=reps) for _ in range(DEFERRED_PROCESSES)]
-        ratios = [statistics.median(t["deferred"]) / statistics.median(t["meta"]) for t in runs]
-        middle = runs[ratios.index(statistics.median(ratios))]
-        deferred, meta = statistics.median(middle["deferred"]), statistics.median(middle["meta"])
-        ratio = statistics.median(ratios)
-        report.add(Row(name, f"{deferred * 1e3:.0f} ms", f"{meta * 1e3:.0f} ms", f"{ratio:.2f}×", "≤ 2.00×",
-                       verdict(ratio <= 2.0)))
-        for number, times in enumerate(runs, 1):
-            # Two other readings of the same reps: the median of each rep's own pair (run back to
-            # back), and the fastest over the fastest.
-            paired = statistics.median(d / m for d, m in zip(times["deferred"], times["meta"]))
-            fastest = min(times["deferred"]) / min(times["meta"])
-            report.notes.append(
-                f"{config} deferred_init process {number}/{len(runs)}: deferred s {seconds(times['deferred'])}; "
-                f"meta s {seconds(times['meta'])}; ratio of medians {ratios[number - 1]:.2f}×, median of "
-                f"per-rep ratios {paired:.2f}×, fastest over fastest {fastest:.2f}×")
-    except ChildError as error:
-        report.error(name, "≤ 2.00×", error)
-
-    name = f"deferred_init {config} RSS growth"
-    try:
-        rss = run_child("deferred_init_rss", 900, config=config)
-        growth = rss["growth"] / MB
-        report.add(Row(name, f"{growth:.1f} MB", "—", "—", "≤ 150 MB", verdict(growth <= 150)))
-        report.notes.append(f"{config}: {rss['params'] / 1e9:.2f} B parameters held deferred; RSS "
-                            f"{rss['before'] / MB:.0f} → {rss['after'] / MB:.0f} MB")
-    except ChildError as error:
-        report.error(name, "≤ 150 MB", error)
-
-
 MATERIALIZE_MODES = ("eager", "materialize-eager", "materialize-fast", "meta-to-empty-init")
 
 
@@ -425,7 +387,7 @@ def run(args: argparse.Namespace, started: float, engine: str) -> int:
     report = Report()
     if "deferred" in only:
         log(f"1. deferred_init {seven} ({reps} interleaved reps)")
-        bench_deferred_init(report, seven, reps)
+        fill_bench.bench_recording(report, seven, reps)
     if "materialize" in only:
         log(f"2. materialize {one} ({mat_reps} rounds of {len(MATERIALIZE_MODES)} fresh processes)")
         bench_materialize(report, one, mat_reps)
