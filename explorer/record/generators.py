@@ -25,6 +25,20 @@ def default_generator(key: str) -> torch.Generator:
     raise ValueError(f"no default generator for device {key!r}")
 
 
+# Note: [Generator states are kept as copies]
+# Replay keeps generator states for later: the state a session restores at its end, eager's state
+# after each random op it ran (cached per graph for later materializations). On a GPU machine with
+# torch 2.11, CUDA states kept as `get_state()` returned them did not stay put: after a replay the
+# CUDA generator was left advanced by the replayed draws, and a later materialization of an
+# earlier layer started from wrong states (its values differed from eager's). Keeping copies made
+# every check of benchmarks/cuda_parity.py pass there. So every kept state is copied when taken;
+# a copy costs microseconds (5 KB for the CPU generator, 16 bytes for CUDA's).
+# tests/explorer/replay/test_rng.py pins it with a stand-in whose state tensor follows the generator.
+def state_of(generator: torch.Generator) -> torch.Tensor:
+    """A copy of `generator`'s state now, safe to keep (see note [Generator states are kept as copies])."""
+    return generator.get_state().clone()
+
+
 def capture_start_state(key: str) -> torch.Tensor | None:
     """The generator state of `key` now, or None when that device is absent on this machine."""
     if key == "cpu":

@@ -30,7 +30,7 @@ import torch
 
 from ..errors import MaterializationError
 from ..graph import InitGraph, OpIndex, RngRestart
-from ..record.generators import default_generator
+from ..record.generators import default_generator, state_of
 from .draws import draw_count
 from .mt19937 import jump_state
 
@@ -247,7 +247,7 @@ class RngSession:
     def _generator(self, key: str) -> torch.Generator:
         generator = default_generator(key)
         if key not in self._saved:
-            self._saved[key] = generator.get_state()
+            self._saved[key] = state_of(generator)
         return generator
 
     def before_random_op(self, key: str, position: int, exec_key: str) -> None:
@@ -293,7 +293,7 @@ class RngSession:
         generator.set_state(state)
         self._position.pop(key, None)
         self.run_scratch(self.streams.graph.random_streams[key][position])
-        return generator.get_state()
+        return state_of(generator)
 
     def after_random_op(self, key: str, position: int) -> None:
         if self.mode == "fast" and (key, position) not in self.eager_anyway:
@@ -304,4 +304,4 @@ class RngSession:
         self._position[key] = position + 1
         cache = self.streams.cache(key)
         if position + 1 not in cache:
-            self.streams.remember(key, position + 1, default_generator(key).get_state())
+            self.streams.remember(key, position + 1, state_of(default_generator(key)))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from explorer import deferred_init
+from explorer import deferred_init, materialize_module, materialize_tensor
 from explorer.record.fake import handle_of
 from explorer.replay.replay import Replay
 from explorer.replay.rng import RNG_MODES, RngSession, RngStreams
@@ -183,3 +183,44 @@ def test_fast_mode_seeds_the_executing_generator(deferred, restore_rng) -> None:
 
 def test_rng_modes_are_the_two_documented_ones() -> None:
     assert RNG_MODES == ("eager", "fast")
+
+
+class LiveStateGenerator:
+    """Stands in for a default generator whose `get_state()` hands back one tensor that keeps
+    following the generator (refreshed in place at every later `get_state()`): how the CUDA
+    generator behaved on a GPU machine (note [Generator states are kept as copies])."""
+
+    def __init__(self, real: torch.Generator) -> None:
+        self.real = real
+        self.live: torch.Tensor | None = None
+
+    def get_state(self) -> torch.Tensor:
+        state = self.real.get_state()
+        if self.live is None:
+            self.live = state
+        else:
+            self.live.copy_(state)
+        return self.live
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.real.set_state(state)
+
+    def manual_seed(self, seed: int) -> None:
+        self.real.manual_seed(seed)
+
+
+def test_states_kept_by_a_replay_are_copies_so_a_live_state_tensor_changes_nothing(restore_rng, monkeypatch) -> None:
+    torch.manual_seed(5)
+    eager = SmallNormals()  # scratch runs and cached states: every kind of kept state
+    torch.manual_seed(5)
+    module = deferred_init(SmallNormals)
+    stand_in = LiveStateGenerator(torch.default_generator)
+    monkeypatch.setattr("explorer.replay.rng.default_generator", lambda key: stand_in)
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    for name in ("e", "c", "a", "d", "b"):  # last first: later states come from scratch runs
+        materialize_tensor(getattr(module, name))
+    materialize_module(module)
+    assert torch.equal(torch.get_rng_state(), before)
+    for name, value in eager.named_parameters():
+        assert torch.equal(getattr(module, name), value), name
