@@ -265,5 +265,3 @@ def bench_recording(report: Report, config: str, reps: int) -> None:
                             f"{rss['before'] / MB:.0f} → {rss['after'] / MB:.0f} MB")
     except ChildError as error:
         report.error(name, f"≤ {RECORD_RSS_MB} MB", error)
-
-

@@ -123,8 +123,8 @@ class FakeFactory:
 
     def _for_device(self, device: torch.device) -> tuple[torch.device, dict[str, Any]]:
         normalized = FakeTensor._normalize_fake_device(device)
-        found = self.devices[device] = (normalized, {**self.template, "_fake_device": normalized})
-        return found
+        self.devices[device] = (normalized, {**self.template, "_fake_device": normalized})
+        return self.devices[device]
 
     def __call__(self, elem: torch.Tensor, device: torch.device, requires_grad: bool | None = None) -> DeferredTensor:
         """A fake on `device` over a detached alias of `elem` (`_make_subclass` detaches it), with
@@ -305,10 +305,6 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
     return make(_run_meta(fake_mode, func, args, kwargs), device)
 
 
-# Whether a device is the meta device, by the device: `device.type` makes a new string per call.
-_IS_META: dict[torch.device, bool] = {}
-
-
 def detached_fake(make: FakeFactory, tensor: DeferredTensor) -> Any:
     """`tensor.detach()`'s fake (`Parameter(t)` issues one per parameter), or NotImplemented for an
     inference tensor or under inference mode. `_make_subclass` detaches its argument itself: the
@@ -322,6 +318,10 @@ def detached_fake(make: FakeFactory, tensor: DeferredTensor) -> Any:
 def factory_fake(make: FakeFactory, func: Any, args: tuple, kwargs: dict) -> Any:
     """A factory op's fake (`func` one of FACTORIES), or NotImplemented (meta device, tensor args)."""
     return _factory(make, _ROUTES.get(id(func)) or _route(func), args, kwargs)
+
+
+# Whether a device is the meta device, by the device: `device.type` makes a new string per call.
+_IS_META: dict[torch.device, bool] = {}
 
 
 def _factory(make: FakeFactory, route: _Route, args: tuple, kwargs: dict) -> Any:
