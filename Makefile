@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := graphviz chromium fonts-liberation
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 
-.PHONY: install system-packages torchvision-hook zoo lint test bench lab demo fuzz clean
+.PHONY: install system-packages torchvision-hook zoo lint test test-torch bench lab demo fuzz clean
 
 system-packages:
 	@missing=""; \
@@ -22,9 +22,42 @@ system-packages:
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e ".[dev,lab]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,lab,zoo]"
 	$(MAKE) --no-print-directory torchvision-hook
 	touch $(STAMP)
+
+# Another torch release in a venv of its own (.venvs/torch-X): PyPI's Linux wheels (CUDA builds that
+# run on the CPU), bypassing this machine's pip cap with a constraints file that pins that release.
+# torchvision (for timm) comes paired with the release where PyPI has a pairing; otherwise the newest
+# one is installed without its torch pin and tests/support/torchvision_hook.py lets it import.
+TORCH ?=
+TORCH_VENV := .venvs/torch-$(TORCH)
+TORCH_PY := $(TORCH_VENV)/bin/python
+TORCH_STAMP := $(TORCH_VENV)/.installed
+
+$(TORCH_VENV)/.installed: pyproject.toml
+	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=2.15.0"; exit 2; }
+	test -x $(TORCH_PY) || $(PYTHON) -m venv $(TORCH_VENV)
+	echo "torch==$(TORCH)" > $(TORCH_VENV)/constraints.txt
+	$(TORCH_PY) -m pip install -q --upgrade pip
+	PIP_CONSTRAINT=$(TORCH_VENV)/constraints.txt $(TORCH_PY) -m pip install -q "torch==$(TORCH)"
+	@# The product as users install it beside the torch they have, with no pin: pip must keep that torch.
+	PIP_CONSTRAINT= $(TORCH_PY) -m pip install -q .
+	$(TORCH_PY) -c "import importlib.metadata as m, sys; v = m.version('torch'); \
+		sys.exit(0 if v.split('+')[0] == '$(TORCH)' else f'pip install . replaced torch $(TORCH) with {v}')"
+	export PIP_CONSTRAINT=$(TORCH_VENV)/constraints.txt; \
+	{ $(TORCH_PY) -m pip install -q torchvision 2>/dev/null \
+	  || { echo "no torchvision release pairs with torch $(TORCH): the newest, without its torch pin"; \
+	       $(TORCH_PY) -m pip install -q --no-deps torchvision; }; } && \
+	$(TORCH_PY) -m pip install -q -e ".[dev,lab]" && \
+	$(TORCH_PY) -m pip install -q --no-deps timm
+	$(MAKE) --no-print-directory torchvision-hook PY=$(TORCH_PY)
+	$(TORCH_PY) -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__)"
+	touch $@
+
+# The engine suites on that release: tests/explorer, the fuzz tests at their CI count, the docs' examples.
+test-torch: system-packages $(TORCH_VENV)/.installed
+	$(TORCH_PY) -m pytest -q -rs -p no:cacheprovider tests/explorer tests/fuzz tests/test_docs.py
 
 # PyPI's torchvision is a CUDA build whose C ops do not load beside CPU torch, and its import then
 # fails; the hook declares the two op schemas it needs (see tests/support/torchvision_hook.py).
@@ -60,7 +93,7 @@ zoo: install
 	$(PY) -m tests.zoo.init_audit $(ZOO_ARGS)
 
 bench: install
-	$(PIP) install -q -c constraints.txt -e ".[dev,lab,bench]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,lab,zoo,bench]"
 	$(PY) benchmarks/run.py
 
 lab: install

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
+from .._torch_compat.dispatch import metadata_access, storage_id, storage_of
+from .._torch_compat.fake import FakeTensor, fake_device_of
 from ..errors import DeferredInitError
 from ..graph import (
     OVERWRITING_OPS,
@@ -50,11 +51,11 @@ _NO_READS: frozenset = frozenset()
 SELF_ONLY = ((0, "self"),)  # `OpFacts.written` of an op that writes its first argument only
 # The C method itself: DeferredTensor.untyped_storage wraps storages for users (record/no_data.py),
 # which the recorder, asking for every op's storages, does not need.
-_storage = torch._C.TensorBase.untyped_storage
+_storage = storage_of
 # The address of a tensor's StorageImpl, which is `_storage(t)._cdata` without making the Python
 # storage object (half the cost; asked for every fake argument of every op). Private to torch:
 # re-check on upgrades (tests/explorer/record/test_direct_records.py records alias-heavy programs).
-_storage_key: Callable[[torch.Tensor], int] = torch._C._storage_id  # type: ignore[attr-defined]  # untyped in the stubs
+_storage_key: Callable[[torch.Tensor], int] = storage_id
 _stream_keys: dict[torch.device, str] = {}
 
 
@@ -137,7 +138,7 @@ def _copied_by_to(func: Any, args: tuple, out: Any) -> bool:
     """True for a `Tensor.to` call whose result is a new tensor (its dtype or device changed)."""
     if func not in _TO_OPS or not args or not isinstance(args[0], torch.Tensor) or not isinstance(out, torch.Tensor):
         return False
-    device = out.__dict__.get("_fake_device", out.device) if isinstance(out, FakeTensor) else out.device
+    device = fake_device_of(out) if isinstance(out, FakeTensor) else out.device
     return out.dtype != args[0].dtype or device != args[0].device
 
 
@@ -267,7 +268,7 @@ class GraphBuilder:
     def _new_tensor(self, tensor: FakeTensor, producer: int) -> tuple[TensorId, int | None]:
         """Register a fake that an op produced; returns its id and its storage id if new."""
         attributes = tensor.__dict__
-        device = attributes["_fake_device"]
+        device = fake_device_of(tensor)
         sid, created = self._storage_id(tensor, device, producer)
         tensors = self.graph.tensors
         tid = len(tensors)
@@ -532,7 +533,7 @@ class GraphBuilder:
         self._storage_keys.append(key)
         self._storage_objects.append(storage)
         attributes = out.__dict__
-        device = attributes["_fake_device"]
+        device = fake_device_of(out)
         graph.storages[sid] = StorageInfo(sid, storage.nbytes(), device, index)
         graph.writers[sid] = [index]
         tid = len(graph.tensors)
@@ -596,7 +597,7 @@ class GraphBuilder:
         index = len(graph.ops)
         stream = None
         if facts.random:
-            device = args[0].__dict__["_fake_device"]
+            device = fake_device_of(args[0])
             known = self._streams.get(device)
             if known is not None and not graph.finished:  # `_stream_position`, inlined for its common case
                 key, positions = known
@@ -831,10 +832,10 @@ class GraphBuilder:
     @staticmethod
     def _random_device(func: Any, args: tuple, kwargs: dict, out: Any) -> torch.device | None:
         if type(out) is DeferredTensor:  # in-place random ops return their (fake) argument
-            return out.__dict__["_fake_device"]
+            return fake_device_of(out)
         for value in (*(out if isinstance(out, (list, tuple)) else (out,)), *args):
             if isinstance(value, FakeTensor):
-                return value.__dict__["_fake_device"]
+                return fake_device_of(value)
             if isinstance(value, torch.Tensor):
                 return value.device
         device = kwargs.get("device")
@@ -868,7 +869,7 @@ class GraphBuilder:
 
     def finish(self) -> None:
         """Stamp each live fake with its version now, to catch in-place changes made after recording."""
-        with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+        with metadata_access():  # lazy parameters refuse metadata reads
             for reference in list(self._fakes.values()):
                 tensor = reference()
                 if tensor is not None:
@@ -886,7 +887,7 @@ class GraphBuilder:
         """After an op recorded once construction finished: stamp the fakes it touched with their
         versions now, and drop the weak references taken meanwhile (`torch.utils.swap_tensors`, which
         `Module._apply` uses on fake parameters, refuses tensors that have weak references)."""
-        with torch._C.DisableTorchFunctionSubclass():
+        with metadata_access():
             for value in values:
                 handle = handle_of(value) if isinstance(value, FakeTensor) else None
                 if handle is not None and handle.graph is self.graph:

@@ -14,8 +14,9 @@ import functools
 from typing import Any, NamedTuple
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from .._torch_compat.dispatch import disable_torch_dispatch, meta_in_tls_dispatch_include, preserve_dispatch_key_guard
+from .._torch_compat.fake import FakeTemplate, FakeTensorMode, fake_device_of, set_in_kernel_invocation
 from .fake import DeferredTensor
 
 _aten = torch.ops.aten
@@ -96,63 +97,40 @@ def _lift_fresh(make: FakeFactory, constant: Any) -> Any:
         or constant.untyped_storage().nbytes() != constant.numel() * constant.element_size()
     ):
         return NotImplemented
-    with torch._C._DisableTorchDispatch():
+    with disable_torch_dispatch():
         out = torch.empty_strided(constant.shape, constant.stride(), dtype=constant.dtype, device=_META)
     return make(out, constant.device)
 
 
-class FakeFactory:
-    """Makes DeferredTensors around meta tensors without FakeTensor.__new__'s general checks.
+class FakeFactory(FakeTemplate):
+    """Makes DeferredTensors around meta tensors without FakeTensor.__new__'s general checks
+    (note [Fakes from a template] in explorer/_torch_compat/fake.py).
 
-    The attribute set comes from one FakeTensor built the normal way, so it follows whatever this
-    torch version's FakeTensor keeps.
+    Instance attributes that DeferredTensor's class already says (None memos) are left out, so
+    the fakes recording makes by the thousand carry a small dict.
     """
 
     def __init__(self, fake_mode: FakeTensorMode) -> None:
-        with torch._C._DisableTorchDispatch():
-            sample = FakeTensor(fake_mode, torch.empty(0, device=_META), _CPU)
-        # What FakeTensor sets on every instance, less what DeferredTensor's class already says.
-        self.template = {
-            name: value
-            for name, value in sample.__dict__.items()
-            if not (value is None and name in DeferredTensor.__dict__ and DeferredTensor.__dict__[name] is None)
-        }
-        # device → (the device fakes report, `template` with that device as `_fake_device`)
-        self.devices: dict[torch.device, tuple[torch.device, dict[str, Any]]] = {}
-        self.throw_on_data_ptr = not fake_mode._allow_unsafe_data_ptr_access
+        super().__init__(fake_mode, DeferredTensor, _said_by_class)
 
-    def _for_device(self, device: torch.device) -> tuple[torch.device, dict[str, Any]]:
-        normalized = FakeTensor._normalize_fake_device(device)
-        self.devices[device] = (normalized, {**self.template, "_fake_device": normalized})
-        return self.devices[device]
 
-    def __call__(self, elem: torch.Tensor, device: torch.device, requires_grad: bool | None = None) -> DeferredTensor:
-        """A fake on `device` over a detached alias of `elem` (`_make_subclass` detaches it), with
-        `elem`'s requires_grad unless `requires_grad` is given."""
-        normalized, attributes = self.devices.get(device) or self._for_device(device)
-        tensor = torch.Tensor._make_subclass(
-            DeferredTensor,
-            elem,
-            elem.requires_grad if requires_grad is None else requires_grad,
-            dispatch_device=True,
-            device_for_backend_keys=normalized,
-        )
-        if self.throw_on_data_ptr:
-            torch._C._set_throw_on_mutable_data_ptr(tensor)
-        tensor.__dict__.update(attributes)
-        return tensor
+def _said_by_class(name: str, value: Any) -> bool:
+    return value is None and getattr(DeferredTensor, name, _ABSENT) is None
+
+
+_ABSENT = object()
 
 
 def _run_meta(fake_mode: FakeTensorMode, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run `func` with fake tensors acting as the meta tensors they are underneath."""
     previous = fake_mode.in_kernel_invocation
-    with torch._C._DisableTorchDispatch(), torch._C._PreserveDispatchKeyGuard():
-        fake_mode.in_kernel_invocation = True
-        torch._C._set_meta_in_tls_dispatch_include(True)
+    with disable_torch_dispatch(), preserve_dispatch_key_guard():
+        set_in_kernel_invocation(fake_mode, True)
+        meta_in_tls_dispatch_include(True)
         try:
             return func(*args, **kwargs)
         finally:
-            fake_mode.in_kernel_invocation = previous
+            set_in_kernel_invocation(fake_mode, previous)
 
 
 # Ops whose meta kernels are Python references (arange, pow, reciprocal...) cost far more than the
@@ -298,7 +276,7 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
     if device is None:
         return NotImplemented
     if device.type == "cpu":
-        with torch._C._DisableTorchDispatch():
+        with disable_torch_dispatch():
             out = _layout_from_cpu(func, args, kwargs)
         if out is not None:
             return make(out, device)
@@ -311,8 +289,8 @@ def detached_fake(make: FakeFactory, tensor: DeferredTensor) -> Any:
     same fake as running `detach`'s meta kernel first, without that call."""
     if tensor.is_inference() or torch.is_inference_mode_enabled():
         return NotImplemented
-    with torch._C._DisableTorchDispatch():
-        return make(tensor, tensor.__dict__["_fake_device"], False)
+    with disable_torch_dispatch():
+        return make(tensor, fake_device_of(tensor), False)
 
 
 def factory_fake(make: FakeFactory, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -335,7 +313,7 @@ def _factory(make: FakeFactory, route: _Route, args: tuple, kwargs: dict) -> Any
     for a in args:
         if isinstance(a, torch.Tensor):
             return NotImplemented
-    with torch._C._DisableTorchDispatch():
+    with disable_torch_dispatch():
         if route.small_arange and device.type == "cpu" and _small_arange(args):
             out = route.func(*args, **kwargs)
             out = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=_META)
