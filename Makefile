@@ -78,11 +78,16 @@ lint: install
 test: install lint
 	$(PY) -m pytest -q -rs
 
-# Differential fuzzing beyond the CI budget: FUZZ_EXAMPLES programs, FUZZ_SEED for another sample.
+# Differential fuzzing beyond the CI budget: FUZZ_EXAMPLES programs from FUZZ_SEED. Without
+# FUZZ_SEED a new seed is drawn and printed, before and after the run, so a failure can be replayed
+# (`make test` keeps its fixed, derandomized sample).
 FUZZ_EXAMPLES ?= 2000
 fuzz: install
-	EXPLORER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(if $(FUZZ_SEED),EXPLORER_FUZZ_SEED=$(FUZZ_SEED)) \
-		$(PY) -m pytest -q -p no:cacheprovider tests/fuzz --hypothesis-show-statistics
+	@seed=$${FUZZ_SEED:-$$($(PY) -c 'import secrets; print(secrets.randbelow(2**32))')}; \
+	echo "fuzz: $(FUZZ_EXAMPLES) programs from seed $$seed (replay: make fuzz FUZZ_SEED=$$seed)"; \
+	EXPLORER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) EXPLORER_FUZZ_SEED=$$seed \
+		$(PY) -m pytest -q -p no:cacheprovider tests/fuzz --hypothesis-show-statistics; \
+	status=$$?; echo "fuzz: seed $$seed, exit $$status (replay: make fuzz FUZZ_SEED=$$seed)"; exit $$status
 
 # Every timm model and transformers architecture built deferred (about 30 min on 2 cores, not in
 # `make test`); writes build/zoo/report.md. Then the init audit of a sample (which tensors a model

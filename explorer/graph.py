@@ -21,7 +21,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch._ops import OpOverload
+
+from ._torch_compat.dispatch import OpOverload
 
 TensorId = int
 StorageId = int

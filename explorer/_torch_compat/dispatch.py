@@ -11,10 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._ops import OpOverload
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 __all__ = [
+    "OpOverload",
     "TorchDispatchMode",
     "disable_current_modes",
     "disable_torch_dispatch",

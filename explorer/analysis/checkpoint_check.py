@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from .._torch_compat.dispatch import metadata_access
 from ..checkpoint_headers import CheckpointEntry, CheckpointHeaders, read_headers
 from ..inspection.census import take_census
 from ..naming import dtype_name
@@ -152,7 +153,7 @@ def _describe(shape: tuple[int, ...] | None, dtype: str | None) -> str:
 def _module_keys(module: nn.Module) -> dict[str, _ModuleKey]:
     keys: dict[str, _ModuleKey] = {}
     state = module.state_dict(keep_vars=True)  # the tensors themselves: no detach, nothing recorded
-    with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+    with metadata_access():  # lazy parameters refuse metadata reads
         for key, value in state.items():
             if not isinstance(value, torch.Tensor):
                 keys[key] = _ModuleKey(None, None)

@@ -25,16 +25,10 @@ from typing import Any, cast
 import pandas as pd
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensor,
-    FakeTensorMode,
-)
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from .._torch_compat.dispatch import TorchDispatchMode, metadata_access, tree_flatten
+from .._torch_compat.fake import DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode
 from ..inspection.census import Census, take_census
 from ..naming import dtype_name
 from ..record.scope import recording_graph
@@ -113,7 +107,7 @@ def fake_state(census: Census, mode: FakeTensorMode) -> dict[str, FakeTensor]:
     Works the same for recorded fakes, materialized and eager tensors: only metadata is read.
     """
     by_storage: dict[int, list] = {}
-    with torch._C.DisableTorchFunctionSubclass():
+    with metadata_access():
         for entry in census.tensors:
             if isinstance(entry.tensor, nn.parameter.UninitializedTensorMixin):  # type: ignore[attr-defined]  # parameter.pyi omits it
                 raise DryRunError(

@@ -11,8 +11,8 @@ from collections.abc import Hashable, Sequence
 from typing import cast
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from .._torch_compat.fake import FakeTensor, FakeTensorMode
 from ..naming import byte_span
 
 

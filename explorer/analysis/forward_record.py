@@ -19,9 +19,9 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
+from .._torch_compat.dispatch import TorchDispatchMode
 from ..graph import InitGraph, OpNode, StorageInfo, TensorInfo, TensorRef
 from ..record.builder import op_facts
 

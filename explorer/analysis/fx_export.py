@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import fx, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_flatten, tree_map
 
+from .._torch_compat.dispatch import tree_flatten, tree_map
+from .._torch_compat.fake import FakeTensorMode
 from ..errors import MaterializationError
 from ..graph import ExternalRef, InitGraph, OpNode, TensorId, TensorRef
 from ..record.fake import handle_of, is_fake

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._torch_compat.dispatch import metadata_access
 from ..graph import InitGraph, TensorId
 from ..record import rng_ledger
 from ..record.deferred import deferred_init
@@ -66,7 +67,7 @@ class ReinitRecording:
 
 
 def _empty_like(tensor: torch.Tensor, parameter: bool) -> torch.Tensor:
-    with torch._C.DisableTorchFunctionSubclass():
+    with metadata_access():
         shape, stride, dtype, device = tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.device
         requires_grad = tensor.requires_grad
     fresh = torch.empty_strided(shape, stride, dtype=dtype, device=device)

@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from .._torch_compat.dispatch import metadata_access
 from ..graph import InitGraph
 from ..naming import dtype_name
 from ..record.fake import handle_of, is_fake
@@ -155,7 +156,7 @@ def _rows(module: nn.Module) -> list[dict]:
     audits, rows = _Audits(), []
     measured_cache: dict[int, tuple[Any, ...]] = {}
     for name, path, owner, kind, tensor, _ in named_slots(module):
-        with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+        with metadata_access():  # lazy parameters refuse metadata reads
             shape, dtype, device_type = tuple(tensor.shape), tensor.dtype, tensor.device.type
         graph, tid, state = _recorded(tensor)
         init = audits.init_of(graph, tid) if graph is not None and tid is not None else None  # both or neither

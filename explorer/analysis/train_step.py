@@ -20,11 +20,11 @@ from typing import Any, Literal, cast
 import pandas as pd
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
+from .._torch_compat.fake import FakeTensorMode, unset_fake_temporarily
 from ..record.scope import recording_graph
 from .dry_run import CpuGroupedMm, fake_forward_arguments, tensor_leaves
 from .fake_fsdp import (

@@ -17,8 +17,9 @@ import copy
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
+from .._torch_compat.dispatch import metadata_access
+from .._torch_compat.fake import FakeTensorMode
 from ..inspection.census import take_census
 from .dry_run import fake_state
 from .fake_copies import FakeCopies, layout_extent
@@ -54,7 +55,7 @@ def fake_twin(module: nn.Module, mode: FakeTensorMode) -> nn.Module:
             fake = nn.Parameter(fake, requires_grad=tensor.requires_grad)
         memo[id(tensor)] = fake
     extra = FakeCopies(mode)
-    with torch._C.DisableTorchFunctionSubclass():
+    with metadata_access():
         for position, tensor in enumerate(_plain_tensor_attributes(module)):
             if id(tensor) not in memo:
                 extent = layout_extent(

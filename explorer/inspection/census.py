@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .._torch_compat.dispatch import metadata_access
 from ..graph import InitGraph, OpIndex, TensorId
 from ..naming import dtype_name
 from ..record.fake import handle_of, is_fake
@@ -147,7 +148,7 @@ def take_census(root: nn.Module) -> Census:
     modules, slots = _slots(root)
     graphs, graph_index, handles = _recordings(slots)
     union = _KeyUnion()
-    with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+    with metadata_access():  # lazy parameters refuse metadata reads
         tensors, keys = _named_tensors(slots, handles, graphs, graph_index, union)
         _note_checkpoint_reads(tensors, graphs)  # before storages take their names' states
         storages = _storages(tensors, keys, union, graphs)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pandas as pd
-import torch
 
+from .._torch_compat.dispatch import metadata_access
 from .census import Census
 
 STORAGE_COLUMNS = [
@@ -34,7 +34,7 @@ def storages_table(census: Census) -> pd.DataFrame:
     """
     columns: dict[str, list] = {column: [] for column in STORAGE_COLUMNS}
     entries = census.tensors
-    with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+    with metadata_access():  # lazy parameters refuse metadata reads
         for record in census.storages:
             views = [entries[position] for position in record.names]
             columns["storage_id"].append(record.id)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pandas as pd
-import torch
 
+from .._torch_compat.dispatch import metadata_access
 from ..naming import dtype_name
 from .census import Census
 from .checkpoint_sources import CheckpointRead
@@ -73,7 +73,7 @@ def tensors_table(census: Census) -> pd.DataFrame:
     for position, entry in enumerate(census.tensors):
         by_identity.setdefault(entry.identity, []).append(position)
 
-    with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+    with metadata_access():  # lazy parameters refuse metadata reads
         for position, entry in enumerate(census.tensors):
             tensor = entry.tensor
             shape = tuple(tensor.shape)

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._pytree import tree_flatten, tree_map
 
+from .._torch_compat.dispatch import disable_torch_dispatch, tree_flatten, tree_map
+from .._torch_compat.fake import FakeTensor
 from ..errors import DeferredInitError
 from ..graph import InitGraph
 from ..naming import format_bytes
@@ -93,7 +93,7 @@ def compute_for_real(
     def as_fake(value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
-        with torch._C._DisableTorchDispatch():
+        with disable_torch_dispatch():
             meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
         return make_fake(meta, device)
 

@@ -12,8 +12,9 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from .._torch_compat.dispatch import metadata_access
+from .._torch_compat.fake import FakeTensor, FakeTensorMode
 from ..errors import DeferredInitError
 from ..graph import InitGraph
 from ..replay.replay import Replay
@@ -73,7 +74,7 @@ def _promote_survivors() -> None:
 def read_value(builder: GraphBuilder, fake: FakeTensor) -> torch.Tensor:
     """The true value of `fake` now, as eager construction would have it (for `.item()` etc.)."""
     graph = builder.graph
-    with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+    with metadata_access():  # lazy parameters refuse metadata reads
         builder.id_of(fake, user_location(2))  # a `.data = x` since its last use: read x
     handle = handle_of(fake)
     if handle is None or handle.graph is not graph:

@@ -20,9 +20,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_flatten
-
+from .._torch_compat.dispatch import tree_flatten
+from .._torch_compat.fake import FakeTensorMode
 from .modes import RecordingDispatchMode
 from .scope import RecordingScope, ValueReader, recording
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._pytree import tree_flatten
 
+from .._torch_compat.dispatch import tree_flatten
+from .._torch_compat.fake import FakeTensor
 from ..naming import dtype_name
 from .no_data import DeferredStorage, named_tensors_of, no_data_error
 from .scope import active_scope, outside_recording, recording_graph

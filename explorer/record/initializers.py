@@ -25,8 +25,8 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.init as init
-from torch._subclasses.fake_tensor import FakeTensor
 
+from .._torch_compat.fake import FakeTensor
 from .scope import recording_graph
 
 _ORIGINAL_TRUNC_NORMAL = init._no_grad_trunc_normal_

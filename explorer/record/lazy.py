@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import torch
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
+from .._torch_compat.dispatch import tensor_shape
 from .fake import DeferredTensor
 
 
@@ -25,14 +26,14 @@ class DeferredUninitializedParameter(UninitializedParameter, DeferredTensor):
     """
 
     cls_to_become = DeferredTensor
-    shape = torch._C.TensorBase.shape  # fake mode reads it; the mixin would refuse
+    shape = tensor_shape  # fake mode reads it; the mixin would refuse
 
 
 class DeferredUninitializedBuffer(UninitializedBuffer, DeferredTensor):
     """A not-yet-shaped lazy buffer recorded by deferred_init (an `UninitializedBuffer`, as above)."""
 
     cls_to_become = DeferredTensor
-    shape = torch._C.TensorBase.shape
+    shape = tensor_shape
 
 
 def _new_parameter(cls, requires_grad=True, device=None, dtype=None):  # torch's signature

@@ -15,14 +15,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensor,
-    FakeTensorMode,
-)
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._torch_compat.dispatch import TorchDispatchMode, metadata_access
+from .._torch_compat.fake import DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode
 from ..errors import DeferredInitError
 from ..graph import is_inplace_random
 from .builder import SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
@@ -38,7 +33,7 @@ _INPLACE_VIEW = torch.Tag.inplace_view
 
 # Lets the recorder read stride/storage of tensors whose class refuses it (lazy parameters). The
 # guard's class itself, called directly: a wrapper function would cost a call per recorded op.
-_metadata_access: Callable[[], contextlib.AbstractContextManager[None]] = torch._C.DisableTorchFunctionSubclass
+_metadata_access: Callable[[], contextlib.AbstractContextManager[None]] = metadata_access
 
 
 class RecordingDispatchMode(TorchDispatchMode):

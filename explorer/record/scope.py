@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+
+from .._torch_compat.dispatch import disable_current_modes, disable_torch_function
 
 if TYPE_CHECKING:
-    from torch._subclasses.fake_tensor import FakeTensor
-
+    from .._torch_compat.fake import FakeTensor
     from ..graph import InitGraph
 
 # Reads a fake tensor's true value: (fake) -> real tensor with the values eager construction has.
@@ -61,5 +61,5 @@ def recording(scope: RecordingScope) -> Iterator[RecordingScope]:
 @contextlib.contextmanager
 def outside_recording() -> Iterator[None]:
     """Real tensor ops with no fake or recording mode active and autograd off."""
-    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
+    with disable_current_modes(), disable_torch_function(), torch.no_grad():
         yield

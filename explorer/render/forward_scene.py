@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 
-import torch
-
+from .._torch_compat.dispatch import metadata_access
 from ..analysis.forward_graph import ForwardGraph
 from ..inspection.census import NamedTensor
 from ..naming import dtype_name
@@ -29,7 +28,7 @@ def _parameter_marks(forward: ForwardGraph) -> list[TensorMark]:
         if entry.name in forward.parameters:
             groups.setdefault(entry.identity, []).append(entry)
     marks = []
-    with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+    with metadata_access():  # lazy parameters refuse metadata reads
         for entries in groups.values():
             first = entries[0]
             tensor = first.tensor

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from .._torch_compat.fake import FakeTensor
 from ..naming import format_bytes
 
 # The objects drawn here (Inspection, MemoryPlan, DryRun, CheckpointCheck) import this module when
@@ -121,7 +122,7 @@ def checkpoint_check_html(check: Any) -> str:
 def _module_line(name: str, module: nn.Module) -> str:
     tensors = [*module.parameters(), *module.buffers()]
     sizes = {id(t): t.numel() * t.element_size() for t in tensors}
-    fake = sum(1 for t in tensors if isinstance(t, torch._subclasses.fake_tensor.FakeTensor))
+    fake = sum(1 for t in tensors if isinstance(t, FakeTensor))
     state = (
         "fake" if fake == len(tensors) and tensors else ("materialized" if not fake else f"{fake}/{len(tensors)} fake")
     )
@@ -160,7 +161,7 @@ def tensor_html(tensor: torch.Tensor) -> str:
     """Shape, stride, offset, dtype, device and whether it is fake or real, as one small table."""
     from ..record.fake import describe
 
-    fake = isinstance(tensor, torch._subclasses.fake_tensor.FakeTensor)
+    fake = isinstance(tensor, FakeTensor)
     state = "fake (no storage)" if fake else "real (materialized or eager)"
     rows = [
         ("shape", tuple(tensor.shape)),

@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 
+from .._torch_compat.dispatch import metadata_access
 from ..graph import InitGraph, TensorId
 from ..inspection.census import FAKE, PARAMETER, Census, NamedTensor, take_census
 from ..inspection.modules import modules_table
@@ -115,7 +115,7 @@ def module_scene(module: nn.Module) -> Scene:
     groups: dict[tuple, list[NamedTensor]] = {}
     for entry in census.tensors:
         groups.setdefault(entry.identity, []).append(entry)
-    with torch._C.DisableTorchFunctionSubclass():  # lazy parameters refuse metadata reads
+    with metadata_access():  # lazy parameters refuse metadata reads
         marks = [_mark_of(entries, census) for entries in groups.values()]
     classes: dict[str, str] = {}
     for path, sub in census.modules:

@@ -43,17 +43,24 @@ def _wide_per_element(n: int, dtype: torch.dtype) -> int:
     return n * (2 if dtype in (torch.float64, torch.int64) else 1)
 
 
-def _normal_blocks(n: int, dtype: torch.dtype) -> int | None:
+def _normal_tail_after_all(n: int, dtype: torch.dtype) -> int | None:
+    """`normal_` drawing all n uniforms, then 16 more for a recomputed tail: float32 and float64 on
+    every release, float16 and bfloat16 up to torch 2.12 (which filled them as float32 does)."""
     if n == 0:
         return 0
     if n < 16:
         return None  # the scalar path: uses the cached normal sample
     tail = 16 if n % 16 else 0
-    if dtype == torch.float64:
-        return 2 * (n + tail)
-    if dtype == torch.float32:
-        return n + tail
-    return n + tail - n % 16  # float16 / bfloat16: whole blocks of 16 (measured)
+    return (2 if dtype == torch.float64 else 1) * (n + tail)
+
+
+def _normal_half_blocks(n: int, dtype: torch.dtype) -> int | None:
+    """`normal_` as torch 2.13 and later fill float16 / bfloat16: block by block, the tail's 16
+    uniforms right after the whole blocks (measured); other dtypes as `_normal_tail_after_all`."""
+    count = _normal_tail_after_all(n, dtype)
+    if count is None or dtype not in (torch.float16, torch.bfloat16):
+        return count
+    return count - n % 16
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,14 @@ class Family:
 
 
 _UNIFORM = Family("uniform", lambda t, g: t.uniform_(generator=g), (_per_element,))
-_NORMAL = Family("normal", lambda t, g: t.normal_(generator=g), (_normal_blocks,), contiguous_only=True)
+# Which of the two half-precision layouts this torch has is found by calibration (note [Draw counts
+# are calibrated]), not by its version.
+_NORMAL = Family(
+    "normal",
+    lambda t, g: t.normal_(generator=g),
+    (_normal_half_blocks, _normal_tail_after_all),
+    contiguous_only=True,
+)
 _RANDOM_FULL = Family("random", lambda t, g: t.random_(generator=g), (_wide_per_element,))
 _RANDOM_NARROW = Family("random range < 2^32", lambda t, g: t.random_(0, 5, generator=g), (lambda n, d: n,))
 _RANDOM_WIDE = Family("random range >= 2^32", lambda t, g: t.random_(0, 2**33, generator=g), (_two_per_element,))

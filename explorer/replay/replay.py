@@ -16,8 +16,8 @@ from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, cast
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
+from .._torch_compat.dispatch import tree_flatten, tree_map
 from ..errors import MaterializationError
 from ..graph import ExternalRef, InitGraph, OpIndex, StorageId, TensorId, TensorRef
 from ..record.generators import stream_key
