@@ -10,7 +10,12 @@ parameter and buffer bitwise:
   and layer by layer from the last one (earlier random ops re-run on scratch tensors);
 - recorded on the CPU, materialized onto CUDA (drawn on the CPU generator, then moved);
 - the global CPU and CUDA generators unchanged by materialization;
+- timm models recorded on CUDA (ViT, Swin, ConvNeXt, DeiT, BEiT, RegNet, ResNet), whose constructors
+  draw with `trunc_normal_` and friends on CUDA fakes;
 - a timing line: one late Llama layer on CUDA, eager parity, against building that layer eagerly.
+
+It runs on any tested torch release as it is (no backport: explorer/_torch_compat answers for the
+release) and prints the release it ran on first.
 """
 
 from __future__ import annotations
@@ -24,38 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from torch import nn
 
-
-def backport_for_older_torch() -> list[str]:
-    """The engine is tested on torch 2.13; a GPU machine may carry an older one (2.11 has been seen).
-    Adds the two private helpers of 2.13 that the recorder calls and such a torch lacks, as 2.13
-    writes them, and returns what it added (printed with the results)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    added = []
-    if not hasattr(FakeTensor, "_normalize_fake_device"):
-
-        def normalize(device: torch.device) -> torch.device:
-            if device.type == "cuda":
-                torch.empty(1, device=device)  # 2.13's init_gpu_context
-            if device.type in ("cuda", "xpu") and device.index is None:
-                index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-                device = torch.device(f"{device.type}:{index}")
-            return device
-
-        FakeTensor._normalize_fake_device = staticmethod(normalize)  # type: ignore[attr-defined]
-        added.append("FakeTensor._normalize_fake_device")
-    if not hasattr(torch._C, "_storage_id"):
-        torch._C._storage_id = lambda tensor: tensor.untyped_storage()._cdata  # type: ignore[attr-defined]
-        added.append("torch._C._storage_id")
-    return added
-
-
-BACKPORTED = backport_for_older_torch()
-
-from explorer import deferred_init, materialize_module  # noqa: E402
+from explorer import deferred_init, materialize_module
+from explorer._torch_compat import is_tested_release
 
 # PARITY_DEVICE=cpu runs the same checks on the CPU (a smoke run of this script where there is no GPU).
 DEVICE = os.environ.get("PARITY_DEVICE", "cuda")
@@ -87,6 +65,24 @@ class Mixed(nn.Module):
         nn.init.orthogonal_(self.conv.weight)
         self.register_buffer("steps", torch.arange(10, device=device).float().sqrt())
         self.threshold = float(self.scale.abs().max().item())
+
+
+# timm models whose CUDA recording failed on torch 2.11 before the compat layer (issue 32), and two
+# that passed; small configurations of each family, built on the device.
+TIMM_MODELS = (
+    "vit_small_patch16_224", "vit_base_patch16_224", "swin_tiny_patch4_window7_224", "convnext_tiny",
+    "deit_small_patch16_224", "beit_base_patch16_224", "regnety_002", "resnet50", "efficientnet_b0",
+)
+
+
+def timm_on(device: str, name: str) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import timm
+
+        with torch.device(device):
+            return timm.create_model(name, pretrained=False)
+
+    return build
 
 
 def synchronize() -> None:
@@ -187,6 +183,8 @@ CHECKS: dict[str, Callable[[], object]] = {
     "tiny Llama recorded on cuda": lambda: check_cuda_recorded(lambda: tiny_llama(DEVICE)),
     "tiny Llama, layers materialized last first": check_last_layer_first,
     "tiny Llama recorded on cpu, materialized onto cuda": check_cpu_recorded_onto_cuda,
+    **{f"timm {name} recorded on cuda": (lambda name=name: check_cuda_recorded(timm_on(DEVICE, name)))
+       for name in TIMM_MODELS},
     "7B late layer on cuda": check_late_layer_timing,
 }
 if DEVICE != "cuda":  # the 7B eager baseline needs 27 GB: a GPU's memory, not a smoke run's
@@ -195,7 +193,8 @@ if DEVICE != "cuda":  # the 7B eager baseline needs 27 GB: a GPU's memory, not a
 
 def main() -> int:
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke run)"
-    print(f"torch {torch.__version__}, {where}; backported for this torch: {BACKPORTED or 'nothing'}", flush=True)
+    print(f"torch {torch.__version__} ({'tested release' if is_tested_release() else 'outside the tested releases'}), "
+          f"{where}", flush=True)
     passed = failed = 0
     for name, check in CHECKS.items():
         try:

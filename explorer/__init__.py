@@ -6,6 +6,7 @@ materialize); `inspection/` (tables), `render/` (diagrams) and `analysis/` (dry 
 FX export) only read the graph; `distributed.py` hands materialization to FSDP2/DTensor.
 """
 
+from ._torch_compat import warn_if_untested as _warn_if_untested
 from ._version import __version__
 from .errors import CheckpointError, DeferredInitError, MaterializationError, NoDataError, ReleaseError
 from .record.checkpoint_load import load_checkpoint
@@ -27,6 +28,8 @@ from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices
 from .analysis.train_step import TrainStep, TrainStepError, train_step
 from .inspection import Inspection, inspect
 from .render import module_graph, node_kind, op_graph
+
+_warn_if_untested()  # a torch outside the tested releases gets a warning naming them, never a refusal
 
 __all__ = [
     "__version__",

@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from ._torch_compat.dtensor import compute_local_shape_and_global_offset
 from .errors import DistributedMaterializationError, MaterializationError
 from .replay.materialize import TensorSlot, deferred_slots, materialize_fakes
 from .replay.rng import RngMode

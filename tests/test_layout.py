@@ -118,8 +118,20 @@ def test_the_engine_never_imports_the_read_only_stages_or_the_ui() -> None:
 
 
 def test_graph_is_below_every_stage() -> None:
+    # Only the compat package, a leaf, lies below it (OpOverload).
     edges = import_graph()
-    assert {t for t in edges["explorer.graph"] if t.startswith("explorer")} == set()
+    assert {t for t in edges["explorer.graph"] if t.startswith("explorer") and not t.startswith(COMPAT)} == set()
+
+
+def test_the_compat_package_is_a_leaf() -> None:
+    edges = import_graph()
+    assert {
+        (module, target)
+        for module, targets in edges.items()
+        if module.startswith(COMPAT)
+        for target in targets
+        if not target.startswith(COMPAT)
+    } == set()
 
 
 def test_explorer_imports_no_widget_or_jupyter_code() -> None:
@@ -246,3 +258,128 @@ def test_no_function_in_explorer_or_widgets_is_over_80_lines() -> None:
     }
     assert {key: lines for key, lines in found.items() if key not in LONG_FUNCTIONS_ALLOWED} == {}
     assert sorted(set(LONG_FUNCTIONS_ALLOWED) - set(found)) == []  # a split function leaves the list
+
+
+# Note: [The compat boundary]
+# explorer/_torch_compat/ is the one place that knows torch's private API (its docstring says why).
+# Outside it, no module imports a private torch module (a dotted path under `torch` with a part that
+# starts with one underscore), spells a private name as `torch._x...`, or reads an attribute of an
+# object through `__dict__` other than the project's own `*_ATTR` attributes and dunders, unless the
+# lists below name the module and say why.
+COMPAT = "explorer._torch_compat"
+PRIVATE_TORCH_NAMES_ALLOWED = {
+    "_check": "torch._check is documented (torch.compile's 'Dealing with data-dependent shapes') and stable",
+}
+DICT_USES_ALLOWED = {
+    # module: (uses that are not `obj.__dict__[X_ATTR]` / `.get(X_ATTR)` / dunder keys, why)
+    "explorer.record.fake": (3, "DeferredTensor.__deepcopy__ copies the user's own attributes that the new fake lacks"),
+    "explorer.record.surgery": (1, "reads a model class's own method (a transformers class), not a torch object"),
+    "explorer.analysis.init_reinit": (3, "copies an nn.Module's instance dict wholesale for a shallow twin"),
+}
+
+
+def _is_private_part(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+def private_torch_imports(name: str, path: Path) -> list[str]:
+    """Imports of private torch modules (`torch._C`, `torch.distributed.tensor._utils`...) in the file."""
+    return [
+        base
+        for base, names in imports_of(name, path)
+        if base.split(".")[0] == "torch"
+        and any(
+            _is_private_part(part) for full in [base, *(f"{base}.{n}" for n in names)] for part in full.split(".")[1:]
+        )
+    ]
+
+
+def private_torch_attributes(tree: ast.AST) -> list[str]:
+    """`torch._x` chains (the module `torch` by name, then a private attribute) in the tree."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
+            if _is_private_part(node.attr) and node.attr not in PRIVATE_TORCH_NAMES_ALLOWED:
+                found.append(f"torch.{node.attr} (line {node.lineno})")
+    return found
+
+
+def _own_attribute_key(node: ast.AST) -> bool:
+    """A `__dict__` key the project owns: a constant named `*_ATTR`, or a dunder string."""
+    if isinstance(node, ast.Name):
+        return node.id.endswith("_ATTR")
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("__")
+
+
+def dict_reads(tree: ast.AST) -> list[int]:
+    """Lines where `obj.__dict__` is used other than with a key the project owns."""
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    lines = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr == "__dict__"):
+            continue
+        parent = parents.get(node)
+        if isinstance(parent, ast.Subscript) and parent.value is node and _own_attribute_key(parent.slice):
+            continue
+        if isinstance(parent, ast.Compare) and parent.comparators == [node] and _own_attribute_key(parent.left):
+            continue
+        call = parents.get(parent)
+        if (
+            isinstance(parent, ast.Attribute)
+            and parent.attr in ("get", "pop", "setdefault")
+            and isinstance(call, ast.Call)
+            and call.args
+            and _own_attribute_key(call.args[0])
+        ):
+            continue
+        lines.append(node.lineno)
+    return lines
+
+
+def test_the_compat_checks_see_private_imports_attributes_and_dict_reads() -> None:
+    source = (
+        "import torch\nfrom torch._subclasses.fake_tensor import FakeTensor\nimport torch.distributed._tools\n"
+        "from torch.distributed.tensor import _utils\nfrom torch.utils import checkpoint\n"
+        "x = torch._C._storage_id\ny = torch._check\nd = t.__dict__['_fake_device']\n"
+        "h = t.__dict__.get(HANDLE_ATTR)\nn = cls.__dict__['__new__']\nz = t.__dict__.get('fake_device')\n"
+    )
+    path = ROOT / "build" / "compat_probe.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(source)
+    assert private_torch_imports("probe", path) == [
+        "torch._subclasses.fake_tensor",
+        "torch.distributed._tools",
+        "torch.distributed.tensor",
+    ]
+    tree = ast.parse(source)
+    assert private_torch_attributes(tree) == ["torch._C (line 6)"]
+    assert dict_reads(tree) == [8, 11]
+
+
+def test_only_the_compat_package_imports_private_torch_modules() -> None:
+    offenders = {
+        name: private_torch_imports(name, path)
+        for name, path in module_files().items()
+        if not name.startswith(COMPAT) and private_torch_imports(name, path)
+    }
+    assert offenders == {}
+
+
+def test_only_the_compat_package_names_private_torch_attributes() -> None:
+    offenders = {
+        name: private_torch_attributes(ast.parse(path.read_text()))
+        for name, path in module_files().items()
+        if not name.startswith(COMPAT) and private_torch_attributes(ast.parse(path.read_text()))
+    }
+    assert offenders == {}
+
+
+def test_only_the_compat_package_reads_attributes_through_dict() -> None:
+    counts = {
+        name: len(dict_reads(ast.parse(path.read_text())))
+        for name, path in module_files().items()
+        if not name.startswith(COMPAT)
+    }
+    assert {name: count for name, count in counts.items() if count} == {
+        name: count for name, (count, _) in DICT_USES_ALLOWED.items()
+    }

@@ -5,28 +5,9 @@
 shards, all-gathers and reduce-scatters with rank 0's shapes, which is all a memory estimate of
 fake tensors needs. Every rank holds the same padded shard sizes, so rank 0 stands for each.
 
-Note: [Process-group state]
-torch.distributed keeps its groups in module globals of `distributed_c10d` (`_world`, which
-PyTorch names an extension point, and the maps it reads: `_pg_map`, `_pg_names`...). When the
-caller already has a default group (a real job), they are set aside: fresh ones take their place
-for the step and the caller's are put back on every exit, its groups registered again by name
-(tearing down ours unregisters every name). Mirrors PyTorch 2.13 internals: re-check on upgrades.
-
-Note: [DTensor caches hold the fake rank]
-DTensor memoizes sharding decisions process-wide: the C++ dispatch fast path's sharding-propagation
-cache, its Python twin (`ShardingPropagator.propagate_op_sharding`), the redistribution planner
-(`_redistribute._gen_transform_infos`), tensor-meta propagation and the cost model's
-`MeshTopoInfo.build_from_mesh`. Their keys hold `DTensorSpec`s whose `DeviceMesh` compares equal to
-any mesh of the same ranks, shape and dim names: the *rank* is not part of the key. Their values hold
-our fake mesh, whose rank is 0 (and rank-dependent logical shapes). So after a fake step, a real
-job in this process or in a process forked from it (gloo ranks started with multiprocessing's
-"fork") that builds an equal mesh gets, for the same op on the same shapes, DTensors on our rank-0
-mesh: every rank then computes rank 0's coordinates and offsets (a DCP save fails "invalid fill",
-`full_tensor()` and resharding read the wrong rows). The caches are emptied when the fake group is
-made (nothing of the caller's leaks into the step) and on every exit (nothing of ours leaks out); the
-only cost is that the caller's next DTensor ops recompute their sharding once.
-Mirrors PyTorch 2.13 internals: re-check the list on upgrades (grep torch/distributed/tensor for
-`cache`).
+The process-group globals, DTensor's caches and FSDP2's chunking hook it touches are reached through
+explorer/_torch_compat/distributed.py (notes [Process-group state], [DTensor caches hold the fake
+rank]).
 """
 
 from __future__ import annotations
@@ -37,62 +18,26 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed import distributed_c10d as c10d
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    checkpoint_wrapper,
-)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.fsdp._fully_shard import _fsdp_param
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._collective_utils import MeshTopoInfo
-from torch.distributed.tensor._redistribute import _gen_transform_infos
-from torch.distributed.tensor._sharding_prop import ShardingPropagator
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
-# The module globals of distributed_c10d that hold process-group state (see note [Process-group state]).
-_GROUP_STATE = {
-    "_world": c10d._World,
-    "_pg_map": dict,
-    "_pg_names": dict,
-    "_pg_group_ranks": dict,
-    "_pg_backend_config": dict,
-    "_group_count": int,
-    "_tags_to_pg": dict,
-    "_pg_to_tag": dict,
-}
+from .._torch_compat.distributed import (
+    FakeStore,
+    caller_groups_set_aside,
+    checkpoint_wrapper,
+    clear_dtensor_caches,
+    fsdp_chunks_replaced,
+)
 
-
-@contextmanager
-def _caller_groups_set_aside() -> Iterator[None]:
-    """The caller's process groups moved out of torch.distributed's globals, put back on exit."""
-    if not dist.is_initialized():
-        yield
-        return
-    saved = {name: getattr(c10d, name) for name in _GROUP_STATE}
-    for name, make in _GROUP_STATE.items():
-        setattr(c10d, name, make())
-    c10d._group_count = saved["_group_count"]  # our groups' names ("N") must not reuse the caller's
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(c10d, name, value)
-        for group, name in saved["_pg_names"].items():
-            try:
-                torch._C._distributed_c10d._resolve_process_group(name)
-            except RuntimeError:  # unregistered by our teardown: register it again
-                torch._C._distributed_c10d._register_process_group(name, group)
-
-
-def clear_dtensor_caches() -> None:
-    """Empty DTensor's process-wide sharding caches, whose entries carry a mesh and its rank
-    (note [DTensor caches hold the fake rank])."""
-    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch fast path's
-    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()  # a LocalLRUCache
-    ShardingPropagator._propagate_tensor_meta_cached.cache_clear()  # an lru_cache on the method
-    _gen_transform_infos.cache_clear()
-    MeshTopoInfo.build_from_mesh.cache_clear()  # an lru_cache on the staticmethod
+__all__ = [
+    "LazyChunks",
+    "checkpoint_blocks",
+    "clear_dtensor_caches",
+    "fake_process_group",
+    "lazy_fsdp_chunks",
+    "repeated_blocks",
+    "shard_blocks",
+]
 
 
 @contextmanager
@@ -104,7 +49,7 @@ def fake_process_group(world_size: int, device_type: str = "cpu") -> Iterator[De
     is handed later to a real job of this process or of one forked from it (note [DTensor caches
     hold the fake rank]).
     """
-    with _caller_groups_set_aside():
+    with caller_groups_set_aside():
         clear_dtensor_caches()
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
         try:
@@ -146,16 +91,12 @@ def lazy_fsdp_chunks() -> Iterator[None]:
     Note: [Lazy FSDP chunks]
     `fully_shard` calls `torch.chunk(param, world_size)` twice per parameter and keeps two chunks;
     on fake tensors each of the world-size outputs costs a FakeTensor, which made sharding a 70B
-    model over 64 ranks take 25 s. `_fsdp_param._chunk_with_empty` is swapped for `LazyChunks`
+    model over 64 ranks take 25 s. FSDP2's `_chunk_with_empty` is swapped for `LazyChunks`
     (same shapes, strides and offsets) only inside this context, and restored on every exit.
-    Mirrors PyTorch 2.13's `_chunk_with_empty`: re-check on upgrades.
+    Mirrors PyTorch's `_chunk_with_empty` (2.11 to 2.15): re-check on upgrades.
     """
-    original = _fsdp_param._chunk_with_empty
-    _fsdp_param._chunk_with_empty = LazyChunks  # type: ignore[assignment]  # a Sequence, as FSDP2 reads it
-    try:
+    with fsdp_chunks_replaced(LazyChunks):
         yield
-    finally:
-        _fsdp_param._chunk_with_empty = original
 
 
 def repeated_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 from torch import nn
-from torch.distributed._tools.mem_tracker import MemTracker
+
+from .._torch_compat.memory_tracker import MemTracker
 
 MODULE_COLUMNS = [
     "name",

@@ -20,11 +20,11 @@ from typing import Any, Literal, cast
 import pandas as pd
 import torch
 from torch import nn
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
 from .._torch_compat.fake import FakeTensorMode, unset_fake_temporarily
+from .._torch_compat.memory_tracker import FastFSDPMemTracker, FastMemTracker, MemTracker, innermost_module
 from ..record.scope import recording_graph
 from .dry_run import CpuGroupedMm, fake_forward_arguments, tensor_leaves
 from .fake_fsdp import (
@@ -34,7 +34,6 @@ from .fake_fsdp import (
     repeated_blocks,
     shard_blocks,
 )
-from .memory_tracker import FastFSDPMemTracker, FastMemTracker, innermost_module
 from .train_budget import parse_budget
 from .train_modules import module_table
 from .train_render import summary_text, train_step_html, verdict_text

@@ -267,7 +267,6 @@ class GraphBuilder:
 
     def _new_tensor(self, tensor: FakeTensor, producer: int) -> tuple[TensorId, int | None]:
         """Register a fake that an op produced; returns its id and its storage id if new."""
-        attributes = tensor.__dict__
         device = fake_device_of(tensor)
         sid, created = self._storage_id(tensor, device, producer)
         tensors = self.graph.tensors
@@ -287,7 +286,7 @@ class GraphBuilder:
             self._storage_anchor[sid] = tid
         if type(tensor) is FakeTensor:
             tensor.__class__ = DeferredTensor
-        attributes[HANDLE_ATTR] = DeferredHandle(self.graph, tid, version_of(tensor))
+        tensor.__dict__[HANDLE_ATTR] = DeferredHandle(self.graph, tid, version_of(tensor))
         self._remember(tensor)
         return tid, (sid if created else None)
 
@@ -532,7 +531,6 @@ class GraphBuilder:
         self._storage_ids[key] = sid
         self._storage_keys.append(key)
         self._storage_objects.append(storage)
-        attributes = out.__dict__
         device = fake_device_of(out)
         graph.storages[sid] = StorageInfo(sid, storage.nbytes(), device, index)
         graph.writers[sid] = [index]
@@ -542,7 +540,7 @@ class GraphBuilder:
             tid, sid, index, out.shape, out.stride(), offset, out.dtype, device, out.requires_grad
         )  # fmt: skip
         self._storage_anchor[sid] = tid
-        attributes[HANDLE_ATTR] = DeferredHandle(graph, tid, version_of(out))
+        out.__dict__[HANDLE_ATTR] = DeferredHandle(graph, tid, version_of(out))
         self._fakes[id(out)] = weakref.ref(out)
         ref_kwargs = dict(kwargs)
         if facts.takes_dtype and kwargs.get("dtype") is None:

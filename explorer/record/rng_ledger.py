@@ -40,12 +40,12 @@ from typing import Any
 import torch
 import torch.random
 
+from .._torch_compat.generators import cpu_state_layout
 from ..errors import DeferredInitError
 from ..graph import InitGraph, OpIndex, RngRestart
 from .scope import outside_recording
 
 KEY = "cpu"  # the one generator the ledger follows
-_CACHE = slice(5016, None)  # the cached normal samples in a CPU state (note [CPU generator state layout])
 
 
 @dataclass
@@ -145,7 +145,7 @@ def _decide(graph: InitGraph, state: torch.Tensor, previous: int | None, where: 
         owed = ledger.owed
         if not owed:
             ledger.cache_known = True
-        elif ledger.mark is not None and not torch.equal(ledger.mark[_CACHE], state[_CACHE]):
+        elif ledger.mark is not None and not torch.equal(ledger.mark[_normal_cache()], state[_normal_cache()]):
             ledger.cache_known = False
         ledger.mark = state.clone()
         if not owed:
@@ -217,7 +217,9 @@ def _saved(state: torch.Tensor) -> None:
             saved.pop(_digest(state), None) if saved else None
             return
         mark = _ledger.mark
-        cache_known = _ledger.cache_known and (mark is None or torch.equal(mark[_CACHE], state[_CACHE]))
+        cache_known = _ledger.cache_known and (
+            mark is None or torch.equal(mark[_normal_cache()], state[_normal_cache()])
+        )
         saved[_digest(state)] = ([replace(part) for part in _ledger.owed], cache_known)
         while len(saved) > _SAVED_STATES:
             saved.popitem(last=False)
@@ -267,3 +269,8 @@ def install_reseed_hooks() -> None:
         ):
             setattr(torch.random, name, function)
             setattr(torch, name, function)
+
+
+def _normal_cache() -> slice:
+    """The cached normal samples in a CPU generator state (note [CPU generator state layout])."""
+    return cpu_state_layout().normal_cache

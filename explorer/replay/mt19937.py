@@ -12,13 +12,11 @@ one-time setup (phi by Berlekamp-Massey, the Barrett constant) ~70 ms. `galois` 
 polynomial arithmetic but compiles with numba on first use (seconds), past the 250 ms budget for a
 first jump; Python integers as GF(2) polynomials plus one FFT product per squaring need nothing new.
 
-Note: [CPU generator state layout] `torch.get_rng_state()` is the byte image of PyTorch's
-`THGeneratorStateNew` (aten/src/ATen/CPUGeneratorImpl.cpp): seed u64 @0, left i32 @8, seeded i32 @12,
-next u64 @16, state u64[624] @24 (each holding one 32-bit word), then the cached normal samples
-(@5016 on), which a jump carries over unchanged. The engine (aten/src/ATen/core/MT19937RNGEngine.h)
-regenerates all 624 words when `--left == 0`, then returns `state[next++]` tempered. Both layouts are
-mirrored here and must be re-checked on PyTorch upgrades (tests/explorer/replay/test_mt19937.py
-compares every jump with the state after really drawing).
+The state's byte layout (note [CPU generator state layout]) is read from
+explorer/_torch_compat/generators.py, which checks it against the running torch; the engine
+(aten/src/ATen/core/MT19937RNGEngine.h) regenerates all 624 words when `--left == 0`, then returns
+`state[next++]` tempered, which is mirrored here and must be re-checked on PyTorch upgrades
+(tests/explorer/replay/test_mt19937.py compares every jump with the state after really drawing).
 """
 
 from __future__ import annotations
@@ -28,11 +26,12 @@ import functools
 import numpy as np
 import torch
 
+from .._torch_compat.generators import cpu_state_layout
+
 N, M = 624, 397  # words of state; the recurrence's middle offset
 DEGREE = 19937  # bits of state: the degree of the characteristic polynomial
 _UPPER, _LOWER, _MATRIX_A = np.uint32(0x80000000), np.uint32(0x7FFFFFFF), np.uint32(0x9908B0DF)
-_LEFT, _NEXT, _WORDS = slice(8, 12), slice(16, 24), slice(24, 24 + 8 * N)
-STATE_BYTES = 5056
+STATE_BYTES = 5056  # the size of a CPU generator state (checked by cpu_state_layout)
 # Below this many words the sequence is simply generated (a few microseconds per 624 words).
 _DIRECT_LIMIT = 64 * N
 _FFT_SIZE = 1 << 16  # > 2 * DEGREE: the length of the FFT products
@@ -182,34 +181,33 @@ def jump_state(state: torch.Tensor, draws: int) -> torch.Tensor:
     jumped = state.clone()
     if draws == 0:
         return jumped
+    layout = cpu_state_layout()
     raw = jumped.numpy()
-    left = int(raw[_LEFT].view(np.int32)[0])
+    left = int(raw[layout.left].view(np.int32)[0])
     consumed = N + 1 - left  # words of the current block already returned (624 right after seeding)
     total = consumed + draws
     if total > N:
         steps = N * ((total - 1) // N)  # the start of the block holding the last draw
-        words = raw[_WORDS].view(np.uint64).astype(np.uint32)
-        raw[_WORDS].view(np.uint64)[:] = words_after(words, steps)
+        words = raw[layout.words].view(np.uint64).astype(np.uint32)
+        raw[layout.words].view(np.uint64)[:] = words_after(words, steps)
         total -= steps
-    raw[_LEFT].view(np.int32)[0] = N + 1 - total
-    raw[_NEXT].view(np.uint64)[0] = total
+    raw[layout.left].view(np.int32)[0] = N + 1 - total
+    raw[layout.next].view(np.uint64)[0] = total
     return jumped
-
-
-_CACHE = slice(24 + 8 * N, STATE_BYTES)  # the cached normal samples (see the layout note)
 
 
 def draws_between(before: torch.Tensor, after: torch.Tensor, limit: int) -> int | None:
     """How many 32-bit draws lead from CPU generator state `before` to `after`: None when `after`
     is not reached within `limit` draws, or when the cached normal samples differ (draws alone do
     not explain the change). Costs a few microseconds per 624 draws of distance."""
+    layout = cpu_state_layout()
     first, last = before.numpy(), after.numpy()
-    if not np.array_equal(first[_CACHE], last[_CACHE]):
+    if not np.array_equal(first[layout.normal_cache], last[layout.normal_cache]):
         return None
-    consumed_before = N + 1 - int(first[_LEFT].view(np.int32)[0])
-    consumed_after = N + 1 - int(last[_LEFT].view(np.int32)[0])
-    block = first[_WORDS].view(np.uint64).astype(np.uint32)
-    target = last[_WORDS].view(np.uint64).astype(np.uint32)
+    consumed_before = N + 1 - int(first[layout.left].view(np.int32)[0])
+    consumed_after = N + 1 - int(last[layout.left].view(np.int32)[0])
+    block = first[layout.words].view(np.uint64).astype(np.uint32)
+    target = last[layout.words].view(np.uint64).astype(np.uint32)
     for blocks in range(limit // N + 2):
         if np.array_equal(block, target):
             distance = N * blocks + consumed_after - consumed_before

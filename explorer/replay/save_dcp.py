@@ -47,8 +47,8 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from .._torch_compat.dtensor import compute_local_shape_and_global_offset
 from ..errors import DistributedMaterializationError
 from ..record.fake import handle_of
 from . import save_files

@@ -11,7 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from explorer import deferred_init
 from explorer.analysis.dry_run import tensor_leaves
 from explorer.analysis.fake_fsdp import checkpoint_blocks, fake_process_group, repeated_blocks, shard_blocks
-from explorer.analysis.memory_tracker import FastFSDPMemTracker, FastMemTracker
+from explorer._torch_compat.memory_tracker import FastFSDPMemTracker, FastMemTracker
 from explorer.analysis.train_twin import fake_twin
 from tests.support.hf_configs import HF_BY_NAME, build_eager
 

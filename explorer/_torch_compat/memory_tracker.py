@@ -18,7 +18,7 @@ This mirrors private PyTorch internals (2.13): re-check `_update_peak_stats` on 
 
 from __future__ import annotations
 
-__all__ = ["FastFSDPMemTracker", "FastMemTracker"]
+__all__ = ["FastFSDPMemTracker", "FastMemTracker", "MemTracker", "innermost_module"]
 
 import torch
 

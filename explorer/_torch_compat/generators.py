@@ -1,0 +1,68 @@
+"""The byte layout of PyTorch's CPU generator state, checked against the running torch.
+
+Note: [CPU generator state layout] `torch.get_rng_state()` is the byte image of PyTorch's
+`THGeneratorStateNew` (aten/src/ATen/CPUGeneratorImpl.cpp): seed u64 @0, left i32 @8, seeded i32 @12,
+next u64 @16, state u64[624] @24 (each holding one 32-bit word), then the cached normal samples
+(@5016 on), which a jump carries over unchanged. The same on 2.11 to 2.15. `cpu_state_layout()`
+checks it once against a freshly seeded generator (the words `manual_seed` writes, `left` and `next`
+after one draw), so a release that changes it fails with its name instead of jumping wrongly.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+WORDS = 624  # mt19937's words of state
+
+
+class CpuStateLayout(NamedTuple):
+    """Where each field of a CPU generator state lies (byte slices of the uint8 state tensor)."""
+
+    total_bytes: int
+    left: slice  # int32: words left in the current block, plus one
+    next: slice  # uint64: index of the next word to return
+    words: slice  # uint64[624], each holding one 32-bit word
+    normal_cache: slice  # the cached normal samples
+
+
+_LAYOUT = CpuStateLayout(5056, slice(8, 12), slice(16, 24), slice(24, 24 + 8 * WORDS), slice(24 + 8 * WORDS, 5056))
+
+
+def _seeded_words(seed: int) -> list[int]:
+    """The 624 words `manual_seed(seed)` leaves (MT19937RNGEngine::init_with_uint32)."""
+    words = [seed & 0xFFFFFFFF]
+    for index in range(1, WORDS):
+        previous = words[-1]
+        words.append((1812433253 * (previous ^ (previous >> 30)) + index) & 0xFFFFFFFF)
+    return words
+
+
+@functools.cache
+def cpu_state_layout() -> CpuStateLayout:
+    """The layout, after checking it holds for this torch; RuntimeError naming the release if not."""
+    generator = torch.Generator()
+    generator.manual_seed(1234)
+    raw = generator.get_state()
+    layout = _LAYOUT
+    problems = []
+    if raw.dtype != torch.uint8 or raw.numel() != layout.total_bytes:
+        problems.append(f"{raw.numel()} {raw.dtype} values, expected {layout.total_bytes} uint8")
+    else:
+        words = raw[layout.words].view(torch.int64).tolist()
+        if words != _seeded_words(1234):
+            problems.append("the 624 words are not where manual_seed wrote them")
+        torch.empty(1).uniform_(generator=generator)
+        after = generator.get_state()
+        left, position = after[layout.left].view(torch.int32).item(), after[layout.next].view(torch.int64).item()
+        if (left, position) != (WORDS, 1):
+            problems.append(f"after one draw left={left}, next={position}, expected {WORDS} and 1")
+    if problems:
+        raise RuntimeError(
+            f"torch {torch.__version__} lays out the CPU generator state differently from 2.11-2.15 "
+            f"({'; '.join(problems)}): jumping the generator (rng='eager' replay) needs note [CPU generator "
+            "state layout] in explorer/_torch_compat/generators.py updated for this release"
+        )
+    return layout

@@ -1,0 +1,145 @@
+"""explorer._torch_compat: the one place that knows the running torch (note [The compat boundary]
+in tests/test_layout.py). What every release must give: the same fakes, the same devices, a warning
+(never a refusal) outside the tested releases."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from explorer import MaterializationError, deferred_init, materialize_module
+from explorer._torch_compat import (
+    TESTED_RANGE,
+    UntestedTorchWarning,
+    is_tested_release,
+    torch_release,
+    warn_if_untested,
+)
+from explorer._torch_compat.dispatch import disable_torch_dispatch, storage_id
+from explorer._torch_compat.fake import FakeTemplate, FakeTensor, FakeTensorMode, fake_device_key, fake_device_of
+from explorer.record.fake import DeferredTensor
+
+
+@pytest.mark.parametrize(
+    "version,release",
+    [("2.11.0+cu130", (2, 11)), ("2.15.0", (2, 15)), ("2.16.0.dev20261120", (2, 16)), ("10.2.1a0", (10, 2))],
+)
+def test_torch_release_reads_major_and_minor(version: str, release: tuple[int, int]) -> None:
+    assert torch_release(version) == release
+
+
+def test_torch_release_names_what_it_cannot_read() -> None:
+    with pytest.raises(ValueError, match="cannot read a torch release from 'nightly'"):
+        torch_release("nightly")
+
+
+@pytest.mark.parametrize("version", ["2.11.0", "2.12.1", "2.13.0+cpu", "2.14.1", "2.15.0+cu132"])
+def test_the_tested_releases_give_no_warning(version: str) -> None:
+    assert is_tested_release(version)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_if_untested(version) is False
+
+
+@pytest.mark.parametrize("version", ["2.10.1", "2.16.0", "3.0.0"])
+def test_a_release_outside_the_range_warns_and_names_the_range(version: str) -> None:
+    with pytest.warns(UntestedTorchWarning) as caught:
+        assert warn_if_untested(version) is True
+    assert str(caught[0].message) == (
+        f"deferred-explorer is tested with {TESTED_RANGE} (2.11 to 2.15); this is torch {version}. "
+        "It may work; if something fails, the error names the torch feature it needed."
+    )
+
+
+def test_importing_under_an_untested_torch_warns_and_still_imports() -> None:
+    program = (
+        "import warnings, torch\n"
+        "torch.__version__ = '2.16.0'\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import explorer\n"
+        "print([str(w.message).split(';')[0] for w in caught if w.category.__name__ == 'UntestedTorchWarning'])\n"
+        "print(explorer.deferred_init is not None)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.splitlines() == [f"['deferred-explorer is tested with {TESTED_RANGE} (2.11 to 2.15)']", "True"]
+
+
+def test_the_running_torch_is_a_tested_release() -> None:
+    # make test and make test-torch run only on tested releases; a new one must be added on purpose.
+    assert is_tested_release(), torch.__version__
+
+
+def _normal_fake(mode: FakeTensorMode, device: str) -> FakeTensor:
+    with mode:
+        return torch.empty(3, 4, device=device)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1"])
+def test_fake_device_of_reads_the_device_fake_mode_gave(device: str) -> None:
+    mode = FakeTensorMode()
+    fake = _normal_fake(mode, device)
+    assert fake_device_of(fake) == fake.fake_device == fake.device
+    assert fake_device_key() in (None, "fake_device", "_fake_device")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1"])
+@pytest.mark.parametrize("use_template", [True, False], ids=["template", "new"])
+def test_fakes_made_by_the_template_equal_fake_modes_own(device: str, use_template: bool) -> None:
+    mode = FakeTensorMode()
+    template = FakeTemplate(mode, DeferredTensor)
+    if not use_template:  # the fallback a release without instance attributes gets
+        template.for_device(torch.device(device))
+        normalized, _ = template.devices[torch.device(device)]
+        template.devices[torch.device(device)] = (normalized, None)
+    with disable_torch_dispatch():
+        made = template(torch.empty(3, 4, device="meta"), torch.device(device), requires_grad=True)
+    reference = _normal_fake(mode, device)
+    assert type(made) is DeferredTensor
+    assert (made.shape, made.stride(), made.dtype, made.requires_grad) == ((3, 4), (4, 1), torch.float32, True)
+    assert made.fake_mode is mode
+    assert fake_device_of(made) == made.device == reference.device
+    assert storage_id(made) != storage_id(reference)
+
+
+class _OnCuda(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 3, device="cuda"))  # a random op on a CUDA fake
+        self.register_buffer("scale", torch.ones(3, device="cuda").mul_(2))
+
+
+def test_a_model_recorded_on_cuda_without_a_gpu_reports_cuda_and_refuses_eager_draws_clearly() -> None:
+    # `torch.randn(..., device="cuda")` in a constructor: the fakes of torch 2.11 broke it (issue 32).
+    module = deferred_init(_OnCuda)
+    assert [(name, t.device, tuple(t.shape)) for name, t in module.state_dict().items()] == [
+        ("weight", torch.device("cuda:0"), (4, 3)),
+        ("scale", torch.device("cuda:0"), (3,)),
+    ]
+    with pytest.raises(MaterializationError, match=r"rng='eager' draws aten.randn.default \(at .*test_torch_compat"):
+        materialize_module(module, device="cpu")
+    assert all(isinstance(t, FakeTensor) for t in module.state_dict().values())  # left as it was
+    materialize_module(module, device="cpu", rng="fast")
+    assert module.scale.equal(torch.full((3,), 2.0))
+    assert module.weight.device == torch.device("cpu") and module.weight.shape == (4, 3)
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "swin_tiny_patch4_window7_224", "convnext_atto", "resnet18"])
+def test_timm_models_record_on_cuda_fakes_with_eagers_names_and_shapes(name: str) -> None:
+    # On torch 2.11 ViT, Swin and ConvNeXt failed to record on CUDA (trunc_normal_ on a CUDA fake).
+    import timm
+
+    eager = timm.create_model(name, pretrained=False)
+
+    def on_cuda() -> torch.nn.Module:
+        with torch.device("cuda"):
+            return timm.create_model(name, pretrained=False)
+
+    module = deferred_init(on_cuda)
+    recorded = {key: (tuple(t.shape), t.dtype, t.device) for key, t in module.state_dict().items()}
+    assert recorded == {key: (tuple(t.shape), t.dtype, torch.device("cuda:0")) for key, t in eager.state_dict().items()}
