@@ -2,7 +2,8 @@
 
 Every private PyTorch API the engine, the analyses and the widgets touch is reached through this
 package: FakeTensor's layout (`fake`), dispatch guards and storage identity (`dispatch`),
-generator state layouts (`generators`), and the distributed internals of the training analyses
+generator state layouts (`generators`), FLOP formulas that count attention alike on every
+release (`flops`), and the distributed internals of the training analyses
 (`distributed`, imported only where a training step or a hand-off needs it). Each entry tests for
 the feature it needs rather than for a version string, so a release that keeps the feature keeps
 working and one that drops it fails here, at one named place, instead of deep in a recording.

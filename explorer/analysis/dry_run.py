@@ -8,8 +8,9 @@ recorded. The copies keep the module's aliasing (one fake storage per census sto
 weights and views stay one piece of memory).
 
 What is measured, per module call (global forward hooks, so the module gets no hooks of its own):
-output shapes and dtypes, FLOPs (`torch.utils.flop_counter.FlopCounterMode`, the difference of its
-running total across the call, so submodules are included), and activation memory. Activation
+output shapes and dtypes, FLOPs (`torch.utils.flop_counter.FlopCounterMode` with `FLOP_MAPPING`, so
+attention, grouped-query included, and `aten._grouped_mm` are counted alike on every release; the
+difference of its running total across the call, so submodules are included), and activation memory. Activation
 memory counts the storages ops create while the forward runs (not parameters, buffers or inputs),
 from creation until the last tensor on them is garbage collected: an estimate of what an eager
 forward without autograd would hold (allocator rounding and kernel workspaces are not counted).
@@ -34,7 +35,7 @@ from ..naming import dtype_name
 from ..record.scope import recording_graph
 from ..record.source import innermost_user_frame, traceback_frames
 from .fake_copies import FakeCopies, layout_extent
-from .forward_record import EXTRA_FLOP_FORMULAS
+from .forward_record import FLOP_MAPPING
 
 MODULE_COLUMNS = [
     "name",
@@ -449,7 +450,7 @@ def dry_run(module: nn.Module, *inputs: Any, **kwargs: Any) -> DryRun:
     excluded = {t.untyped_storage()._cdata for t in state.values()}
     excluded |= {t.untyped_storage()._cdata for t in tensor_leaves((args, kwargs))}
 
-    counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS)
+    counter = FlopCounterMode(display=False, custom_mapping=FLOP_MAPPING)
     tracker = _ActivationTracker(excluded)
     hooks = _ModuleHooks(module, counter, tracker)
     # functional_call's hint is an invariant dict of Tensor; it only reads the fakes

@@ -19,9 +19,9 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from .._torch_compat.dispatch import TorchDispatchMode
+from .._torch_compat.flops import counter_mapping, flop_formulas
 from ..graph import InitGraph, OpNode, StorageInfo, TensorInfo, TensorRef
 from ..record.builder import op_facts
 
@@ -70,8 +70,6 @@ class ModuleStack:
 
 
 _aten = torch.ops.aten
-# CPU attention has no formula of its own; flash attention's counts the same matmuls.
-_FLOP_ALIASES = {_aten._scaled_dot_product_flash_attention_for_cpu: _aten._scaled_dot_product_flash_attention}
 
 
 def grouped_mm_flops(a_shape: tuple, b_shape: tuple, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
@@ -117,17 +115,20 @@ def _has_tensor(items: list | tuple) -> bool:
     return any(isinstance(item, (torch.Tensor, list, tuple, dict)) for item in items)
 
 
-# torch's formulas plus ours (`FlopCounterMode(custom_mapping=EXTRA_FLOP_FORMULAS)` counts the same)
+# Formulas torch has for no release; `FLOP_MAPPING` adds the attention formulas the running release
+# lacks (`explorer._torch_compat.flops`), and `FlopCounterMode(custom_mapping=FLOP_MAPPING)` counts
+# with exactly `FLOP_FORMULAS`, so dry_run and forward_graph give the same counts on every release.
 EXTRA_FLOP_FORMULAS = {_aten._grouped_mm: grouped_mm_flops}
-FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(formula) for op, formula in EXTRA_FLOP_FORMULAS.items()}}
+FLOP_MAPPING = counter_mapping(EXTRA_FLOP_FORMULAS)
+FLOP_FORMULAS = flop_formulas(FLOP_MAPPING)
 
 
 def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
-    """FLOPs of one aten call by `torch.utils.flop_counter`'s formulas (0 for ops it has none for).
+    """FLOPs of one aten call by `FLOP_FORMULAS` (0 for ops it has none for).
 
-    Mirrors `FlopCounterMode._count_flops` (torch 2.13): re-check the call convention on upgrades.
+    Mirrors `FlopCounterMode._count_flops` (torch 2.11 to 2.15): re-check the call convention on upgrades.
     """
-    formula = FLOP_FORMULAS.get(_FLOP_ALIASES.get(func.overloadpacket, func.overloadpacket))
+    formula = FLOP_FORMULAS.get(func.overloadpacket)
     return int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
 
 

@@ -217,6 +217,16 @@ def all_plain(values: Any) -> bool:
 # both ways). `RecordingDispatchMode` picks them; any other op takes `record`.
 
 
+def _mixed_recordings(source: SourceLocation | None) -> DeferredInitError:
+    """The refusal of an op given fakes of two recordings: one graph's replay cannot read the other's."""
+    return DeferredInitError(
+        f"a fake tensor from another deferred_init graph was used at {source}; "
+        "tensors of two deferred recordings cannot be mixed in one op. Materialize one of "
+        "them first (explorer.materialize_module), or build the new modules inside "
+        "`with explorer.deferred(model):` so that they share the model's recording"
+    )
+
+
 def _first_tensor_dtype(out: Any) -> torch.dtype | None:
     if isinstance(out, torch.Tensor):
         return out.dtype
@@ -315,12 +325,7 @@ class GraphBuilder:
         storage_key = _storage_key(tensor)
         if handle is not None:
             if handle.graph is not self.graph:
-                raise DeferredInitError(
-                    f"a fake tensor from another deferred_init graph was used at {source}; "
-                    "tensors of two deferred recordings cannot be mixed in one op. Materialize one of "
-                    "them first (explorer.materialize_module), or build the new modules inside "
-                    "`with explorer.deferred(model):` so that they share the model's recording"
-                )
+                raise _mixed_recordings(source)
             info = self.graph.tensors[handle.tensor_id]
             if (
                 self._storage_keys[info.storage] == storage_key
@@ -339,6 +344,28 @@ class GraphBuilder:
                 "it may come from another FakeTensorMode"
             )
         return self.alias(tensor, self._storage_anchor[sid], name=name, source=source)
+
+    def refuse_other_recordings(self, args: tuple, kwargs: dict, source: SourceLocation | None) -> None:
+        """Refuse an op given a fake of another recording, before fake mode runs it.
+
+        `record` refuses such an op too (`id_of`), but only after fake mode ran it, and fake mode
+        takes a fake of another FakeTensorMode for a real tensor: it rebuilds it as a meta tensor
+        from its view base, which `.data = x` may have given another dtype (`base.data = floats`
+        after `view = base[0:1]` of an int64 `base`). That rebuild then fails inside PyTorch
+        ("float32 != int64", "view Float as Long"), hiding the refusal that says what to do.
+        """
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, (list, tuple)):  # Tensor[] arguments (cat, stack, index_put_)
+                for item in value:
+                    self._refuse_if_other_recording(item, source)
+            else:
+                self._refuse_if_other_recording(value, source)
+
+    def _refuse_if_other_recording(self, value: Any, source: SourceLocation | None) -> None:
+        if isinstance(value, FakeTensor):
+            handle = value.__dict__.get(HANDLE_ATTR)
+            if handle is not None and handle.graph is not self.graph:
+                raise _mixed_recordings(source)
 
     def _unchanged(self, tensor: FakeTensor, handle: DeferredHandle) -> bool:
         """True when `tensor` of this graph has the storage and layout its id was recorded with."""

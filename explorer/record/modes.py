@@ -96,6 +96,8 @@ class RecordingDispatchMode(TorchDispatchMode):
         try:
             out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
             if out is NotImplemented:
+                # Fake mode would take another recording's fake for a real tensor and convert it.
+                self.builder.refuse_other_recordings(args, kwargs, source)
                 out = func(*args, **kwargs)
         except DeferredInitError:
             raise

@@ -21,7 +21,7 @@ from .provenance import remember_origins
 from .replay import Progress, Replay, StepReport
 from .rng import RngMode
 from .routing import DeviceLike, DeviceMap, TensorPlacement, route_devices
-from .slices import materialize_slice
+from .slices import made_alone, materialize_slice
 
 __all__ = ["is_deferred", "materialize_module", "materialize_tensor"]
 
@@ -63,8 +63,17 @@ def materialize_fakes(
         check_materializable(fake, name)
         by_graph.setdefault(id(_handle(fake).graph), []).append(position)
     results: list[torch.Tensor | None] = [None] * len(fakes)
-    for positions in by_graph.values():
-        graph = _handle(fakes[positions[0]]).graph
+    for group in by_graph.values():
+        graph = _handle(fakes[group[0]]).graph
+        positions = []
+        for position in group:  # a view made alone earlier is that object again (a tie stays one)
+            alone = made_alone(graph, _handle(fakes[position]).tensor_id, routing)
+            if alone is None:
+                positions.append(position)
+            else:
+                results[position] = alone
+        if not positions:
+            continue
         tids = [_handle(fakes[p]).tensor_id for p in positions]
         replay = Replay(graph, routing, names={tid: names[p] for tid, p in zip(tids, positions)})
         reals = replay.run([fakes[p] for p in positions], tids, progress, on_step)

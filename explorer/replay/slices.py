@@ -216,6 +216,13 @@ def _base_alive(graph: InitGraph, tid: TensorId, routing: DeviceRouting) -> bool
     return anchors is not None and graph.tensors[tid].storage in anchors
 
 
+def made_alone(graph: InitGraph, tid: TensorId, routing: DeviceRouting) -> torch.Tensor | None:
+    """The view `tid` as `materialize_slice` made it alone under `routing`, while it lives: another
+    name for the same fake must get that same object (materialize_tensor's memo)."""
+    memo = ReplayState.of(graph).slices.get(routing.key)
+    return None if memo is None else memo.get(tid)
+
+
 def materialize_slice(
     tensor: torch.Tensor, device: DeviceMap, rng: RngMode, name: str = "<tensor>"
 ) -> torch.Tensor | None:

@@ -129,17 +129,34 @@ def test_a_model_recorded_on_cuda_without_a_gpu_reports_cuda_and_refuses_eager_d
     assert module.weight.device == torch.device("cpu") and module.weight.shape == (4, 3)
 
 
-@pytest.mark.parametrize("name", ["vit_small_patch16_224", "swin_tiny_patch4_window7_224", "convnext_atto", "resnet18"])
-def test_timm_models_record_on_cuda_fakes_with_eagers_names_and_shapes(name: str) -> None:
-    # On torch 2.11 ViT, Swin and ConvNeXt failed to record on CUDA (trunc_normal_ on a CUDA fake).
+def _timm_on_cuda(name: str) -> torch.nn.Module:
+    import timm
+
+    with torch.device("cuda"):
+        return timm.create_model(name, pretrained=False)
+
+
+def _recorded_like_eager(name: str) -> None:
     import timm
 
     eager = timm.create_model(name, pretrained=False)
-
-    def on_cuda() -> torch.nn.Module:
-        with torch.device("cuda"):
-            return timm.create_model(name, pretrained=False)
-
-    module = deferred_init(on_cuda)
+    module = deferred_init(_timm_on_cuda, name)
     recorded = {key: (tuple(t.shape), t.dtype, t.device) for key, t in module.state_dict().items()}
     assert recorded == {key: (tuple(t.shape), t.dtype, torch.device("cuda:0")) for key, t in eager.state_dict().items()}
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "convnext_atto", "resnet18"])
+def test_timm_models_record_on_cuda_fakes_with_eagers_names_and_shapes(name: str) -> None:
+    # On torch 2.11 ViT and ConvNeXt failed to record on CUDA (trunc_normal_ on a CUDA fake).
+    _recorded_like_eager(name)
+
+
+def test_swin_records_on_cuda_fakes_where_torch_is_built_with_cuda() -> None:
+    # Swin indexes a CUDA tensor in its constructor; PyTorch's indexing takes a CUDA device guard,
+    # which a CPU-only build of torch does not have ("not linked with support for cuda devices"),
+    # fake or not. PyPI's default wheels (CI's 2.11 and 2.15) are CUDA builds, without a GPU here.
+    if torch.backends.cuda.is_built():
+        _recorded_like_eager("swin_tiny_patch4_window7_224")
+    else:
+        with pytest.raises(RuntimeError, match="PyTorch is not linked with support for cuda devices"):
+            deferred_init(_timm_on_cuda, "swin_tiny_patch4_window7_224")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from explorer import DeferredInitError, deferred, deferred_init, materialize_module
+from explorer import DeferredInitError, deferred, deferred_init, materialize_module, materialize_tensor, slice_plan
 from tests.fuzz.differential import check_outcome, check_program
 from tests.fuzz.refusals import REAL_TENSOR_WRITE_AFTER, RNG_POSITION_UNKNOWN, TWO_RECORDINGS
 from tests.fuzz.interpreter import FuzzModule, make_externals
@@ -431,3 +431,97 @@ def test_view_of_a_callers_tensor_taken_under_inference_mode_is_not_an_inference
         ("register_buffer", "", "t3", 1, True),
     ))
     assert check_outcome(program, Plan(()), "t3") is None
+
+
+# Found with `make fuzz FUZZ_SEED=2718 FUZZ_EXAMPLES=800` (shrunk by hand; the cast it found is not
+# needed). `arange.data = floats` leaves the int64 view taken before it (buffer 't4') with a base of
+# another dtype. Fake mode takes a fake of another recording for a real tensor and rebuilds it from
+# that base: "AssertionError: torch.float32 != torch.int64" or "view Float as Long" came out of
+# PyTorch instead of the promised refusal, which now comes before fake mode sees the op.
+def _view_of_a_swapped_base(dtype: str = "float32") -> tuple:
+    return (
+        ("arange", 1, "int64"),
+        ("slice", 0, 0, 0, 1, 1),
+        ("ones", (1,), dtype),
+        ("set_data", 0, 2),
+        ("register_buffer", "", "t4", 1, True),
+    )
+
+
+@pytest.mark.parametrize("how", ["copy", "param"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])  # "view Float as Long"; "float64 != int64"
+def test_new_block_reading_a_view_whose_base_data_was_swapped_to_another_dtype_is_refused_as_two_recordings(
+    dtype, how
+):
+    program = Program(seed=0, steps=_view_of_a_swapped_base(dtype), after=(
+        ("cast", "float32"),
+        ("new_from", "block", "n1", "model.t4", how, False),
+    ))
+    verdict = check_outcome(program, Plan(()), "model.t4")
+    assert verdict is not None and verdict.refusal is TWO_RECORDINGS and verdict.problem == ""
+
+
+def test_second_model_reading_a_view_whose_base_data_was_swapped_to_another_dtype_is_refused_as_two_recordings():
+    program = Program(seed=0, steps=_view_of_a_swapped_base(), after=(
+        ("second_model", "s0", 1),
+        ("copy_slot", "model.t4", "s0.t4"),
+    ))
+    verdict = check_outcome(program, Plan(()), "model.t4")
+    assert verdict is not None and verdict.refusal is TWO_RECORDINGS and verdict.problem == ""
+
+
+def test_view_whose_base_data_was_swapped_to_another_dtype_copied_inside_deferred_model_materializes_as_eager():
+    program = Program(seed=0, steps=_view_of_a_swapped_base(), after=(
+        ("cast", "float32"),
+        ("new_from", "model", "n1", "model.t4", "copy", False),
+    ))
+    assert check_outcome(program, Plan((("tensor", "model.t4"),)), "n1.weight") is None
+
+
+def test_single_tensor_view_made_alone_is_eagers_view_in_a_storage_of_its_own():
+    # Found with EXPLORER_FUZZ_SEED=2718 EXPLORER_FUZZ_EXAMPLES=2000: `ones(1)[1:1]` materialized
+    # alone has offset 0 and a 0-byte storage where eager's view has offset 1 into 4 bytes. That is
+    # materialize_tensor's documented slice path (slice_plan: "constant"): eager's view bit for bit,
+    # sharing no memory. The single-tensor and planned checks compared eager's offset and storage
+    # size anyway (the rerun found the planned one).
+    program = Program(seed=0, steps=(
+        ("ones", (1,), "float32"),
+        ("slice", 0, 0, 1, 1, 1),
+        ("register_buffer", "", "t2", 1, True),
+    ))
+    assert check_outcome(program, Plan((("tensor", "t2"),)), "t2") is None
+    module = deferred_init(FuzzModule, program, [])
+    assert slice_plan(module.t2).sliced
+    alone = materialize_tensor(module.t2)
+    assert (alone.shape, alone.storage_offset(), alone.untyped_storage().nbytes()) == ((0,), 0, 0)
+
+
+def test_planned_view_made_alone_shares_no_storage_with_its_base_materialized_later():
+    # The same documented slice path in a plan: `materialize_tensor(t3)` of a view of the constant
+    # 't1' makes it alone; materializing the rest makes 't1' whole, and the two share no memory
+    # (eager's share one storage). Every other fact, and the value, is eager's.
+    program = Program(seed=0, steps=(
+        ("ones", (4,), "float32"),
+        ("register_buffer", "", "t1", 0, True),
+        ("slice", 0, 0, 1, 3, 1),
+        ("register_buffer", "", "t3", 1, True),
+    ))
+    assert check_outcome(program, Plan((("tensor", "t3"),)), "t3") is None
+
+
+def test_a_tied_view_made_alone_stays_one_object_when_the_module_is_materialized_later():
+    # One (empty) view `ones(1)[1:1]` registered as 't2' and 't3' (eager: one object). `materialize_tensor(t2)` makes it
+    # alone; `materialize_module` then fills 't3' from the same fake: it must get that very object
+    # (materialize_tensor's memo), not a second replay of it. Found by EXPLORER_FUZZ_SEED=2718.
+    program = Program(seed=0, steps=(
+        ("ones", (1,), "float32"),
+        ("slice", 0, 0, 1, 1, 1),
+        ("register_buffer", "", "t2", 1, True),
+        ("register_buffer", "", "t3", 1, True),
+    ))
+    assert check_outcome(program, Plan((("tensor", "t2"),)), "t2") is None
+    module = deferred_init(FuzzModule, program, [])
+    module.t2 = materialize_tensor(module.t2)
+    materialize_module(module)
+    assert module.t2 is module.t3
+    assert (module.t3.shape, module.t3.dtype) == ((0,), torch.float32)  # eager's `ones(1)[1:1]`

@@ -1,8 +1,8 @@
 """dry_run: a forward pass on fake tensors gives eager's output shapes and FLOPs, changes nothing.
 
 References are computed independently: the eager module's real forward (shapes, dtypes) and
-`FlopCounterMode` around that real forward (FLOPs); a 70B Llama's FLOPs are counted by hand from
-its config.
+`FlopCounterMode` around that real forward (FLOPs; CPU attention by a formula written here, as torch
+< 2.15 has none); a 70B Llama's FLOPs are counted by hand from its config.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from torch.testing._internal.common_modules import module_db
 from torch.utils.flop_counter import FlopCounterMode
 
 from explorer import DryRunError, deferred_init, dry_run, is_deferred, materialize_module
+from explorer._torch_compat.flops import sdpa_backward_flops, sdpa_flops
 from explorer.analysis.dry_run import shape_input_dtype, tensor_leaves
+from explorer.analysis.forward_graph import forward_graph
+from explorer.analysis.forward_record import FLOP_MAPPING
 from explorer.record.fake import handle_of
 from tests.support.hf_configs import HF_BY_NAME, build_eager
 
@@ -38,9 +41,23 @@ def signature(value) -> list[tuple[tuple[int, ...], torch.dtype]]:
     return [(tuple(t.shape), t.dtype) for t in tensor_leaves(value)]
 
 
+def grouped_query_attention_flops(batch, query_heads, queries, keys, head_size, value_size):
+    """Q·Kᵀ and P·V for every query head (a key/value head shared by several counts once for each),
+    2 FLOPs per multiply-add: torch 2.15's formula, by hand."""
+    return 2 * batch * query_heads * queries * keys * head_size + 2 * batch * query_heads * queries * keys * value_size
+
+
+def cpu_attention_by_hand(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """A shape formula for FlopCounterMode: torch < 2.15 has none for the CPU attention kernel."""
+    batch, heads, queries, head_size = query_shape
+    return grouped_query_attention_flops(batch, heads, queries, key_shape[2], head_size, value_shape[3])
+
+
 def eager_reference(module: nn.Module, *args, **kwargs) -> tuple[list, int]:
-    """Shapes/dtypes of a real forward and the FLOPs FlopCounterMode counts for it."""
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
+    """Shapes/dtypes of a real forward and the FLOPs FlopCounterMode counts for it (CPU attention
+    by `cpu_attention_by_hand` on every release)."""
+    by_hand = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_attention_by_hand}
+    with FlopCounterMode(display=False, custom_mapping=by_hand) as counter, torch.no_grad():
         out = module(*args, **kwargs)
     return signature(out), counter.get_total_flops()
 
@@ -232,14 +249,59 @@ def test_70b_llama_dry_run_without_storage():
     assert growth < 2 * 10**9, f"dry run grew RSS by {growth:,} bytes"
     assert result.output.logits.shape == (1, 16, 32000)
 
-    # FLOPs by hand: 2 per multiply-add of every linear layer for each of the 16 tokens (CPU
-    # attention kernels are not counted by FlopCounterMode, on eager modules either).
+    # FLOPs by hand: 2 per multiply-add of every linear layer for each of the 16 tokens, plus each
+    # layer's attention: Q·Kᵀ and P·V for every one of the 64 query heads of size 128 (its 8
+    # key/value heads are shared by 8 query heads each, and counted once per query head), 16 queries
+    # against 16 keys, 2 FLOPs per multiply-add, causal masking not discounted (torch 2.15's formula;
+    # 2.11 to 2.14 count it through explorer._torch_compat.flops).
     h, i, kv = 8192, 28672, 8192 // 64 * 8
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * i
-    assert result.flops == 2 * 16 * (80 * per_layer + h * 32000)
+    attention = 2 * 64 * 16 * 16 * (128 + 128)
+    assert result.flops == 2 * 16 * (80 * per_layer + h * 32000) + 80 * attention
     table = result.modules.set_index("name")
     assert table.loc["model.layers.79.mlp.down_proj"]["output_shapes"] == [(1, 16, 8192)]
-    assert table.loc["model.layers.79"]["flops"] == 2 * 16 * per_layer
+    assert table.loc["model.layers.79"]["flops"] == 2 * 16 * per_layer + attention
+    assert table.loc["model.layers.79.self_attn"]["flops"] == 2 * 16 * (2 * h * h + 2 * h * kv) + attention
+
+
+def test_grouped_query_attention_flops_follow_the_formula_on_the_running_release():
+    arch = HF_BY_NAME["llama"]  # 2 layers, 4 query heads of 8 sharing 2 key/value heads
+    config = arch.config()
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 8)
+    model = deferred_init(arch.cls, config).eval()
+    run = dry_run(model, (2, 8))
+    per_layer = grouped_query_attention_flops(2, 4, 8, 8, 8, 8)
+    assert run.flops_by_op["aten._scaled_dot_product_flash_attention_for_cpu"] == 2 * per_layer
+    table = run.modules.set_index("name")
+    projections = 2 * 16 * (32 * 32 + 32 * 16 + 32 * 16 + 32 * 32)  # q, k, v, o of 16 tokens
+    assert table.loc["model.layers.0.self_attn"]["flops"] == projections + per_layer
+    assert forward_graph(model, (2, 8)).flops == run.flops  # op by op, the same formulas
+
+
+def test_attention_backward_flops_follow_the_formula_on_the_running_release():
+    """A real CPU attention backward with grouped-query heads under the counter dry_run uses (the
+    CPU flash kernel needs equal head sizes: other sizes run as bmm)."""
+    query = torch.randn(2, 4, 3, 6, requires_grad=True)
+    key = torch.randn(2, 2, 5, 6, requires_grad=True)
+    value = torch.randn(2, 2, 5, 6, requires_grad=True)
+    with FlopCounterMode(display=False, custom_mapping=FLOP_MAPPING) as counter:
+        out = nn.functional.scaled_dot_product_attention(query, key, value, enable_gqa=True)
+        out.sum().backward()
+    counts = {str(op): count for op, count in counter.flop_counts["Global"].items()}
+    # backward: the scores again (Q·Kᵀ), dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = Qᵀ·dS, per query head
+    backward = 2 * 2 * 4 * 3 * 5 * (6 + 6 + 6 + 6 + 6)
+    assert counts == {
+        "aten._scaled_dot_product_flash_attention_for_cpu": grouped_query_attention_flops(2, 4, 3, 5, 6, 6),
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward": backward,
+    }
+
+
+def test_attention_formulas_refuse_heads_that_do_not_group():
+    with pytest.raises(AssertionError, match=r"query heads \(3\) must be a multiple of key/value heads \(2\)"):
+        sdpa_flops((1, 3, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8))
+    with pytest.raises(AssertionError, match="grad_out has shape"):
+        sdpa_backward_flops((1, 4, 4, 8), (1, 4, 4, 8), (1, 2, 4, 8), (1, 2, 4, 6))
+    assert sdpa_flops((1, 4, 3, 2), (1, 2, 5, 2), (1, 2, 5, 3)) == grouped_query_attention_flops(1, 4, 3, 5, 2, 3)
 
 
 class GroupedMatmuls(nn.Module):

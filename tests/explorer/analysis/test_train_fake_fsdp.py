@@ -1,5 +1,5 @@
 """fake_fsdp: lazily made FSDP2 chunks equal torch.chunk's, blocks are found, groups restored, and
-a fake step leaves nothing behind that real ranks forked later from this process would inherit."""
+a fake sharded step leaves nothing behind that a later real job of the same process would inherit."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from explorer.analysis.fake_fsdp import LazyChunks, fake_process_group, repeated
 from tests.support.hf_configs import HF_BY_NAME, build_eager
 
 LLAMA = HF_BY_NAME["llama"]
-RANKS_TIMEOUT_S = 120  # a guard against hangs on a loaded machine, not a timing check
+RANKS_TIMEOUT_S = 300  # spawned ranks import torch afresh: a guard against hangs, not a timing check
 
 
 @pytest.mark.parametrize("rows,ranks", [(11, 2), (3, 8), (64, 64), (0, 4), (7, 7), (5, 3)])
@@ -74,10 +74,14 @@ def _llama_inputs() -> dict[str, torch.Tensor]:
 
 
 def _gloo_rank(rank: int, port: int, results: multiprocessing.Queue) -> None:
-    """One forked gloo rank: an all_reduce, then the eager Llama sharded as train_step shards it (each
-    decoder layer, then the root) and one AdamW step; puts what the test asserts on `results`."""
+    """One spawned gloo rank: first the fake two-rank step of the deferred Llama (fake rank 0, the
+    shapes this rank shards next), then, in this same process, an all_reduce and the eager Llama sharded
+    as train_step shards it (each decoder layer, then the root) and one AdamW step; puts what the test
+    asserts on `results`."""
     try:
         torch.set_num_threads(1)
+        torch.manual_seed(0)
+        train_step(deferred_init(LLAMA.cls, LLAMA.config()), **_llama_inputs(), world_size=2)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                                 timeout=datetime.timedelta(seconds=30))
         try:
@@ -112,16 +116,16 @@ def _eager_adamw_step() -> tuple[float, dict[str, torch.Tensor]]:
     return loss.item(), {name: p.detach() for name, p in model.named_parameters()}
 
 
-def test_gloo_ranks_forked_after_a_fake_sharded_step_work():
-    # The fake step shards a model of the same shapes the ranks shard, so that DTensor's sharding
-    # caches, if left filled, would hand the ranks the fake group's rank-0 mesh
-    # (note [DTensor caches hold the fake rank]).
-    torch.manual_seed(0)
-    train_step(deferred_init(LLAMA.cls, LLAMA.config()), **_llama_inputs(), world_size=2)
+def test_a_real_gloo_job_after_a_fake_sharded_step_in_the_same_process_gets_its_own_shards():
+    # Each rank runs the fake step of a model with the shapes it then shards for real, so that
+    # DTensor's sharding caches, if left filled, would hand rank 1 the fake group's rank-0 mesh
+    # (note [DTensor caches hold the fake rank]); a process forked after a fake step inherits the same
+    # caches. The ranks are spawned, not forked: after a backward under FakeTensorMode, PyPI's CUDA
+    # builds have started autograd's device threads, and PyTorch refuses a backward in a forked child.
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("spawn")
     results = context.Queue()
     ranks = [context.Process(target=_gloo_rank, args=(rank, port, results), daemon=True) for rank in range(2)]
     for process in ranks:
@@ -129,7 +133,7 @@ def test_gloo_ranks_forked_after_a_fake_sharded_step_work():
     try:
         got = sorted((results.get(timeout=RANKS_TIMEOUT_S) for _ in ranks), key=lambda result: result[0])
     except queue.Empty:
-        pytest.fail(f"the forked gloo ranks did not answer within {RANKS_TIMEOUT_S}s")
+        pytest.fail(f"the spawned gloo ranks did not answer within {RANKS_TIMEOUT_S}s")
     finally:
         for process in ranks:
             process.join(timeout=10)
@@ -141,7 +145,7 @@ def test_gloo_ranks_forked_after_a_fake_sharded_step_work():
     for rank, (got_rank, total, wrong_shards, rank_loss, updated) in enumerate(got):
         assert got_rank == rank
         assert total == 3.0  # 1 + 2
-        assert wrong_shards == []  # each rank holds its own rows, on a mesh where it is itself
+        assert wrong_shards == [], rank  # each rank holds its own rows, on a mesh where it is itself
         assert rank_loss == loss
         for name, tensor in expected.items():
             assert torch.equal(torch.from_numpy(updated[name]), tensor), (rank, name)

@@ -91,10 +91,12 @@ def _reduce_scatter_bytes(model: torch.nn.Module) -> dict[str, int]:
     sizes = {}
     for path, module in model.named_modules():
         if hasattr(module, "_get_fsdp_state"):
+            # one parameter group per fully_shard call here: torch 2.11 holds it as `_fsdp_param_group`;
+            # later releases list groups in `_fsdp_param_groups`, `_fsdp_param_group` reading a single one
+            group = module._get_fsdp_state()._fsdp_param_group
             sizes[path] = sum(
                 fsdp_param.padded_sharded_param_size.numel() * WORLD * fsdp_param.sharded_param.element_size()
-                for group in module._get_fsdp_state()._fsdp_param_groups
-                for fsdp_param in group.fsdp_params
+                for fsdp_param in (group.fsdp_params if group is not None else [])
             )
     return sizes
 
