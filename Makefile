@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := graphviz chromium fonts-liberation
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 
-.PHONY: install system-packages torchvision-hook zoo lint test test-torch bench lab demo fuzz clean
+.PHONY: install system-packages torchvision-hook zoo lint test test-torch screenshots bench lab demo fuzz clean
 
 system-packages:
 	@missing=""; \
@@ -77,6 +77,12 @@ lint: install
 
 test: install lint
 	$(PY) -m pytest -q -rs
+
+# The screenshots docs/*.png and the README show, taken by the browser tests that drive those views
+# (`make test` saves them under build/screenshots/ and leaves the tree as it was).
+screenshots: install
+	EXPLORER_DOC_SCREENSHOTS=1 $(PY) -m pytest -q -p no:cacheprovider \
+		tests/widgets/test_browser_forward.py tests/widgets/test_browser_init.py tests/widgets/test_browser_train.py
 
 # Differential fuzzing beyond the CI budget: FUZZ_EXAMPLES programs from FUZZ_SEED. Without
 # FUZZ_SEED a new seed is drawn and printed, before and after the run, so a failure can be replayed

@@ -212,3 +212,11 @@ def run_all_cells_notebook7(page: Page, base: str, token: str) -> None:
     wait_for_idle_kernel(base, token)
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+
+def doc_screenshot(name: str) -> Path:
+    """Where a browser test saves the screenshot a doc page shows: build/screenshots/ in `make test`
+    (the tree stays as checked out), docs/ under `make screenshots` (EXPLORER_DOC_SCREENSHOTS=1)."""
+    folder = REPO / "docs" if os.environ.get("EXPLORER_DOC_SCREENSHOTS") == "1" else REPO / "build" / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name

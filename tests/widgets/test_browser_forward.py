@@ -4,7 +4,7 @@ Opens a notebook written here (the Llama-2-7B architecture under deferred init),
 inputs in the Memory tab, switches the Graph tab to "forward", checks the 32 layers are drawn once
 as "LlamaDecoderLayer ×32" at a readable scale, unfolds them by clicking, clicks lm_head's matrix
 product and reads it back from the status line and the kernel, then clicks a layer to focus the
-forward on it. The screenshot is docs/forward.png (the README shows it).
+forward on it. The screenshot is docs/forward.png under `make screenshots` (the README shows it).
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ from playwright.sync_api import Page, expect
 
 from tests.support.lab import (
     KERNEL_REPLY_TIMEOUT_MS,
-    REPO,
+    doc_screenshot,
     graph_node,
     kernel_answer,
     wait_for_widget_or_cell_error,
 )
-
-SCREENSHOT = REPO / "docs" / "forward.png"
 
 LLAMA_7B = """import transformers, widgets
 config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -90,4 +88,4 @@ def test_forward_view_unfolds_layers_and_reports_a_clicked_op(notebook_page: Pag
         view = page.locator(".de-explorer")
         if view.count():
             view.first.evaluate("element => element.scrollIntoView({block: 'start'})")
-        page.screenshot(path=str(SCREENSHOT))
+        page.screenshot(path=str(doc_screenshot("forward.png")))

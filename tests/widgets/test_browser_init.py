@@ -15,12 +15,10 @@ from playwright.sync_api import Page, expect
 
 from tests.support.lab import (
     KERNEL_REPLY_TIMEOUT_MS,
-    REPO,
+    doc_screenshot,
     kernel_answer,
     wait_for_widget_or_cell_error,
 )
-
-SCREENSHOT = REPO / "docs" / "init.png"
 
 AUDITED = """import torch, widgets, explorer
 from torch import nn
@@ -78,5 +76,4 @@ def test_init_tab_counts_flags_and_draws_a_histogram(notebook_page: Page) -> Non
         tab = page.locator(".de-init-tab")
         if tab.count():
             tab.first.scroll_into_view_if_needed()
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SCREENSHOT))
+        page.screenshot(path=str(doc_screenshot("init.png")))

@@ -3,7 +3,7 @@
 Opens a notebook written here (the Llama-2-7B architecture under deferred init), opens the Memory
 tab, fills the Training step panel as a person does (inputs 1x512, AdamW, 8 devices, activation
 checkpointing, 80GB each), clicks "Run training step", reads the verdict and the stacked bar from
-the page and asks the kernel what the panel computed. The screenshot is docs/train.png.
+the page and asks the kernel what the panel computed. The screenshot is docs/train.png under `make screenshots`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from playwright.sync_api import Page, expect
 
 from tests.support.lab import (
     KERNEL_REPLY_TIMEOUT_MS,
-    REPO,
+    doc_screenshot,
     kernel_answer,
     wait_for_widget_or_cell_error,
 )
 
-SCREENSHOT = REPO / "docs" / "train.png"
 STEP_TIMEOUT_MS = 3 * KERNEL_REPLY_TIMEOUT_MS  # a 7B step under FSDP on a loaded 2-core machine
 
 LLAMA_7B = """import transformers, widgets
@@ -69,4 +68,4 @@ def test_training_step_panel_says_a_7b_llama_fits_on_8_gpus(notebook_page: Page)
         assert answer == f"train: 8 AdamW True True 33 {shown}"
     finally:
         panel.first.evaluate("element => element.scrollIntoView({block: 'start'})") if panel.count() else None
-        page.screenshot(path=str(SCREENSHOT))
+        page.screenshot(path=str(doc_screenshot("train.png")))
