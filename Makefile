@@ -55,9 +55,11 @@ $(TORCH_VENV)/.installed: pyproject.toml
 	$(TORCH_PY) -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__)"
 	touch $@
 
-# The engine suites on that release: tests/explorer, the fuzz tests at their CI count, the docs' examples.
+# The engine suites on that release: tests/explorer, the fuzz tests at their CI count, the docs'
+# examples, and the explorer's widget tests that need no browser.
 test-torch: system-packages $(TORCH_VENV)/.installed
-	$(TORCH_PY) -m pytest -q -rs -p no:cacheprovider tests/explorer tests/fuzz tests/test_docs.py
+	$(TORCH_PY) -m pytest -q -rs -p no:cacheprovider -m "not browser" \
+		tests/explorer tests/fuzz tests/test_docs.py tests/widgets
 
 # PyPI's torchvision is a CUDA build whose C ops do not load beside CPU torch, and its import then
 # fails; the hook declares the two op schemas it needs (see tests/support/torchvision_hook.py).

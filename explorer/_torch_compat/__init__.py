@@ -2,17 +2,18 @@
 
 Every private PyTorch API the engine, the analyses and the widgets touch is reached through this
 package: FakeTensor's layout (`fake`), dispatch guards and storage identity (`dispatch`),
-generator state layouts (`generators`), FLOP formulas that count attention alike on every
-release (`flops`), and the distributed internals of the training analyses
-(`distributed`, imported only where a training step or a hand-off needs it). Each entry tests for
+the CPU generator's state layout (`generators`), FLOP formulas that count attention alike on every
+release (`flops`), DTensor's rows rule (`dtensor`), PyTorch's memory trackers made fast
+(`memory_tracker`) and the distributed internals of the training analyses (`distributed`,
+imported only where a training step needs it). Each entry tests for
 the feature it needs rather than for a version string, so a release that keeps the feature keeps
 working and one that drops it fails here, at one named place, instead of deep in a recording.
 `docs/internals.md` ("Torch releases") lists each entry with the releases it was checked on;
-`tests/test_torch_compat.py` pins the behaviour every release must give.
+`tests/explorer/test_torch_compat.py` pins the behaviour every release must give.
 
-Nothing outside this package imports `torch._subclasses`, `torch._C`, `torch.distributed._tools`
-or `torch.distributed.tensor._*`, or reads a torch object's private attribute through `__dict__`
-(`tests/test_layout.py` checks both).
+Nothing outside this package imports a private torch module (`torch._subclasses`, `torch._C`,
+`torch.distributed._tools`, `torch.distributed.tensor._*`...), names `torch._x`, or reads a torch
+object's private attribute through `__dict__` (`tests/test_layout.py`, note [The compat boundary]).
 """
 
 from __future__ import annotations
