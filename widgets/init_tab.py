@@ -1,9 +1,10 @@
 """Init tab: what initializes each tensor and what is wrong with it (`explorer.init_report`).
 
-Module classes on top (tensors, flagged names, their inits); clicking one keeps its tensors in
-the table below, whose flagged rows are marked by colour and whose flags are counted in the
-header. Clicking a tensor that has memory (materialized or real) draws the histogram of its values
-with the density its initializer should give (widgets/init_histogram.py); a fake one says to
+Module classes on top (tensors, names with a defect, names with waste, their inits); clicking one
+keeps its tensors in the table below, whose flagged rows are marked by their severity's colour. The
+header counts defects first, then each waste flag with the bytes and estimated time it wastes.
+Clicking a tensor that has memory (materialized or real) draws the histogram of its values with the
+density its initializer should give (widgets/init_histogram.py); a fake one says to
 materialize it first. "audit" runs the report again (after materializing).
 """
 
@@ -17,53 +18,59 @@ import torch
 from torch import nn
 
 import explorer
-from explorer.analysis.init_report import FLAGS
+from explorer.analysis.init_flags import SEVERITY, flag_totals, format_seconds
+from explorer.naming import format_bytes
 
 from .init_histogram import histogram_svg
 from .table import DataTable
 
 ALL_CLASSES = ""
-CLASS_COLUMNS = ["module_class", "tensors", "flagged", "inits"]
-TENSOR_COLUMNS = ["name", "init", "std", "writes", "dead_writes", "uninitialized", "flags", "source"]
-# The row mark of a flagged tensor: red where values are garbage, amber for the rest.
-SEVERE = frozenset({"uninitialized", "nan/inf", "uninitialized after reinit"})
-FLAG_COLOURS = {"severe": "#d62728", "flagged": "#ff9f1c"}
+CLASS_COLUMNS = ["module_class", "tensors", "defects", "waste", "inits"]
+TENSOR_COLUMNS = ["name", "init", "std", "writes", "dead_writes", "uninitialized", "flags", "severity", "source"]
+# A row's mark follows its severity (explorer/analysis/init_flags.py says which flag is which):
+# red where the values are wrong, a calm blue-grey where only work was lost.
+SEVERITY_COLOURS: dict[str, str] = {"defect": "#d62728", "waste": "#8da0cb"}
 EAGER_LIMIT = 200  # names: up to this many, the tab audits when built
 
 
 def class_rows(report: pd.DataFrame) -> pd.DataFrame:
-    """One row per module class: how many tensors, how many flagged, and their distinct inits."""
-    flagged = report["flags"].map(bool)
-    groups = report.assign(flagged=flagged).groupby("module_class", sort=True)
+    """One row per module class: how many tensors, how many carry a defect flag and how many a
+    waste flag (a tensor may count in both), and their distinct inits."""
+    defects = report["flags"].map(lambda flags: any(SEVERITY[flag] == "defect" for flag in flags))
+    waste = report["flags"].map(lambda flags: any(SEVERITY[flag] == "waste" for flag in flags))
+    groups = report.assign(defects=defects, waste=waste).groupby("module_class", sort=True)
     return pd.DataFrame(
         {
             "module_class": list(groups.groups),
             "tensors": groups.size().tolist(),
-            "flagged": groups["flagged"].sum().astype(int).tolist(),
+            "defects": groups["defects"].sum().astype(int).tolist(),
+            "waste": groups["waste"].sum().astype(int).tolist(),
             "inits": [", ".join(dict.fromkeys(inits)) for inits in groups["init"].agg(list)],
         }
     )
 
 
-def flag_colour(flags: list[str]) -> str:
-    if not flags:
-        return ""
-    return FLAG_COLOURS["severe"] if SEVERE.intersection(flags) else FLAG_COLOURS["flagged"]
-
-
 def flag_counts_html(report: pd.DataFrame) -> str:
-    """The header: one chip per flag some tensor carries, with its count (or "no flags")."""
-    counts = {flag: int(report["flags"].map(lambda flags, flag=flag: flag in flags).sum()) for flag in FLAGS}
+    """The header: the number of tensors with a defect, one chip per defect flag, then one chip per
+    waste flag with what its wasted writes cost ("waste: overwritten 3 (40 B, ~30.0 ns)")."""
+    defects = int((report["severity"] == "defect").sum())
     chips = [
-        f"<span class='de-init-flag' data-flag='{html.escape(flag)}' data-count='{count}' "
-        f"style='border-left:4px solid {FLAG_COLOURS['severe' if flag in SEVERE else 'flagged']};"
-        f"padding:0 6px;margin-right:8px'>{html.escape(flag)}: {count}</span>"
-        for flag, count in counts.items()
-        if count
+        f"<span class='de-init-defects' data-count='{defects}' style='font-weight:bold;margin-right:8px'>"
+        f"defects: {defects}</span>"
     ]
-    return (
-        "<div class='de-init-flags'>" + ("".join(chips) or "<span class='de-init-flag-none'>no flags</span>") + "</div>"
-    )
+    for total in flag_totals(report):
+        text = f"{total.flag}: {total.names}"
+        if total.severity == "waste":
+            text = (
+                f"waste: {total.flag} {total.names} "
+                f"({format_bytes(total.wasted_bytes)}, {format_seconds(total.wasted_s)})"
+            )
+        chips.append(
+            f"<span class='de-init-flag' data-flag='{html.escape(total.flag)}' data-severity='{total.severity}' "
+            f"data-count='{total.names}' style='border-left:4px solid {SEVERITY_COLOURS[total.severity]};"
+            f"padding:0 6px;margin-right:8px'>{html.escape(text)}</span>"
+        )
+    return "<div class='de-init-flags'>" + "".join(chips) + "</div>"
 
 
 class InitTab(w.VBox):
@@ -129,12 +136,10 @@ class InitTab(w.VBox):
             rows = rows[rows["module_class"] == self.classes.selected]
         if self.flagged_only.value:
             rows = rows[rows["flags"].map(bool)]
-        return rows.assign(mark=rows["flags"].map(flag_colour))
+        return rows
 
     def _draw_tensors(self) -> None:
-        rows = self.rows()
-        colours = {colour: colour for colour in FLAG_COLOURS.values()}
-        self.table.show(rows, TENSOR_COLUMNS, key="name", colour=colours, colour_by="mark")
+        self.table.show(self.rows(), TENSOR_COLUMNS, key="name", colour=SEVERITY_COLOURS, colour_by="severity")
 
     def show_tensor(self, name: str) -> None:
         """Show the histogram of tensor `name` (or why there is none)."""

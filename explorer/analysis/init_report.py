@@ -13,7 +13,7 @@ import gc
 import math
 import re
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,30 +26,11 @@ from ..naming import dtype_name
 from ..record.fake import handle_of, is_fake
 from ..replay.provenance import origin_of
 from .init_distributions import UNINITIALIZED, UNRECORDED, Distribution
+from .init_flags import severity_of, write_seconds_per_byte
 from .init_measure import Measured, disagrees, measure
 from .init_reinit import ReinitFunction, named_slots, record_reinit
 from .init_writes import GraphAudit, TensorInit
 
-Flag = Literal[
-    "uninitialized",
-    "overwritten",
-    "outlier",
-    "constant matrix",
-    "nan/inf",
-    "measured differs",
-    "uninitialized after reinit",
-    "reinit differs",
-]
-FLAGS: tuple[Flag, ...] = (
-    "uninitialized",
-    "overwritten",
-    "outlier",
-    "constant matrix",
-    "nan/inf",
-    "measured differs",
-    "uninitialized after reinit",
-    "reinit differs",
-)
 INIT_COLUMNS = [
     "name",
     "module",
@@ -71,6 +52,9 @@ INIT_COLUMNS = [
     "source",
     "role",
     "flags",
+    "severity",
+    "wasted_bytes",
+    "wasted_s",
     "measured_mean",
     "measured_std",
     "measured_min",
@@ -114,7 +98,15 @@ def init_report(module: nn.Module, reinit: ReinitFunction | None = None) -> pd.D
       "constant matrix" (a parameter of 2+ dims whose elements are all one value: nothing breaks
       the symmetry of its rows), "nan/inf" and "measured differs" (materialized tensors whose values
       are further from `mean`/`std` than sampling error allows), and with `reinit`
-      "uninitialized after reinit" and "reinit differs";
+      "uninitialized after reinit" and "reinit differs" (`FLAGS`, explorer/analysis/init_flags.py);
+    - `severity`: "defect" when a flag is one (wrong or irreproducible values), "waste" when every
+      flag is ("overwritten": right values, lost work), None without flags (`SEVERITY` says why
+      each flag is which);
+    - `wasted_bytes`: the bytes the dead writes write (their views' sizes in the recorded graph), 0
+      without any; a tensor tied under several names counts them under its first name only, so the
+      column sums to the model's waste; `wasted_s`: an *estimate* of their time, `wasted_bytes` times
+      the seconds per byte of a `uniform_` draw into a 16 MiB float32 CPU tensor, measured once per
+      process (`write_seconds_per_byte`);
     - `measured_*`, `nan_count`, `inf_count`: tensors with memory (materialized or real), else NaN;
     - with `reinit`: `reinit` (what `reinit(module)` run after `to_empty()` gives, same words) and
       `reinit_source` (the line of `reinit`'s write, or "never written by <fn> (file:line)").
@@ -131,6 +123,9 @@ def init_report(module: nn.Module, reinit: ReinitFunction | None = None) -> pd.D
     _flag_outliers(table)
     if reinit is not None:
         _compare_reinit(table, module, reinit)
+    table["severity"] = pd.Series([severity_of(flags) for flags in table["flags"]], index=table.index, dtype=object)
+    wasted = table["wasted_bytes"].sum()
+    table["wasted_s"] = table["wasted_bytes"] * (write_seconds_per_byte() if wasted else 0.0)
     return table.drop(columns=["_key"])
 
 
@@ -155,6 +150,7 @@ class _Audits:
 def _rows(module: nn.Module) -> list[dict]:
     audits, rows = _Audits(), []
     measured_cache: dict[int, tuple[Any, ...]] = {}
+    wasted_once: set[tuple[int, int | None]] = set()  # a tied tensor's dead writes, counted under its first name
     for name, path, owner, kind, tensor, _ in named_slots(module):
         with metadata_access():  # lazy parameters refuse metadata reads
             shape, dtype, device_type = tuple(tensor.shape), tensor.dtype, tensor.device.type
@@ -162,6 +158,10 @@ def _rows(module: nn.Module) -> list[dict]:
         init = audits.init_of(graph, tid) if graph is not None and tid is not None else None  # both or neither
         distribution = init.distribution if init is not None else UNRECORDED
         flags = _recorded_flags(init, kind, shape, distribution)
+        wasted_bytes = 0
+        if init is not None and (id(graph), tid) not in wasted_once:
+            wasted_once.add((id(graph), tid))
+            wasted_bytes = init.dead_bytes
         measured = (math.nan,) * 4 + (pd.NA, pd.NA)
         if state != "fake" and device_type != "meta":  # a meta tensor (materialized to "meta") has no values
             measured = measured_cache.get(id(tensor)) or measured_cache.setdefault(id(tensor), tuple(measure(tensor)))
@@ -188,6 +188,7 @@ def _rows(module: nn.Module) -> list[dict]:
                 "source": str(init.source) if init is not None and init.source is not None else None,
                 "role": role_of(name),
                 "flags": flags,
+                "wasted_bytes": wasted_bytes,
                 "measured_mean": measured[0],
                 "measured_std": measured[1],
                 "measured_min": measured[2],

@@ -49,6 +49,7 @@ def test_init_tab_counts_flags_and_draws_a_histogram(notebook_page: Page) -> Non
         expect(flags).to_have_count(2, timeout=KERNEL_REPLY_TIMEOUT_MS)
         expect(page.locator(".de-init-flag[data-flag='uninitialized']")).to_have_attribute("data-count", "1")
         expect(page.locator(".de-init-flag[data-flag='overwritten']")).to_have_attribute("data-count", "3")
+        expect(page.locator(".de-init-defects")).to_have_text("defects: 1")
         expect(page.locator(".de-init-table .de-table-row")).to_have_count(8)
         page.locator('.de-init-classes .de-table-row[data-key="Linear"]').click()
         rows = page.locator(".de-init-table .de-table-row")
@@ -65,11 +66,11 @@ def test_init_tab_counts_flags_and_draws_a_histogram(notebook_page: Page) -> Non
             "init:",
         )
         assert answer == "init: Linear proj.weight ['proj.weight', 'proj.bias']"
-        # the flagged rows of another class are marked (amber: written twice); the histogram stays
+        # the flagged rows of another class are marked (blue-grey: waste, written twice); the histogram stays
         page.locator('.de-init-classes .de-table-row[data-key="BatchNorm1d"]').click()
         expect(rows).to_have_count(5, timeout=KERNEL_REPLY_TIMEOUT_MS)
         running_mean = page.locator('.de-init-table .de-table-row[data-key="norm.running_mean"]')
-        expect(running_mean).to_have_css("border-left-color", "rgb(255, 159, 28)")
+        expect(running_mean).to_have_css("border-left-color", "rgb(141, 160, 203)")
         expect(running_mean).to_contain_text("overwritten")
         expect(histogram).to_be_visible()
     finally:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 import widgets
 from explorer import deferred_init, materialize_module
 from widgets.explorer_widget import TAB_TITLES
-from widgets.init_tab import FLAG_COLOURS, InitTab
+from widgets.init_tab import SEVERITY_COLOURS, InitTab
 
 
 class Audited(nn.Module):
@@ -19,28 +20,49 @@ class Audited(nn.Module):
         self.raw = nn.Parameter(torch.empty(2, 3))  # never written
 
 
-def test_classes_are_grouped_with_their_flagged_counts_and_inits():
+def test_classes_are_grouped_with_their_defect_and_waste_counts_and_inits():
     tab = InitTab(deferred_init(Audited))
     assert tab.classes.row_keys == ["Audited", "BatchNorm1d", "Linear"]
     assert tab.classes.rows == [
-        ["Audited", "1", "1", "uninitialized"],
-        ["BatchNorm1d", "5", "3", "constant(1.0), zeros"],
-        ["Linear", "2", "0", "uniform(-0.125, 0.125)"],
+        ["Audited", "1", "1", "0", "uninitialized"],
+        ["BatchNorm1d", "5", "0", "3", "constant(1.0), zeros"],
+        ["Linear", "2", "0", "0", "uniform(-0.125, 0.125)"],
     ]
 
 
-def test_header_counts_each_flag():
+@pytest.fixture
+def one_ns_per_byte(monkeypatch):
+    """Wasted writes cost exactly 1 ns per byte (the measured estimate varies with the machine)."""
+    monkeypatch.setattr("explorer.analysis.init_report.write_seconds_per_byte", lambda: 1e-9)
+
+
+def test_header_counts_defects_first_then_waste_with_its_cost(one_ns_per_byte):
     tab = InitTab(deferred_init(Audited))
-    assert "data-flag='uninitialized' data-count='1'" in tab.header.value
-    assert "data-flag='overwritten' data-count='3'" in tab.header.value
-    assert "data-flag='outlier'" not in tab.header.value
+    # running_mean and running_var: 32 float32 each, num_batches_tracked one int64, written twice
+    assert tab.header.value == (
+        "<div class='de-init-flags'>"
+        "<span class='de-init-defects' data-count='1' style='font-weight:bold;margin-right:8px'>defects: 1</span>"
+        "<span class='de-init-flag' data-flag='uninitialized' data-severity='defect' data-count='1' "
+        "style='border-left:4px solid #d62728;padding:0 6px;margin-right:8px'>uninitialized: 1</span>"
+        "<span class='de-init-flag' data-flag='overwritten' data-severity='waste' data-count='3' "
+        "style='border-left:4px solid #8da0cb;padding:0 6px;margin-right:8px'>waste: overwritten 3 (264 B, ~0.3 µs)"
+        "</span></div>"
+    )
 
 
-def test_flagged_rows_are_marked_by_severity():
+def test_header_of_a_clean_module_says_no_defects():
+    tab = InitTab(deferred_init(nn.Linear, 2, 2))
+    assert tab.header.value == (
+        "<div class='de-init-flags'><span class='de-init-defects' data-count='0' "
+        "style='font-weight:bold;margin-right:8px'>defects: 0</span></div>"
+    )
+
+
+def test_flagged_rows_are_coloured_by_severity():
     tab = InitTab(deferred_init(Audited))
     colours = dict(zip(tab.table.row_keys, tab.table.row_colours))
-    assert colours["raw"] == FLAG_COLOURS["severe"]
-    assert colours["norm.running_mean"] == FLAG_COLOURS["flagged"]
+    assert colours["raw"] == SEVERITY_COLOURS["defect"] == "#d62728"
+    assert colours["norm.running_mean"] == SEVERITY_COLOURS["waste"] == "#8da0cb"
     assert colours["proj.weight"] == ""
 
 

@@ -11,6 +11,7 @@ from torch import nn
 
 import explorer
 from explorer import deferred_init, init_report, materialize_module
+from explorer.analysis.init_flags import write_seconds_per_byte
 from tests.support.hf_configs import HF_BY_NAME
 
 
@@ -420,3 +421,52 @@ def test_a_module_materialized_on_the_meta_device_is_reported_without_measuremen
     row = explorer.init_report(module).set_index("name").loc["weight"]
     assert row["init"] == "uniform(-0.5, 0.5)"
     assert math.isnan(row["measured_mean"]) and "measured differs" not in row["flags"]
+
+
+# -- severity and the cost of waste ---------------------------------------------------------------
+
+
+class Reinitialized(nn.Module):
+    """A Linear whose own reset_parameters draws are overwritten, as Hugging Face's `_init_weights` does."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 8)
+        nn.init.normal_(self.proj.weight, std=0.02)
+        nn.init.zeros_(self.proj.bias)
+
+
+def test_a_reset_overwritten_by_a_later_init_is_waste_with_the_bytes_it_wrote():
+    report = init_report(deferred_init(Reinitialized))
+    weight, bias = row(report, "proj.weight"), row(report, "proj.bias")
+    assert (weight["flags"], weight["severity"], weight["wasted_bytes"]) == (["overwritten"], "waste", 8 * 4 * 4)
+    assert (bias["flags"], bias["severity"], bias["wasted_bytes"]) == (["overwritten"], "waste", 8 * 4)
+    assert weight["wasted_s"] == 128 * write_seconds_per_byte()
+
+
+def test_an_uninitialized_tensor_is_a_defect_that_wastes_nothing():
+    report = init_report(deferred_init(Holder, lambda w: None, (2, 3)))  # torch.empty, never written
+    w = row(report, "w")
+    assert (w["flags"], w["severity"], w["wasted_bytes"], w["wasted_s"]) == (["uninitialized"], "defect", 0, 0.0)
+
+
+def test_a_defect_outranks_waste_on_the_same_tensor():
+    report = init_report(deferred_init(Stack))
+    assert (row(report, "layers.2.weight")["flags"], row(report, "layers.2.weight")["severity"]) == (
+        ["overwritten", "outlier"], "defect")
+    assert row(report, "layers.0.weight")["severity"] is None  # no flag
+
+
+def test_hugging_face_qwen2_has_no_defects_and_every_overwrite_is_waste():
+    arch = HF_BY_NAME["qwen2"]
+    config = arch.config()
+    assert config.num_hidden_layers == 2
+    report = init_report(deferred_init(arch.cls, config))
+    assert (report["severity"] == "defect").sum() == 0
+    overwritten = report[report["flags"].map(lambda flags: "overwritten" in flags)]
+    assert len(overwritten) == 28 and set(overwritten["severity"]) == {"waste"}
+    assert report["flags"].map(lambda flags: set(flags) <= {"overwritten"}).all()
+    # the tied lm_head is the embedding: its dead draw (96 x 32 float32) is counted once, under the first name
+    assert row(report, "model.embed_tokens.weight")["wasted_bytes"] == 96 * 32 * 4
+    assert row(report, "lm_head.weight")["wasted_bytes"] == 0
+    assert report["wasted_bytes"].sum() == 87184

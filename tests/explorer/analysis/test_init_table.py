@@ -26,25 +26,35 @@ def test_inspection_init_is_the_init_report_table():
     assert report.table[["name", "init", "flags"]].equals(expected[["name", "init", "flags"]])
 
 
-def test_summary_counts_each_flag_and_the_dead_bytes():
+@pytest.fixture
+def one_ns_per_byte(monkeypatch):
+    """Wasted writes cost exactly 1 ns per byte (the measured estimate varies with the machine)."""
+    monkeypatch.setattr("explorer.analysis.init_report.write_seconds_per_byte", lambda: 1e-9)
+
+
+def test_summary_counts_defects_first_then_waste_with_its_bytes_and_time(one_ns_per_byte):
     module = deferred_init(Flagged)
     report = explorer.inspect(module).init
     assert report.flag_counts() == {"uninitialized": 1, "overwritten": 3}
-    assert report.summary() == "Flagged: 6 tensors; 1 uninitialized, 3 overwritten (40 B of dead writes)"
+    assert report.summary() == (
+        "Flagged: 6 tensors; 1 defect (1 uninitialized); waste: 3 overwritten (40 B of dead writes, ~40.0 ns)"
+    )
     assert repr(report) == report.summary()
 
 
 def test_summary_of_a_clean_module():
     module = deferred_init(nn.Linear, 2, 2)
-    assert explorer.inspect(module).init.summary() == "Linear: 2 tensors; no flags"
+    assert explorer.inspect(module).init.summary() == "Linear: 2 tensors; 0 defects"
 
 
-def test_html_highlights_flagged_rows_and_escapes_text():
+def test_html_colours_rows_by_severity_and_escapes_text():
     module = deferred_init(Flagged)
     html = explorer.inspect(module).init._repr_html_()
-    assert html.startswith("<div class='explorer-init'><p><b>Flagged: 6 tensors; 1 uninitialized")
-    assert html.count('<tr style="background:#fff3cd">') == 4
+    assert html.startswith("<div class='explorer-init'><p><b>Flagged: 6 tensors; 1 defect (1 uninitialized)")
+    assert html.count('<tr style="background:#f8d7da">') == 1  # the defect: red
+    assert html.count('<tr style="background:#e8edf5">') == 3  # the waste: blue-grey
     assert "<td>raw</td><td>Flagged</td><td>uninitialized</td>" in html
+    assert "<td>uninitialized</td><td>defect</td>" in html
 
 
 def test_init_after_the_module_is_gone_raises():
