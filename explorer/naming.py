@@ -93,3 +93,58 @@ def common_module(paths: list[str]) -> str:
         if not parts:
             break
     return ".".join(parts)
+
+
+ELLIPSIS = "…"
+
+
+def short_path(name: str, width: int) -> str:
+    """`name` in at most `width` characters, keeping what tells it from its siblings.
+
+    The rule (widgets/short_path.js is a port of it; tests/support/short_path_cases.json is the
+    spec both sides test):
+
+    - A name that fits is returned unchanged.
+    - Every numeric part (a layer index: the `17` of `model.layers.17.mlp`) and the last part are
+      always kept, even when they alone do not fit: the caller's box then clips the tail. An index
+      is what tells the 24 rows of 24 layers apart, so no width drops one.
+    - The other parts are added back while the result fits, in this order: the second-to-last part
+      (`q_proj` of `q_proj.weight`), the part naming each index's container (`layers`), right to
+      left, the first part, then the rest, right to left.
+    - Each run of left-out parts becomes one "…" standing for those parts and the dots after them:
+      `a.b.c.d` without `b` and `c` reads `a.…d`.
+
+    `model.layers.17.self_attn.q_proj.weight` at 30 → `model.layers.17.…q_proj.weight`, at 24 →
+    `model.…17.…q_proj.weight`, at 12 → `…17.…weight`.
+    """
+    if len(name) <= width:
+        return name
+    parts = name.split(".")
+    kept = {i for i, part in enumerate(parts) if _is_index(part)} | {len(parts) - 1}
+    for i in _keep_order(parts):
+        if i not in kept and len(_joined(parts, kept | {i})) <= width:
+            kept.add(i)
+    return _joined(parts, kept)
+
+
+def _is_index(part: str) -> bool:
+    return part.isascii() and part.isdigit()  # ASCII digits only, as the JS port's /^[0-9]+$/
+
+
+def _keep_order(parts: list[str]) -> list[int]:
+    # second-to-last, index containers right to left, first, the rest right to left
+    last = len(parts) - 1
+    containers = [i - 1 for i in range(last, 0, -1) if _is_index(parts[i]) and not _is_index(parts[i - 1])]
+    order = [last - 1, *containers, 0, *range(last - 1, 0, -1)]
+    return [i for n, i in enumerate(order) if 0 <= i < last and i not in order[:n]]
+
+
+def _joined(parts: list[str], kept: set[int]) -> str:
+    text, elided = "", False
+    for i, part in enumerate(parts):
+        if i not in kept:
+            elided = True
+            continue
+        text += ("." if text else "") + (ELLIPSIS if elided else "") + part
+        elided = False
+    return text

@@ -1,5 +1,7 @@
 // DataTable view: draws the rows Python sends; header clicks set sort_by/ascending, row clicks set
-// `selected`. No data logic here: sorting, filtering and formatting happen in Python.
+// `selected`. No data logic here: sorting, filtering and formatting happen in Python. The one rule
+// drawn here is cutting: a `path_columns` cell narrower than its dotted name shows shortPath of it
+// (short_path.js, prepended to this file by table.py) for its width, refitted when the table resizes.
 function render({ model, el }) {
   const root = document.createElement("div");
   root.className = "de-table-wrap";
@@ -38,6 +40,7 @@ function render({ model, el }) {
     const selected = model.get("selected");
     const highlighted = new Set(model.get("highlighted"));
     const columns = model.get("columns");
+    const paths = new Set(model.get("path_columns"));
     model.get("rows").forEach((cells, i) => {
       const tr = body.insertRow();
       tr.className = "de-table-row" + (keys[i] === selected ? " de-table-row-selected" : "")
@@ -46,7 +49,7 @@ function render({ model, el }) {
       if (colours[i]) tr.style.borderLeft = `4px solid ${colours[i]}`;
       cells.forEach((cell, index) => {
         const td = tr.insertCell();
-        td.className = "de-table-cell";
+        td.className = "de-table-cell" + (paths.has(columns[index]) ? " de-table-path" : "");
         td.dataset.column = columns[index];
         td.textContent = cell;
         td.title = cell; // the whole text, where the cell cuts it
@@ -63,6 +66,28 @@ function render({ model, el }) {
       caption.textContent = model.get("caption");
       root.appendChild(caption);
     }
+    fitPaths();
+  }
+
+  // Each path cell shows its whole name (its title) where that fits, else shortPath of it for the
+  // characters its content box holds (the table's font is monospace). All reads, then all writes.
+  function fitPaths() {
+    const cells = [...root.querySelectorAll("td.de-table-path")];
+    if (!cells.length || !root.isConnected) return;
+    cells.forEach((td) => { td.textContent = td.title; });
+    const probe = document.createElement("span");
+    probe.textContent = "0".repeat(20);
+    cells[0].appendChild(probe);
+    const charWidth = probe.getBoundingClientRect().width / 20;
+    probe.remove();
+    if (!charWidth) return; // not laid out (a hidden tab): the resize observer refits when shown
+    const fits = cells.map((td) => {
+      if (td.scrollWidth <= td.clientWidth) return null;
+      const style = getComputedStyle(td);
+      const room = td.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+      return Math.max(1, Math.floor(room / charWidth + 0.01));
+    });
+    cells.forEach((td, i) => { if (fits[i] !== null) td.textContent = shortPath(td.title, fits[i]); });
   }
 
   // One redraw per batch of changes (Python sends several traits in one message).
@@ -73,9 +98,17 @@ function render({ model, el }) {
     queueMicrotask(() => { pending = false; draw(); });
   };
   draw();
-  for (const name of ["columns", "labels", "rows", "row_keys", "row_colours", "selected", "highlighted", "sort_by", "ascending", "caption"]) {
+  for (const name of ["columns", "labels", "rows", "row_keys", "row_colours", "selected", "highlighted", "sort_by", "ascending", "caption", "path_columns"]) {
     model.on(`change:${name}`, schedule);
   }
+  let lastWidth = -1;
+  const resized = new ResizeObserver(() => {
+    if (root.clientWidth === lastWidth) return;
+    lastWidth = root.clientWidth;
+    fitPaths();
+  });
+  resized.observe(root);
+  return () => resized.disconnect();
 }
 
 export default { render };

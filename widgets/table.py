@@ -3,6 +3,10 @@
 Python owns the data: it sorts the pandas frame, cuts it to `limit` rows and formats the cells;
 the browser only draws `rows` and reports clicks by setting `selected` (a row key) or
 `sort_by` / `ascending` (a header). Every table in the explorer is one of these.
+
+Cells of the `path_columns` hold dotted names; where such a cell is narrower than its name, the
+browser shows `explorer.naming.short_path` of it for the cell's width (`short_path.js`, the same
+rule), which keeps every layer index and the leaf, and the cell's tooltip keeps the whole name.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def sort_frame(frame: pd.DataFrame, column: str, ascending: bool) -> pd.DataFram
 class DataTable(anywidget.AnyWidget):
     """Rows of text with a key per row; `selected` is the clicked row's key ("" for none)."""
 
-    _esm = source("table.js")
+    _esm = source("short_path.js") + source("table.js")
     _css = source("style.css")
 
     columns = traitlets.List(traitlets.Unicode(), help="The shown columns' names, in order").tag(sync=True)
@@ -55,6 +59,10 @@ class DataTable(anywidget.AnyWidget):
         sync=True
     )
     sortable = traitlets.Bool(True, help="Whether a header click sorts").tag(sync=True)
+    path_columns = traitlets.List(
+        traitlets.Unicode(),
+        help="Columns of dotted names, shortened by `short_path` to their cell's width in the browser",
+    ).tag(sync=True)
 
     def __init__(
         self, *, limit: int = DEFAULT_LIMIT, sortable: bool = True, captioned: bool = True, **kwargs: object
@@ -65,6 +73,7 @@ class DataTable(anywidget.AnyWidget):
         self._frame: pd.DataFrame | None = None
         self._labels: dict[str, str] = {}
         self._spec: tuple = ((), "", {}, None)
+        self._paths: list[str] = []
         self.observe(lambda _: self._draw(), names=["sort_by", "ascending"])
 
     def show(
@@ -77,14 +86,17 @@ class DataTable(anywidget.AnyWidget):
         colour: Mapping[str, str] | None = None,
         colour_by: str | None = None,
         labels: Mapping[str, str] | None = None,
+        paths: Sequence[str] = ("name",),
     ) -> None:
         """Display `columns` of `frame`, one row per frame row, keyed by the text of column `key`.
 
         `colour_by` names a column whose value picks the row's colour from `colour`; `labels` gives
-        shorter header texts for some columns.
+        shorter header texts for some columns; `paths` names the columns of dotted names, which a
+        narrow cell shows by `short_path`.
         """
         self._frame = frame
         self._labels = dict(labels or {})
+        self._paths = [column for column in columns if column in paths]
         self._spec = (tuple(columns), key, dict(formats or {}), (colour_by, dict(colour or {})))
         self._draw()
 
@@ -116,6 +128,7 @@ class DataTable(anywidget.AnyWidget):
         with self.hold_sync():
             self.columns = list(columns)
             self.labels = [self._labels.get(column, "") for column in columns]
+            self.path_columns = self._paths
             self.rows = frame_rows(shown, columns, formats)
             self.row_keys = [str(value) for value in shown[key].tolist()] if len(shown) else []
             self.row_colours = (

@@ -7,7 +7,7 @@ import os
 from ..graph import ExternalRef, InitGraph, OpNode, TensorRef
 from ..inspection.checkpoint_sources import is_checkpoint_read, read_of
 from ..inspection.ops import op_kind
-from ..naming import dtype_name, format_bytes
+from ..naming import dtype_name, format_bytes, short_path
 from .diagram import DiagramNode
 from .names import op_node
 from .scene import Scene, TensorMark
@@ -43,8 +43,11 @@ def _value_text(value: object) -> str:
     return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
 
+LINE_WIDTH = 40  # characters of a label line under an op's name
+
+
 def _shorten(text: str) -> str:
-    return text if len(text) <= 40 else text[:39] + "…"
+    return text if len(text) <= LINE_WIDTH else text[: LINE_WIDTH - 1] + "…"
 
 
 def op_node_of(scene: Scene, graph: int, index: int, cluster: str | None) -> DiagramNode:
@@ -83,7 +86,7 @@ def _read_node(scene: Scene, graph: int, op: OpNode, cluster: str | None) -> Dia
         op_node(graph, op.index),
         CHECKPOINT_READ,
         f"{_prefix(scene, graph, op.index)}: read {file}",
-        [_shorten(key)],
+        [short_path(key, LINE_WIDTH)],  # keeps a key's layer index (model.…17.…q_proj.weight)
         cluster,
         tooltip,
     )

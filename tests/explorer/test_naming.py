@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import pytest
 import torch
 
-from explorer.naming import byte_span, common_module, dtype_name, dtype_named
+from explorer.naming import byte_span, common_module, dtype_name, dtype_named, short_path
+
+SHORT_PATH_SPEC = json.loads((pathlib.Path(__file__).parents[1] / "support" / "short_path_cases.json").read_text())
 
 
 def test_byte_span_is_from_the_first_element_to_the_end_of_the_last():
@@ -53,3 +58,27 @@ def test_common_module_is_the_innermost_path_holding_all():
     assert common_module(["layers.1", "layers.10"]) == "layers"  # by component, not by character
     assert common_module(["layers.1.attn", ""]) == ""
     assert common_module(["head"]) == "head"
+
+
+@pytest.mark.parametrize(
+    "case", SHORT_PATH_SPEC["cases"], ids=lambda case: f"{case['name'] or 'empty'}@{case['width']}"
+)
+def test_short_path_gives_the_short_name_of_the_shared_spec(case):
+    assert short_path(case["name"], case["width"]) == case["short"]
+
+
+def test_short_path_of_24_layers_at_a_narrow_width_are_distinct_and_each_shows_its_index():
+    shorts = [short_path(f"model.layers.{i}.self_attn.q_proj.weight", 18) for i in range(24)]
+    assert shorts[:3] == ["…0.…q_proj.weight", "…1.…q_proj.weight", "…2.…q_proj.weight"]
+    assert shorts[17] == "…17.…q_proj.weight"
+    assert len(set(shorts)) == 24
+    assert all(short.startswith(f"…{i}.") for i, short in enumerate(shorts))
+
+
+def test_short_path_keeps_every_index_however_narrow():
+    assert short_path("blocks.3.experts.12.w1.weight", 1) == "…3.…12.…weight"
+
+
+def test_short_path_returns_a_name_that_fits_unchanged():
+    name = "model.layers.17.self_attn.q_proj.weight"
+    assert [short_path(name, width) for width in (39, 80)] == [name, name]

@@ -15,6 +15,7 @@ def test_every_synced_trait_says_what_it_is():
         "columns",
         "highlighted",
         "labels",
+        "path_columns",
         "row_colours",
         "row_keys",
         "rows",
@@ -32,3 +33,12 @@ def test_a_header_click_sorts_and_the_caption_says_how_many_rows_show():
     assert (table.rows, table.caption) == ([["b", "2"], ["a", "3"]], "showing 2 of 3 rows (filter to narrow)")
     table.sort_by = "size"  # what a header click sends
     assert table.row_keys == ["c", "b"]
+
+
+def test_name_is_the_path_column_unless_paths_names_others():
+    table = DataTable()
+    frame = pd.DataFrame({"name": ["a.0.w"], "module": ["a.0"], "n": [1]})
+    table.show(frame, ["name", "module", "n"], key="name")
+    assert table.path_columns == ["name"]
+    table.show(frame, ["module", "n"], key="name", paths=("name", "module"))
+    assert table.path_columns == ["module"]

@@ -123,3 +123,22 @@ def test_the_column_chooser_offers_the_checkpoint_provenance_columns(disk_ui):
     chooser = disk_ui.tensors_tab.columns
     assert {"file", "key", "offset", "disk_dtype"} <= set(chooser.allowed_tags)
     assert not {"file", "key", "offset", "disk_dtype"} & set(chooser.value)  # optional: not shown at first
+
+
+def test_24_layer_names_shortened_to_a_narrow_column_are_distinct_and_keep_their_index():
+    import transformers
+
+    import widgets
+    from explorer.naming import short_path
+    from tests.support.hf_configs import _DECODER
+
+    config = transformers.Qwen2Config(**{**_DECODER, "num_hidden_layers": 24}, tie_word_embeddings=True)
+    table = widgets.explore(transformers.Qwen2ForCausalLM, config).tensors_tab.table
+    assert table.path_columns == ["name"]
+    names = [row[0] for row in table.rows if row[0].endswith("q_proj.weight")]
+    assert names == [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(24)]  # full: the titles
+    # what table.js draws in an 18-character name cell (short_path.js passes the same spec)
+    shorts = [short_path(name, 18) for name in names]
+    assert shorts[7] == "…7.…q_proj.weight" and shorts[17] == "…17.…q_proj.weight"
+    assert len(set(shorts)) == 24
+    assert all(short.startswith(f"…{i}.") for i, short in enumerate(shorts))
