@@ -3,7 +3,9 @@
 The user types input shapes, picks an optimizer, a world size and activation checkpointing, and a
 budget per device; "Run training step" calls `explorer.train_step` in the kernel (fake tensors: the
 module is not changed) and shows the verdict ("fits / does not fit on N × budget"), a stacked bar of
-the peak by category (SVG built by `explorer.analysis.train_render`) and the per-module table.
+the peak by category (SVG built by `explorer.analysis.train_render`) and the per-module table; beside
+the peak, the end of forward (what is alive when backward starts, activations at their most) with its
+own bar, and a table of those activations by the module whose forward created them.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import torch
 from torch import nn
 
 import explorer
-from explorer.analysis.train_modules import MODULE_COLUMNS
-from explorer.analysis.train_render import stacked_bar_svg
+from explorer.analysis.train_modules import FORWARD_ACTIVATION_COLUMNS, MODULE_COLUMNS
+from explorer.analysis.train_render import end_of_forward_text, stacked_bar_svg
 
 from .formatting import bytes_text
 from .table import DataTable
@@ -43,8 +45,12 @@ def takes_labels(module: nn.Module) -> bool:
         return False
 
 
+BAR_WIDTH = 420  # two bars side by side: the step's peak and the end of forward
+
+
 class TrainPanel(w.VBox):
-    """Inputs, optimizer, world size, checkpointing and budget; a run shows verdict, bar and table."""
+    """Inputs, optimizer, world size, checkpointing and budget; a run shows verdict, bar and table
+    for the step's peak, and beside them the end of forward with its activations by module."""
 
     def __init__(self, module: nn.Module, read_inputs: InputReader) -> None:
         self.module, self.read_inputs = module, read_inputs
@@ -81,6 +87,15 @@ class TrainPanel(w.VBox):
         self.bar.add_class("de-train-bar")
         self.table = DataTable(limit=200)
         self.table.add_class("de-train-table")
+        self.peak_text = w.Label("")
+        self.peak_text.add_class("de-train-peak-text")
+        self.forward_text = w.Label("")
+        self.forward_text.add_class("de-train-forward-text")
+        self.forward_bar = w.HTML("")
+        self.forward_bar.add_class("de-train-forward-bar")
+        self.forward_heading = w.HTML("")
+        self.forward_table = DataTable(limit=200)
+        self.forward_table.add_class("de-train-forward-table")
         self.run_button.on_click(lambda _: self.run())
         super().__init__(
             [
@@ -88,8 +103,15 @@ class TrainPanel(w.VBox):
                 w.HBox([self.shapes, self.input_dtype, self.optimizer]),
                 w.HBox([self.world_size, self.checkpointing, self.budget, self.run_button]),
                 self.verdict,
-                self.bar,
+                w.HBox(
+                    [
+                        w.VBox([self.peak_text, self.bar], layout=w.Layout(width=f"{BAR_WIDTH + 40}px")),
+                        w.VBox([self.forward_text, self.forward_bar], layout=w.Layout(width=f"{BAR_WIDTH + 40}px")),
+                    ]
+                ),
                 self.table,
+                self.forward_heading,
+                self.forward_table,
             ]
         )
         self.add_class("de-train-panel")
@@ -115,7 +137,11 @@ class TrainPanel(w.VBox):
             return
         self.last_step = step
         self.verdict.value = f"{verdict}; peak in the {step.phase}"
-        self.bar.value = stacked_bar_svg(step.peak)
+        self.bar.value = stacked_bar_svg(step.peak, width=BAR_WIDTH)
+        self.peak_text.value = f"peak of the step (in the {step.phase}): {bytes_text(step.peak_bytes)}"
+        self.forward_text.value = end_of_forward_text(step)
+        self.forward_bar.value = stacked_bar_svg(step.end_of_forward, width=BAR_WIDTH)
+        self.forward_heading.value = "<b>Activations alive at the end of forward, by the module that created them</b>"
         self.table.show(
             step.modules,
             MODULE_COLUMNS,
@@ -125,4 +151,10 @@ class TrainPanel(w.VBox):
                 "backward_peak_bytes": bytes_text,
                 "activation_bytes": bytes_text,
             },
+        )
+        self.forward_table.show(
+            step.end_of_forward_activations,
+            FORWARD_ACTIVATION_COLUMNS,
+            key="name",
+            formats={"activation_bytes": bytes_text},
         )

@@ -11,19 +11,29 @@ and replace only that update, `_update_peak_stats`, by an equivalent one: the ru
 are looked up by name among `ModTracker.parents` (a handful) in an index rebuilt when a module is
 first seen, and snapshots are copied one level deep (their values are ints). The results are
 byte-for-byte PyTorch's (`tests/explorer/analysis/test_train_memory_tracker.py` compares them).
-One behaviour is added: parameters without `requires_grad` (frozen layers) get no gradient hooks,
-where PyTorch's tracker raises trying to register them (`_FrozenParameters`).
+Two behaviours are added: parameters without `requires_grad` (frozen layers) get no gradient hooks,
+where PyTorch's tracker raises trying to register them (`_FrozenParameters`); and each activation
+storage remembers the innermost module running when the op that created it ran
+(`_ActivationOwners`), so the activations alive at a moment can be split by module.
 This mirrors private PyTorch internals (2.13): re-check `_update_peak_stats` on upgrades.
 """
 
 from __future__ import annotations
 
-__all__ = ["FastFSDPMemTracker", "FastMemTracker", "MemTracker", "innermost_module"]
+__all__ = [
+    "FastFSDPMemTracker",
+    "FastMemTracker",
+    "MemTracker",
+    "activations_by_owner",
+    "current_snapshot",
+    "innermost_module",
+]
 
 import torch
 
 # Importing the module registers fake (meta) kernels for c10d collectives, used under FakeTensorMode.
 import torch.distributed._tools.fake_collectives
+from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 from torch.distributed._tools.mod_tracker import ModTracker
@@ -115,15 +125,64 @@ class _FailureSite:
             raise
 
 
+class _ActivationOwners:
+    """Mixin: an activation storage records, as `forward_owner` on its `_WeakRefInfo`, the innermost
+    module running (ModTracker's name, None outside every module) when the op that created it ran.
+
+    `MemTracker._track` creates the storage's info for each output of an op; ops run in the order
+    modules run, so the innermost running module is the one whose own forward code made it.
+    """
+
+    _WINFO: WeakIdKeyDictionary  # MemTracker's, after this mixin in the MRO
+    _mod_tracker: ModTracker
+
+    def _track(self, reftype, t) -> None:
+        super()._track(reftype, t)  # type: ignore[misc]  # MemTracker's, next in the MRO
+        if not _is_activation(reftype):
+            return
+        owner = innermost_module(self._mod_tracker)
+        for storage in get_untyped_storages(t):
+            winfo, _ = self._WINFO.get(storage, (None, None))
+            if winfo is not None and not hasattr(winfo, "forward_owner"):
+                winfo.forward_owner = owner
+
+
+def _is_activation(reftype: object) -> bool:
+    """MemTracker's and FSDPMemTracker's activation categories (two enums, one value)."""
+    return getattr(reftype, "value", None) == _MemRefType.ACT.value
+
+
+def current_snapshot(tracker: MemTracker) -> tuple[torch.device | None, dict]:
+    """The device holding the most bytes now and its current snapshot (category → bytes, "Total")."""
+    snapshot = tracker.get_tracker_snapshot("current")
+    if not snapshot:
+        return None, {}
+    device = max(snapshot, key=lambda dev: snapshot[dev][_TOTAL_KEY])
+    return device, snapshot[device]
+
+
+def activations_by_owner(tracker: MemTracker, device: torch.device) -> dict[str | None, int]:
+    """The bytes of the activation storages alive now on `device`, by the module that created them
+    (`_ActivationOwners`; ModTracker's names, None for ops outside every module). They add up to
+    the tracker's current activation bytes on `device`: the same storages, the same sizes."""
+    owners: dict[str | None, int] = {}
+    for winfo, weak_storage in list(tracker._WINFO.values()):
+        if weak_storage() is None or not _is_activation(winfo.reftype) or winfo.device != device:
+            continue
+        owner = getattr(winfo, "forward_owner", None)
+        owners[owner] = owners.get(owner, 0) + winfo.mem_consumed
+    return owners
+
+
 def innermost_module(mod_tracker: ModTracker) -> str | None:
     """The deepest module ModTracker has running (its longest name), None outside any."""
     names = sorted(mod_tracker.parents - {"Global"}, key=len)
     return names[-1] if names else None
 
 
-class FastMemTracker(_FailureSite, _FastPeaks, _FrozenParameters, MemTracker):
+class FastMemTracker(_FailureSite, _ActivationOwners, _FastPeaks, _FrozenParameters, MemTracker):
     """`MemTracker` with a cheap peak update; same categories and bytes (note [Fast memory trackers])."""
 
 
-class FastFSDPMemTracker(_FailureSite, _FastPeaks, FSDPMemTracker):
+class FastFSDPMemTracker(_FailureSite, _ActivationOwners, _FastPeaks, FSDPMemTracker):
     """`FSDPMemTracker` with a cheap peak update; same categories and bytes (note [Fast memory trackers])."""

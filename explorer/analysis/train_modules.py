@@ -31,6 +31,8 @@ _STATES = {
         "After Post-Forward",
     ),
 }
+FORWARD_ACTIVATION_COLUMNS = ["name", "class", "activation_bytes"]
+OUTSIDE_MODULES = "(outside modules)"  # the name of ops run outside every module's forward (a loss function)
 _WRAPPED = "_checkpoint_wrapped_module"
 
 
@@ -70,7 +72,7 @@ def module_table(module: nn.Module, twin: nn.Module, tracker: MemTracker) -> pd.
         stats = tracker.memory_tracking.get(sub)
         if stats is None or type(sub).__name__ == "CheckpointWrapper":
             continue
-        name = ".".join(part for part in path.split(".") if part != _WRAPPED)
+        name = _unwrapped(path)
         snapshots = _by_state(stats)
         pairs = zip(snapshots.get(before, []), snapshots.get(after, []))
         rows.append(
@@ -84,3 +86,28 @@ def module_table(module: nn.Module, twin: nn.Module, tracker: MemTracker) -> pd.
             }
         )
     return pd.DataFrame(rows, columns=MODULE_COLUMNS)
+
+
+def _unwrapped(path: str) -> str:
+    return ".".join(part for part in path.split(".") if part != _WRAPPED)
+
+
+def forward_activation_table(module: nn.Module, twin: nn.Module, owners: dict[str | None, int]) -> pd.DataFrame:
+    """One row per module whose own forward code created activations still alive (`owners`: bytes by
+    ModTracker name, from `memory_tracker.activations_by_owner`), in the order of `module`'s modules,
+    named by path in `module` (checkpoint wrappers folded); a module's row excludes what its
+    submodules created, so the rows add up to all activations alive. Ops outside every module come
+    last, as `OUTSIDE_MODULES`."""
+    classes = {path: type(sub).__name__ for path, sub in module.named_modules()}
+    order = {_unwrapped(path): index for index, (path, _) in enumerate(twin.named_modules())}
+    by_name: dict[str, int] = {}
+    for owner, value in owners.items():
+        # ModTracker names modules "<root class>.<path>"; None: no module was running
+        name = OUTSIDE_MODULES if owner is None else _unwrapped(owner.partition(".")[2])
+        by_name[name] = by_name.get(name, 0) + value
+    rows = [
+        {"name": name, "class": classes.get(name, ""), "activation_bytes": value}
+        for name, value in sorted(by_name.items(), key=lambda item: order.get(item[0], len(order)))
+        if value
+    ]
+    return pd.DataFrame(rows, columns=FORWARD_ACTIVATION_COLUMNS)

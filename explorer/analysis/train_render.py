@@ -35,6 +35,12 @@ class TrainStep(Protocol):
     def phase(self) -> str: ...
     @property
     def modules(self) -> pd.DataFrame: ...
+    @property
+    def end_of_forward_bytes(self) -> int: ...
+    @property
+    def end_of_forward(self) -> dict[str, int]: ...
+    @property
+    def end_of_forward_activations(self) -> pd.DataFrame: ...
 
 
 # Category → colour, in drawing order (weights first, then what the step adds).
@@ -66,17 +72,27 @@ def _where(step: TrainStep) -> str:
     return f"per rank of {step.world_size}" if step.world_size > 1 else "on one device"
 
 
+def _category_lines(by_category: dict[str, int]) -> list[str]:
+    return [f"  {category_label(category)}: {format_bytes(value)}" for category, value in by_category.items() if value]
+
+
+def end_of_forward_text(step: TrainStep) -> str:
+    """ "end of forward (backward starts): 2.1 GiB, activations 1.4 GiB"."""
+    return (
+        f"end of forward (backward starts): {format_bytes(step.end_of_forward_bytes)}, "
+        f"activations {format_bytes(step.end_of_forward.get('activations', 0))}"
+    )
+
+
 def summary_text(step: TrainStep) -> str:
-    """A few lines: the peak, where it is reached, and each non-empty category."""
+    """A few lines: the peak, where it is reached, and each non-empty category; then the bytes at the
+    end of forward and each of their non-empty categories."""
     checkpointing = ", activation checkpointing" if step.activation_checkpointing else ""
     headline = (
         f"{step.root_class} training step ({step.optimizer}{checkpointing}): "
         f"peak {format_bytes(step.peak_bytes)} ({step.peak_bytes:,} bytes) {_where(step)}, in the {step.phase}"
     )
-    lines = [headline]
-    for category, value in step.peak.items():
-        if value:
-            lines.append(f"  {category_label(category)}: {format_bytes(value)}")
+    lines = [headline, *_category_lines(step.peak), end_of_forward_text(step), *_category_lines(step.end_of_forward)]
     return "\n".join(lines)
 
 
@@ -126,7 +142,19 @@ def modules_html(step: TrainStep, limit: int = 40) -> str:
     return shown.to_html(index=False, classes="train-modules", border=0)
 
 
+def forward_activations_html(step: TrainStep, limit: int = 40) -> str:
+    """The activations alive at the end of forward by module (first `limit` rows), in binary units."""
+    shown = step.end_of_forward_activations.head(limit).copy()
+    shown["activation_bytes"] = shown["activation_bytes"].map(format_bytes)
+    return shown.to_html(index=False, classes="train-forward-activations", border=0)
+
+
 def train_step_html(step: TrainStep) -> str:
-    """The notebook repr: headline, stacked bar, per-module table."""
+    """The notebook repr: headline, stacked bar, per-module table; then the end of forward: its
+    headline, stacked bar and activations by module."""
     head = html.escape(summary_text(step).splitlines()[0])
-    return f"<div class='train-step'><p><b>{head}</b></p>{stacked_bar_svg(step.peak)}{modules_html(step)}</div>"
+    forward = html.escape(end_of_forward_text(step))
+    return (
+        f"<div class='train-step'><p><b>{head}</b></p>{stacked_bar_svg(step.peak)}{modules_html(step)}"
+        f"<p><b>{forward}</b></p>{stacked_bar_svg(step.end_of_forward)}{forward_activations_html(step)}</div>"
+    )

@@ -5,7 +5,9 @@ with every tensor replaced by a fake of a FakeTensorMode of our own), so the mod
 and the global RNG are left as they were and no storage is allocated; with `world_size > 1` the
 twin is sharded with FSDP2 over a fake process group (`fake_fsdp`). Memory is counted by PyTorch's
 own trackers, made fast (`memory_tracker`, note [Fast memory trackers]): bytes per category at the
-peak, and per module the peak in forward and backward. The numbers are those `MemTracker` /
+peak, and per module the peak in forward and backward; and what is alive at the end of forward, when
+backward starts (where activations are at their most): bytes by category, and the activations by
+the module whose forward created them. The numbers are those `MemTracker` /
 `FSDPMemTracker` report for the same step of the eager model (tests compare them byte for byte):
 tensor storages only, rounded to the CUDA allocator's 512-byte blocks on CUDA devices; no allocator
 fragmentation, CUDA context or kernel workspaces.
@@ -24,7 +26,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
 from .._torch_compat.fake import FakeTensorMode, unset_fake_temporarily
-from .._torch_compat.memory_tracker import FastFSDPMemTracker, FastMemTracker, MemTracker, innermost_module
+from .._torch_compat.memory_tracker import (
+    FastFSDPMemTracker,
+    FastMemTracker,
+    MemTracker,
+    activations_by_owner,
+    current_snapshot,
+    innermost_module,
+)
 from ..record.scope import recording_graph
 from .dry_run import CpuGroupedMm, fake_forward_arguments, tensor_leaves
 from .fake_fsdp import (
@@ -35,7 +44,7 @@ from .fake_fsdp import (
     shard_blocks,
 )
 from .train_budget import parse_budget
-from .train_modules import module_table
+from .train_modules import forward_activation_table, module_table
 from .train_render import summary_text, train_step_html, verdict_text
 from .train_twin import fake_twin
 
@@ -111,7 +120,12 @@ class TrainStep:
     `peak_bytes`: the most bytes alive at once; `peak`: those bytes by category at that moment
     (`SINGLE_CATEGORIES`, or `FSDP_CATEGORIES` when sharded); `phase`: the phase the peak was
     reached in; `phase_peaks`: the running peak at the end of each phase; `modules`: one row per
-    module that ran (`train_modules.MODULE_COLUMNS`; with FSDP, the sharded modules); `device`: the
+    module that ran (`train_modules.MODULE_COLUMNS`; with FSDP, the sharded modules).
+    `end_of_forward_bytes`: the bytes alive when forward (and the loss) is done and backward starts,
+    the moment activations are at their most; `end_of_forward`: those bytes by category;
+    `end_of_forward_activations`: its activations by the module whose own forward code created them
+    (`train_modules.FORWARD_ACTIVATION_COLUMNS`, rows adding up to `end_of_forward["activations"]`;
+    ops outside every module as `train_modules.OUTSIDE_MODULES`). `device`: the
     device the parameters are on; `blocks`: the repeated blocks found (what checkpointing wraps and
     the default sharding shards).
     """
@@ -125,6 +139,9 @@ class TrainStep:
     phase: Phase
     phase_peaks: dict[str, int]
     modules: pd.DataFrame
+    end_of_forward_bytes: int
+    end_of_forward: dict[str, int]
+    end_of_forward_activations: pd.DataFrame
     device: str = "cpu"
     blocks: list[str] = field(default_factory=list)
 
@@ -138,11 +155,13 @@ class TrainStep:
         return verdict_text(self, budget)
 
     def summary(self) -> str:
-        """The peak, the phase it is reached in, and each non-empty category, one per line."""
+        """The peak, the phase it is reached in, and each non-empty category, one per line; then the
+        same for the end of forward."""
         return summary_text(self)
 
     def _repr_html_(self) -> str:
-        """Rich display in notebooks: headline, stacked bar by category, per-module table."""
+        """Rich display in notebooks: headline, stacked bar by category, per-module table; then the
+        end of forward: headline, stacked bar, activations by module."""
         return train_step_html(self)
 
     def __repr__(self) -> str:
@@ -175,11 +194,20 @@ def default_loss(output: Any) -> torch.Tensor:
 
 @dataclass
 class _StepRun:
-    """What running the step produced: the tracker and the running peak after each phase."""
+    """What running the step produced: the tracker, the running peak after each phase, and the end
+    of forward: the current snapshot of the device holding most (category → bytes, "Total") and
+    its activations by the module that created them (`activations_by_owner`)."""
 
     tracker: MemTracker
     optimizer_name: str
     phase_peaks: dict[str, int] = field(default_factory=dict)
+    end_of_forward: dict = field(default_factory=dict)
+    end_of_forward_owners: dict[str | None, int] = field(default_factory=dict)
+
+    def take_end_of_forward(self) -> None:
+        device, snapshot = current_snapshot(self.tracker)
+        self.end_of_forward = dict(snapshot)
+        self.end_of_forward_owners = activations_by_owner(self.tracker, device) if device is not None else {}
 
 
 def _peak_total(tracker: MemTracker) -> int:
@@ -225,6 +253,7 @@ def run_step(
             try:
                 value = loss(twin(*args, **kwargs))  # the output is dropped before backward, as in a loop
                 run.phase_peaks["forward"] = _peak_total(tracker)
+                run.take_end_of_forward()
                 phase = "backward"
                 value.backward()
                 del value  # nor is the loss held through the optimizer step
@@ -253,7 +282,13 @@ def _peak_categories(tracker: MemTracker, categories: tuple[Category, ...]) -> t
     snapshot = tracker.get_tracker_snapshot("peak")
     if not snapshot:
         return 0, dict.fromkeys(categories, 0)
-    device_snap = max(snapshot.values(), key=lambda snap: snap["Total"])
+    return _by_category(max(snapshot.values(), key=lambda snap: snap["Total"]), categories)
+
+
+def _by_category(device_snap: dict, categories: tuple[Category, ...]) -> tuple[int, dict[str, int]]:
+    """A device's snapshot as (total, bytes by our category, every one of `categories` present)."""
+    if not device_snap:
+        return 0, dict.fromkeys(categories, 0)
     peak: dict[str, int] = dict.fromkeys(categories, 0)
     for key, value in device_snap.items():
         if key != "Total":
@@ -354,6 +389,7 @@ def train_step(
         torch.set_rng_state(rng_state)
     categories = SINGLE_CATEGORIES if world_size == 1 else FSDP_CATEGORIES
     peak_bytes, peak = _peak_categories(tracker, categories)
+    end_of_forward_bytes, end_of_forward = _by_category(run.end_of_forward, categories)
     return TrainStep(
         root_class=type(module).__name__,
         world_size=world_size,
@@ -364,6 +400,9 @@ def train_step(
         phase=_peak_phase(run.phase_peaks),
         phase_peaks=run.phase_peaks,
         modules=module_table(module, twin, tracker),
+        end_of_forward_bytes=end_of_forward_bytes,
+        end_of_forward=end_of_forward,
+        end_of_forward_activations=forward_activation_table(module, twin, run.end_of_forward_owners),
         device=str(device),
         blocks=blocks,
     )

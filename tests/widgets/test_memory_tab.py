@@ -121,6 +121,21 @@ def test_training_step_panel_shows_the_verdict_bar_and_module_table():
     assert explorer.is_deferred(ui.module)  # nothing was materialized
 
 
+def test_training_step_panel_shows_the_end_of_forward_beside_the_peak_with_activations_by_module():
+    _, panel = _train_ui()
+    panel.run_button.click()
+    step = panel.last_step
+    assert panel.peak_text.value == f"peak of the step (in the optimizer): {bytes_text(step.peak_bytes)}"
+    # parameters 232 B, inputs 48 B, activations 100 B: the ReLU's output and the loss
+    assert panel.forward_text.value == "end of forward (backward starts): 380 B, activations 100 B"
+    assert 'data-category="activations"' in panel.forward_bar.value
+    assert 'data-category="activations"' not in panel.bar.value  # the peak, in the optimizer, has none
+    assert panel.forward_bar.value.count('class="train-bar-segment"') == 3
+    assert "activations: 100 B" in panel.forward_bar.value  # the legend
+    assert panel.forward_table.row_keys == ["1", "(outside modules)"]
+    assert panel.forward_table.columns == ["name", "class", "activation_bytes"]
+
+
 def test_training_step_panel_says_when_it_does_not_fit_on_n_devices():
     ui, panel = _train_ui(world_size=2)
     panel.optimizer.value = "SGD"

@@ -17,6 +17,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from explorer import deferred_init, is_deferred, materialize_module
 from explorer.analysis.dry_run import tensor_leaves
 from explorer.analysis.fake_fsdp import checkpoint_blocks, repeated_blocks
+from explorer.analysis.train_modules import OUTSIDE_MODULES
+from explorer.naming import format_bytes
 from explorer.analysis.train_step import CATEGORY_OF, TrainStepError, default_loss, train_step
 from explorer.record.fake import handle_of
 from tests.support.hf_configs import HF_BY_NAME, build_eager
@@ -83,6 +85,88 @@ def test_llama_step_equals_memtracker_on_eager_by_category(checkpointing):
     assert step.peak_bytes == total
     assert step.peak == expected  # every category, zeros included
     assert sum(step.peak.values()) == total
+
+
+def memtracker_end_of_forward(model: nn.Module, inputs: dict, checkpointing: bool = False) -> dict[str, int]:
+    """PyTorch's MemTracker around one eager AdamW step, read when the loss is computed and the
+    output dropped, just before backward: bytes by category, and "Total"."""
+    model.train()
+    if checkpointing:
+        checkpoint_blocks(model, repeated_blocks(model))
+    optimizer = torch.optim.AdamW(model.parameters())
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer, *tensor_leaves(inputs))
+    with tracker:
+        value = default_loss(model(**inputs))
+        (snapshot,) = tracker.get_tracker_snapshot("current").values()
+        value.backward()
+        optimizer.step()
+    return {"Total" if key == "Total" else CATEGORY_OF[key.value]: value for key, value in snapshot.items()}
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+def test_llama_end_of_forward_equals_memtracker_on_eager_when_backward_starts(checkpointing):
+    torch.manual_seed(0)
+    deferred = deferred_init(LLAMA.cls, LLAMA.config())
+    step = train_step(deferred, **llama_inputs(), activation_checkpointing=checkpointing)
+    expected = memtracker_end_of_forward(build_eager(LLAMA), llama_inputs(), checkpointing)
+    assert step.end_of_forward_bytes == expected.pop("Total")
+    assert step.end_of_forward == expected  # every category, zeros included
+    assert step.end_of_forward["activations"] > 0 and step.end_of_forward["gradients"] == 0
+    assert step.end_of_forward_bytes == sum(step.end_of_forward.values()) < step.peak_bytes
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+def test_llama_activations_at_end_of_forward_by_module_add_up_to_the_category(checkpointing):
+    torch.manual_seed(0)
+    deferred = deferred_init(LLAMA.cls, LLAMA.config())
+    step = train_step(deferred, **llama_inputs(), activation_checkpointing=checkpointing)
+    rows = step.end_of_forward_activations.set_index("name")
+    assert list(step.end_of_forward_activations.columns) == ["name", "class", "activation_bytes"]
+    assert rows["activation_bytes"].sum() == step.end_of_forward["activations"]
+    assert (rows["activation_bytes"] > 0).all()
+    # the embedding's output (2 × 8 tokens × 32 float32), kept by layer 0's first norm for backward
+    assert rows.loc["model.embed_tokens", "activation_bytes"] == 2 * 8 * 32 * 4
+    assert rows.loc["model.embed_tokens", "class"] == "Embedding"
+    # the two decoder layers keep the same activations, module by module
+    layer, other = (
+        {name.removeprefix(prefix): v for name, v in rows["activation_bytes"].items() if name.startswith(prefix)}
+        for prefix in ("model.layers.0", "model.layers.1")
+    )
+    assert layer == other
+    if checkpointing:  # a checkpointed layer keeps its output (the next layer's input) and one attention tensor
+        assert layer == {"": 2 * 8 * 32 * 4, ".self_attn": 2 * 8 * 32 * 4}
+    else:
+        assert layer[".mlp.gate_proj"] == 2 * 8 * 64 * 4
+
+
+def test_sharding_leaves_the_activations_at_end_of_forward_as_they_were_module_by_module():
+    torch.manual_seed(0)
+    deferred = deferred_init(LLAMA.cls, LLAMA.config())
+    single = train_step(deferred, **llama_inputs())
+    sharded = train_step(deferred, **llama_inputs(), world_size=2)
+    assert sharded.end_of_forward["activations"] == single.end_of_forward["activations"] > 0
+    assert sharded.end_of_forward_activations.equals(single.end_of_forward_activations)
+    assert sharded.end_of_forward["sharded_parameters"] == single.end_of_forward["parameters"] // 2
+
+
+def test_cnn_activations_at_end_of_forward_name_the_loss_outside_modules():
+    step = train_step(deferred_init(nn.Sequential, nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), (3, 4))
+    table = step.end_of_forward_activations
+    # the ReLU's output (kept by ReLU and the last Linear for backward) and the float32 loss of `default_loss`
+    assert table.to_dict("records") == [
+        {"name": "1", "class": "ReLU", "activation_bytes": 3 * 8 * 4},
+        {"name": OUTSIDE_MODULES, "class": "", "activation_bytes": 4},
+    ]
+    assert step.end_of_forward == {
+        "parameters": (4 * 8 + 8 + 8 * 2 + 2) * 4,
+        "buffers": 0,
+        "gradients": 0,
+        "optimizer_state": 0,
+        "activations": 100,
+        "temporaries": 0,
+        "inputs": 3 * 4 * 4,
+    }
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
@@ -286,8 +370,16 @@ def test_summary_and_html_show_peak_and_categories():
     assert text.splitlines()[0].startswith(f"SmallCNN training step (AdamW): peak ")
     assert f"({step.peak_bytes:,} bytes) on one device, in the backward" in text
     html = step._repr_html_()
-    assert html.count('class="train-bar-segment"') == len(nonzero(step.peak))
+    assert html.count('class="train-bar-segment"') == len(nonzero(step.peak)) + len(nonzero(step.end_of_forward))
     assert "blocks.0.conv1" in html
+    forward_lines = text.splitlines()[len(nonzero(step.peak)) + 1 :]
+    assert forward_lines[0] == (
+        f"end of forward (backward starts): {format_bytes(step.end_of_forward_bytes)}, "
+        f"activations {format_bytes(step.end_of_forward['activations'])}"
+    )
+    categories = nonzero(step.end_of_forward).items()
+    assert forward_lines[1:] == [f"  {k.replace('_', ' ')}: {format_bytes(v)}" for k, v in categories]
+    assert html.count('train-forward-activations"') == 1
 
 
 def test_world_size_leaves_no_process_group_behind_even_on_failure():
