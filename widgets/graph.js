@@ -87,7 +87,7 @@ function render({ model, el }) {
   fitButton.addEventListener("click", () => { moved = true; fit(); });
   readableButton.addEventListener("click", () => { moved = true; readable(); });
   // The view may be drawn while its tab is still hidden (no size yet): fit once it gets a size.
-  const resize = new ResizeObserver(() => { if (!moved) readable(); });
+  const resize = new ResizeObserver(() => { if (!moved) firstView(); });
   resize.observe(viewport);
 
   // "fit": the whole drawing in the view (never enlarged), however small its labels get.
@@ -182,10 +182,16 @@ function render({ model, el }) {
     }
   }
 
+  // How a new drawing opens: Python's `first_view` ("fit" for an outline, else "readable").
+  function firstView() {
+    if (model.get("first_view") === "fit") fit();
+    else readable();
+  }
+
   function draw() {
     canvas.innerHTML = model.get("svg"); // Graphviz output: escaped labels, no scripts
     moved = false;
-    readable();
+    firstView();
     markSelected();
     markHighlighted();
     paintModules();

@@ -11,6 +11,12 @@ only while the tab is visible, because Graphviz layout is the slowest thing the 
 click on a folded "Class ×N" node unfolds those N modules (`unfold`); the view opens at a scale
 where node labels are at least `min_label_px` pixels high, and its fit button shows everything.
 
+A forward opens on the model's outline (`explorer.render.forward_view.FORWARD_FIRST_VIEW`: top-level
+modules folded, repeated blocks as one "Class ×N", laid out top to bottom, fitted to the view):
+the "outline" toggle, on until the depth slider is moved; it draws the whole model (a selected
+module is drawn by depth, as in construction). Each kind keeps its own direction (construction
+left to right, forward top to bottom until changed).
+
 In forward mode a click on an op (`op:forward:<i>`) shows that op in the status line; search lights
 up the forward ops whose name matches; the export bar exports the forward drawing; a "forward
 colour" choice paints modules by their FLOPs or activation bytes instead of the explorer's overlay.
@@ -33,7 +39,7 @@ import explorer
 from explorer.analysis.dry_run import shape_input_dtype
 from explorer.naming import depth_of, dtype_name, format_bytes, parent_of
 from explorer.render.dot import to_digraph
-from explorer.render.forward_view import format_flops
+from explorer.render.forward_view import FORWARD_FIRST_VIEW, format_flops
 from explorer.render.styles import FOLDED
 
 from .front_end import source
@@ -73,6 +79,9 @@ class GraphView(anywidget.AnyWidget):
     aliases = traitlets.List(traitlets.Unicode(), help="Node names sharing the open tensor's storage").tag(sync=True)
     module_colours = traitlets.Dict(help="Module path → overlay colour").tag(sync=True)
     min_label_px = traitlets.Int(9, help="Node label height in pixels that the first view's scale keeps").tag(sync=True)
+    first_view = traitlets.Unicode(
+        "readable", help='How a new drawing opens: "readable" (labels of min_label_px, from the top left) or "fit"'
+    ).tag(sync=True)
 
 
 def heat_colours(values: dict[str, int]) -> dict[str, str]:
@@ -148,6 +157,9 @@ class GraphTab(w.VBox):
             style={"button_width": "100px"},
         )
         self.kind.add_class("de-graph-kind")
+        self._rankdirs = {"construction": "LR", "forward": str(FORWARD_FIRST_VIEW["rankdir"])}  # per kind
+        self._shown_kind = "construction"
+        self._settling = False  # a control change sets others: render once, after
         self._build_forward_controls()
         self.breadcrumb = w.HBox([], layout=w.Layout(flex_flow="row wrap"))
         self.breadcrumb.add_class("de-graph-breadcrumb")
@@ -167,7 +179,8 @@ class GraphTab(w.VBox):
         self._search: tuple[str, bool] = ("", False)
         self.rendered: tuple | None = None  # (op_graph arguments, closure toggle, kind, inputs) of `view.svg`
         self.kind.observe(lambda _: self._kind_changed(), names="value")
-        for control in (self.depth, self.closure, self.rankdir, self.kind, self.inputs, self.input_dtype):
+        self.depth.observe(lambda _: self._depth_moved(), names="value")
+        for control in (self.depth, self.closure, self.rankdir, self.kind, self.inputs, self.input_dtype, self.outline):
             control.observe(lambda _: self._maybe_render(), names="value")
         self.forward_colour.observe(lambda _: self._paint_forward(), names="value")
         self.view.observe(self._on_click, names="clicked")
@@ -193,8 +206,16 @@ class GraphTab(w.VBox):
             layout=w.Layout(width="260px"),
         )
         self.forward_colour.add_class("de-graph-forward-colour")
+        self.outline = w.ToggleButton(
+            value=bool(FORWARD_FIRST_VIEW["outline"]),
+            description="outline",
+            icon="list",
+            tooltip="the whole model's outline: top-level modules folded, repeated blocks drawn once (off: by depth)",
+        )
+        self.outline.add_class("de-graph-outline")
         self.forward_controls = w.HBox(
-            [self.inputs, self.input_dtype, self.forward_colour], layout=w.Layout(flex_flow="row wrap", display="none")
+            [self.inputs, self.input_dtype, self.forward_colour, self.outline],
+            layout=w.Layout(flex_flow="row wrap", display="none"),
         )
         self.forward_controls.add_class("de-graph-forward-controls")
 
@@ -233,10 +254,11 @@ class GraphTab(w.VBox):
 
         With the closure toggle on and a tensor open, the drawing is that tensor's closure alone
         (`op_graph` takes `focus=` or `closure_of=`, not both); the depth still counts from the focus.
-        A forward drawing has no closures: the toggle is off there.
+        A forward drawing has no closures: the toggle is off there. A forward of the whole module with
+        the outline toggle on is drawn as its outline (`outline=True`) instead of by depth.
         """
-        depth = depth_of(self.focus or "") + self.depth.value
-        shared: dict = {"depth": depth}
+        outline = self.kind.value == "forward" and self.outline.value and not self.focus
+        shared: dict = {"outline": True} if outline else {"depth": depth_of(self.focus or "") + self.depth.value}
         if self.unfolded:
             shared["unfold"] = sorted(self.unfolded)
         if self.rankdir.value != "LR":
@@ -307,12 +329,23 @@ class GraphTab(w.VBox):
         self.unfolded.add(parent_of(node.removeprefix("module:")))
         self._maybe_render()
 
+    def _depth_moved(self) -> None:
+        if self.kind.value == "forward":  # the user asked for a depth: the forward is drawn by it
+            self.outline.value = False
+
     def _kind_changed(self) -> None:
         forward = self.kind.value == "forward"
         self.forward_controls.layout.display = None if forward else "none"
         self.closure.disabled = forward
-        if forward and not self.inputs.value and shape_input_dtype(self.module) == torch.int64:
-            self.inputs.value = "1x16"  # a token model: a short sequence to start from
+        self._settling = True  # the kind's own observer renders once, after these
+        try:
+            self._rankdirs[self._shown_kind] = self.rankdir.value
+            self._shown_kind = self.kind.value
+            self.rankdir.value = self._rankdirs[self.kind.value]
+            if forward and not self.inputs.value and shape_input_dtype(self.module) == torch.int64:
+                self.inputs.value = "1x16"  # a token model: a short sequence to start from
+        finally:
+            self._settling = False
         self._paint_forward()
 
     def _on_click(self, change: dict) -> None:
@@ -357,7 +390,7 @@ class GraphTab(w.VBox):
         return str(arguments), self.closure.value, self.kind.value, inputs
 
     def _maybe_render(self) -> None:
-        if not self.active:
+        if not self.active or self._settling:
             return
         arguments = self.graph_arguments()
         if self._render_key(arguments) == self.rendered:
@@ -383,9 +416,11 @@ class GraphTab(w.VBox):
             self.status.value = f"graph failed: {type(error).__name__}: {error}"
         else:
             self.folded = {node.name for node in diagram.nodes if node.style == FOLDED}  # the "×N" nodes drawn
+            self.view.first_view = "fit" if arguments.get("outline") else "readable"  # before the drawing
             self.view.svg = svg
             folds = '; click a "×N" node to unfold it' if self.folded else ""
-            self.status.value = f"{self._forward_facts()}{where}, depth {arguments['depth']}{folds}"
+            how = "outline" if arguments.get("outline") else f"depth {arguments['depth']}"
+            self.status.value = f"{self._forward_facts()}{where}, {how}{folds}"
             self._paint_forward()
             self.search(*self._search)
         self.rendered = self._render_key(arguments)

@@ -387,6 +387,20 @@ def train_step(
                 )
     finally:
         torch.set_rng_state(rng_state)
+    return _result(module, twin, tracker, run, world_size, activation_checkpointing, str(device), blocks)
+
+
+def _result(
+    module: nn.Module,
+    twin: nn.Module,
+    tracker: MemTracker,
+    run: _StepRun,
+    world_size: int,
+    activation_checkpointing: bool,
+    device: str,
+    blocks: list[str],
+) -> TrainStep:
+    """The TrainStep of a finished run: the peak and the end of forward by category, by module."""
     categories = SINGLE_CATEGORIES if world_size == 1 else FSDP_CATEGORIES
     peak_bytes, peak = _peak_categories(tracker, categories)
     end_of_forward_bytes, end_of_forward = _by_category(run.end_of_forward, categories)
@@ -403,7 +417,7 @@ def train_step(
         end_of_forward_bytes=end_of_forward_bytes,
         end_of_forward=end_of_forward,
         end_of_forward_activations=forward_activation_table(module, twin, run.end_of_forward_owners),
-        device=str(device),
+        device=device,
         blocks=blocks,
     )
 

@@ -51,9 +51,12 @@ def op_layout(
     fold_repeats: bool = True,
     legend: bool = True,
     unfold: Iterable[str] = (),
+    outline: bool = False,
 ) -> Diagram:
     """What `op_graph` draws, as plain data (nodes with styles and clusters, edges): for tests and widgets."""
-    options = OpViewOptions(depth, focus, closure_of, max_nodes, edge_labels, fold_repeats, legend, frozenset(unfold))
+    options = OpViewOptions(
+        depth, focus, closure_of, max_nodes, edge_labels, fold_repeats, legend, frozenset(unfold), outline=outline
+    )
     if isinstance(subject, ForwardGraph):
         return forward_layout(subject, options)
     return op_diagram(_scene(subject), options)
@@ -71,6 +74,7 @@ def op_graph(
     legend: bool = True,
     unfold: Iterable[str] = (),
     rankdir: str = "LR",
+    outline: bool = False,
 ) -> graphviz.Digraph:
     """The recorded construction of `subject` as a diagram: ops and tensors, one cluster per module.
 
@@ -85,6 +89,11 @@ def op_graph(
       class, ops, tensors, bytes); identical collapsed siblings are drawn once as "Class ×N" unless
       `fold_repeats=False`; `unfold` names modules whose repeated children are drawn one by one
       (what clicking "Class ×N" asks for). The focused module is never collapsed.
+    - `outline`: instead of a `depth`, the model's outline: the root (or focus), every container of
+      numbered blocks and any module running most of its parent's ops are boxes; every other module
+      is one node, repeated blocks one "Class ×N"; the ops an opened module runs outside its
+      submodules (a rotary table, a causal mask) are one node in its box. Not with `depth`.
+      `FORWARD_FIRST_VIEW` is what the Graph tab opens a forward on.
     - `rankdir`: "LR" (left to right, the default) or "TB" (top to bottom).
     - `focus`: a module path; draws that module's tensors, the ops in their closures, and the other
       named tensors those ops read.
@@ -113,6 +122,7 @@ def op_graph(
         fold_repeats=fold_repeats,
         legend=legend,
         unfold=unfold,
+        outline=outline,
     )
     digraph = to_digraph(diagram, name="op_graph")
     digraph.graph_attr["rankdir"] = rankdir

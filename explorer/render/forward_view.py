@@ -6,6 +6,11 @@ the forward namespace (`op:forward:<i>`, so they never collide with construction
 and clicks), and writes the forward's facts into labels: FLOPs on op nodes, FLOPs and activation
 bytes (bytes of the storages the ops created) per module on clusters and collapsed modules, the
 forward's totals in the title, and the forward legend.
+
+`FORWARD_FIRST_VIEW` is how a forward is first shown (the Graph tab's default): the model's outline
+(`op_graph(..., outline=True)`: top-level modules as nodes, repeated blocks as one "Class ×N", the
+ops a model runs outside its submodules folded into one node) laid out top to bottom, so the
+model's shape (embedding → N × block → norm → head) is the first thing on screen.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from .names import forward_op_node, node_kind
 from .op_view import OpViewOptions, op_diagram
 from .styles import FOLDED, FORWARD_LEGEND, SUMMARY
 
+FORWARD_FIRST_VIEW: dict[str, object] = {"outline": True, "rankdir": "TB"}  # op_graph keywords
 _FLOP_UNITS = ("", "k", "M", "G", "T", "P", "E")
 
 
@@ -75,9 +81,17 @@ def _label_op(forward: ForwardGraph, node: DiagramNode) -> None:
     )
 
 
+def own_facts(forward: ForwardGraph, path: str) -> str:
+    """ "4 ops · 0 FLOP · act 192 B" for the ops module `path` ran itself (not its submodules)."""
+    rows = forward.ops[forward.ops["module"] == path]
+    return f"{len(rows)} ops · {format_flops(int(rows['flops'].sum()))} · act {format_bytes(int(rows['bytes'].sum()))}"
+
+
 def _label_module(forward: ForwardGraph, node: DiagramNode) -> None:
     path = node.name.removeprefix("module:")
-    if node.style == FOLDED:  # "Class ×N": N identical modules, the first one's totals N times
+    if node.cluster == path:  # an outline's node for a module's own ops, drawn inside its box
+        node.lines = [node.lines[0], own_facts(forward, path)]
+    elif node.style == FOLDED:  # "Class ×N": N identical modules, the first one's totals N times
         times = int(node.title.rpartition("×")[2])
         node.lines = [
             node.lines[0],

@@ -4,7 +4,8 @@ Steps, each over plain data:
 1. scope: every op, or the ops a focused module's tensors need (their closures), or one tensor's
    closure, exactly as `InitGraph.closure_of` gives it;
 2. placement: each op and tensor goes in its module's cluster, or, when that module is deeper than
-   the collapse level, into one summary node for its ancestor at that level + 1;
+   the collapse level, into one summary node for its ancestor at that level + 1 (or, with
+   `outline`, into the node of its first module the outline does not open: see `folding`);
 3. folding: sibling summaries of the same class with the same contents (op sequence, tensors,
    submodule structure, states) become one "Class ×N" node;
 4. edges: an op reading a tensor gets an edge from the latest drawn op that produced or wrote that
@@ -24,7 +25,7 @@ from typing import Literal, NamedTuple
 from ..graph import InitGraph
 from ..naming import depth_of, parent_of
 from .diagram import Diagram, DiagramCluster, DiagramEdge, DiagramNode
-from .folding import Summary, collapse_level, collapsed_into, fold_siblings, summary_node
+from .folding import Collapse, Outline, Summary, collapse_level, collapsed_into, fold_siblings, outline_of, summary_node
 from .labels import describe_mark, edge_label, op_node_of
 from .names import ERROR_NODE, MORE_NODE, module_node, op_node
 from .scene import Scene, TensorMark
@@ -47,6 +48,9 @@ class OpViewOptions:
     # Tensor nodes no drawn op produced (a forward's parameters and inputs) feed the ops that read
     # them: each is drawn just before its first reader, with an edge to every reader.
     marks_feed_readers: bool = False
+    # The model's outline instead of a depth: top-level modules as nodes, repeated blocks as one
+    # "Class ×N", own ops of opened modules folded (`folding.outline_of`).
+    outline: bool = False
 
 
 # -- 4. edges (steps 1 to 3 live in scope.py and folding.py) ----------------------------------------
@@ -70,7 +74,13 @@ def op_diagram(scene: Scene, options: OpViewOptions) -> Diagram:
     if options.max_nodes is not None and options.max_nodes < 1:
         raise ValueError(f"op_graph: max_nodes must be >= 1 or None, got {options.max_nodes}")
     scope = select_scope(scene, options.focus, options.closure_of)
-    level = collapse_level(scene, options.depth, options.focus)
+    if options.outline and options.depth is not None:
+        raise ValueError("op_graph: give depth= or outline=True, not both")
+    level: Collapse = (
+        outline_of(scene, scope.ops, options.focus)
+        if options.outline
+        else collapse_level(scene, options.depth, options.focus)
+    )
     order = _chronological_order(scene, scope, options.marks_feed_readers)
     placement = _placement(scene, order.elements, level, options.fold_repeats, options.unfold)
     naming = _node_names(order.elements, placement)
@@ -145,7 +155,7 @@ class Placement(NamedTuple):
 
 
 def _placement(
-    scene: Scene, order: list[Element], level: int | None, fold_repeats: bool, unfold: frozenset[str] = frozenset()
+    scene: Scene, order: list[Element], level: Collapse, fold_repeats: bool, unfold: frozenset[str] = frozenset()
 ) -> Placement:
     """Which elements disappear into a collapsed module's summary node, and which repeats fold."""
     summaries: dict[str, Summary] = {}
@@ -156,9 +166,10 @@ def _placement(
             if anchor is not None:
                 summaries.setdefault(anchor, Summary(anchor)).marks.append(element)
         else:
-            anchor = collapsed_into(scene.owner(*element), level)
+            anchor = collapsed_into(scene.owner(*element), level, own=True)
             if anchor is not None:
-                summaries.setdefault(anchor, Summary(anchor)).ops.append(element)
+                own = isinstance(level, Outline) and anchor in level.opened
+                summaries.setdefault(anchor, Summary(anchor, own=own)).ops.append(element)
         hidden_in.append(anchor)
     drawn_by = fold_siblings(scene, summaries, level, unfold) if fold_repeats else {p: p for p in summaries}
     return Placement(hidden_in, summaries, drawn_by)
@@ -308,6 +319,8 @@ def _title(scene: Scene, scope: Scope, options: OpViewOptions) -> str:
         parts.append(scope.description)
     if options.depth is not None and scene.has_modules:
         parts.append(f"modules below depth {options.depth} collapsed")
+    if options.outline and scene.has_modules:
+        parts.append("outline: modules folded, repeated blocks drawn once")
     if scene.error is not None:
         parts.append("construction failed: recorded up to the failing op")
     return "; ".join(parts)

@@ -186,6 +186,15 @@ HF_ARCHITECTURES: list[HFArchitecture] = [
 HF_BY_NAME: dict[str, HFArchitecture] = {arch.name: arch for arch in HF_ARCHITECTURES}
 
 
+def config_with_layers(arch: HFArchitecture, layers: int) -> Any:
+    """`arch.config()` with `layers` decoder layers (per-layer lists such as `layer_types` follow)."""
+    config = arch.config()
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[0]] * layers
+    return config
+
+
 def build_eager(arch: HFArchitecture, seed: int = 0) -> nn.Module:
     """`arch.cls(arch.config())` from `torch.manual_seed(seed)`."""
     config = arch.config()

@@ -166,7 +166,7 @@ def test_forward_mode_draws_the_memory_tabs_inputs(llama_ui):
     tab.kind.value = "forward"
     expected = explorer.forward_graph(llama_ui.module, (1, 8))
     assert tab.status.value == (f"forward of [1, 8] int64: {len(expected.graph.ops)} ops, "
-                                f"{format_flops(expected.flops)} — whole module, depth 2; "
+                                f"{format_flops(expected.flops)} — whole module, outline; "
                                 'click a "×N" node to unfold it')
     assert tab.folded == {"module:model.layers.0"}
     assert "<title>tensor:#forward:0</title>" in tab.view.svg and "LlamaDecoderLayer ×2" in tab.view.svg
@@ -175,6 +175,29 @@ def test_forward_mode_draws_the_memory_tabs_inputs(llama_ui):
     assert tab.status.value.startswith("forward of [2, 4] int64: ")
     tab.kind.value = "construction"
     assert "op:forward:" not in tab.view.svg and not tab.closure.disabled
+
+
+def test_a_forward_opens_on_the_outline_top_to_bottom_fitted_until_a_depth_is_chosen(llama_ui):
+    tab = llama_ui.graph_tab
+    tab.inputs.value = "1x8"
+    tab.kind.value = "forward"
+    assert tab.graph_arguments() == {"focus": None, "outline": True, "rankdir": "TB"}  # FORWARD_FIRST_VIEW
+    assert tab.rankdir.value == "TB" and tab.view.first_view == "fit"
+    assert "<title>op:forward:" not in tab.view.svg and "LlamaDecoderLayer ×2" in tab.view.svg
+    tab.depth.value = 3  # a depth asked for: drawn by depth, opened readable
+    assert not tab.outline.value and tab.status.value.endswith("— whole module, depth 3")
+    assert tab.view.first_view == "readable" and "<title>op:forward:" in tab.view.svg
+    tab.outline.value = True
+    assert tab.status.value.endswith("— whole module, outline; click a \"×N\" node to unfold it")
+    llama_ui.select("model.layers.1")  # a selected module is drawn by depth, as in construction
+    assert tab.status.value.endswith("— model.layers.1, depth 6")
+    tab.kind.value = "construction"  # each kind keeps its direction
+    assert tab.rankdir.value == "LR" and "rankdir" not in tab.graph_arguments()
+    tab.rankdir.value = "TB"
+    tab.kind.value = "forward"
+    tab.rankdir.value = "LR"
+    tab.kind.value = "construction"
+    assert tab.rankdir.value == "TB"
 
 
 def test_forward_mode_starts_a_token_model_on_a_short_sequence(llama_ui):
@@ -221,7 +244,7 @@ def test_export_saves_the_forward_drawing(llama_ui):
     tab.kind.value = "forward"
     name, data = llama_ui.export_bar.produce("graph", "svg")  # what the export buttons call
     assert name == "LlamaForCausalLM-all-forward.svg"
-    assert b"<title>module:model.layers.0</title>" in data and b"op:forward:" in data
+    assert b"<title>module:model.layers.0</title>" in data and b"<title>op:forward:" not in data  # the outline
     assert llama_ui.export_bar.produce("table", "csv")[0] == "LlamaForCausalLM-tensors.csv"  # tables as before
     tab.kind.value = "construction"
     assert llama_ui.export_bar.produce("graph", "svg")[0] == "LlamaForCausalLM-all-graph.svg"

@@ -15,9 +15,9 @@ from torch import nn
 from explorer import deferred_init, forward_graph, materialize_module, node_kind, op_graph
 from explorer.inspection.census import FAKE, MATERIALIZED, REAL
 from explorer.render import op_layout, to_svg
-from explorer.render.forward_view import format_flops
+from explorer.render.forward_view import FORWARD_FIRST_VIEW, format_flops
 from explorer.render.styles import COMPUTE, FOLDED, FORWARD_INPUT, FORWARD_LEGEND, SUMMARY, VIEW
-from tests.support.hf_configs import HF_BY_NAME
+from tests.support.hf_configs import HF_BY_NAME, config_with_layers
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -174,3 +174,77 @@ def test_closure_of_is_refused_on_a_forward_graph(llama_forward):
 def test_format_flops_uses_decimal_units():
     assert [format_flops(n) for n in (0, 999, 1500, 32768, 3 * 10**12)] == [
         "0 FLOP", "999 FLOP", "1.5 kFLOP", "32.8 kFLOP", "3.0 TFLOP"]
+
+
+def test_the_first_view_is_the_models_outline_top_to_bottom():
+    """What the Graph tab opens a forward on (FORWARD_FIRST_VIEW): Qwen2 with 4 layers (hidden 32,
+    4 heads: head dim 8; vocab 96, embeddings tied to lm_head), input (1, 16)."""
+    arch = HF_BY_NAME["qwen2"]
+    torch.manual_seed(0)
+    forward = forward_graph(deferred_init(arch.cls, config_with_layers(arch, 4)).eval(), (1, 16))
+    layout_view = {key: value for key, value in FORWARD_FIRST_VIEW.items() if key != "rankdir"}
+    diagram = op_layout(forward, **layout_view)
+    # no op nodes: the modules of the outline, the forward's own ops folded per module, the input
+    assert [(node.name, node.style, node.title, node.cluster) for node in diagram.nodes] == [
+        ("tensor:#forward:0", FORWARD_INPUT, "input 0", ""),
+        ("module:model.embed_tokens", SUMMARY, "model.embed_tokens", "model"),
+        ("module:model", SUMMARY, "Qwen2Model.forward", "model"),  # position ids, causal mask
+        ("module:model.rotary_emb", SUMMARY, "model.rotary_emb", "model"),
+        ("module:model.layers.0", FOLDED, "Qwen2DecoderLayer ×4", "model.layers"),
+        ("module:model.norm", SUMMARY, "model.norm", "model"),
+        ("module:", SUMMARY, "Qwen2ForCausalLM.forward", ""),  # the logits slice
+        ("module:lm_head", SUMMARY, "lm_head", ""),
+    ]
+    assert diagram.node("module:model.layers.0").lines[0] == "model.layers.0 … model.layers.3"
+    assert diagram.node("module:model").lines[0] == "ops outside its submodules"
+    assert list(diagram.clusters) == ["", "model", "model.layers"]
+    assert {(e.tail, e.head): e.label for e in diagram.edges} == {
+        ("tensor:#forward:0", "module:model.embed_tokens"): "[1, 16] int64",
+        ("module:model", "module:model.rotary_emb"): "[1, 16] int64",  # position ids
+        ("module:model.embed_tokens", "module:model.layers.0"): "[1, 16, 32] float32",
+        ("module:model.rotary_emb", "module:model.layers.0"): "[1, 16, 8] float32",  # cos, sin
+        ("module:model.layers.0", "module:model.norm"): "[1, 16, 32] float32",
+        ("module:model.norm", "module:"): "[1, 16, 32] float32",
+        ("module:", "module:lm_head"): "[1, 16, 32] float32",
+        ("module:model.embed_tokens", "module:lm_head"): "[96, 32] float32",  # the tied weight
+    }
+    assert op_graph(forward, **FORWARD_FIRST_VIEW).graph_attr["rankdir"] == "TB"
+
+    unfolded = op_layout(forward, **layout_view, unfold=["model.layers"])  # "×4" clicked: one node per layer
+    assert [n.name for n in unfolded.nodes if n.cluster == "model.layers"] == [
+        f"module:model.layers.{i}" for i in range(4)]
+    # the outline from a layer down: attention runs most of the layer's ops, so it opens too; the
+    # layer's residual adds and attention's own ops (reshapes, rotation, softmax) are one node each
+    focused = op_layout(forward, **layout_view, focus="model.layers.2")
+    layer = "module:model.layers.2"
+    assert {(n.name, n.cluster) for n in focused.nodes if n.name.startswith("module:")} == {
+        (layer, "model.layers.2"), (f"{layer}.input_layernorm", "model.layers.2"),
+        (f"{layer}.self_attn", "model.layers.2.self_attn"),
+        *((f"{layer}.self_attn.{p}_proj", "model.layers.2.self_attn") for p in "qkvo"),
+        (f"{layer}.post_attention_layernorm", "model.layers.2"), (f"{layer}.mlp", "model.layers.2")}
+    assert not [n.name for n in focused.nodes if n.name.startswith("op:")]
+    with pytest.raises(ValueError, match="depth= or outline=True, not both"):
+        op_layout(forward, depth=2, outline=True)
+
+
+def test_the_outline_of_an_encoder_decoder_opens_both_stacks_not_their_blocks():
+    arch = HF_BY_NAME["t5"]
+    config = arch.config()
+    config.num_layers = config.num_decoder_layers = 3  # block 0 owns the relative bias; 1 and 2 are alike
+    torch.manual_seed(0)
+    diagram = op_layout(forward_graph(deferred_init(arch.cls, config).eval(), arch.inputs()), outline=True)
+    assert [(node.name, node.title) for node in diagram.nodes if node.name.startswith("module:")] == [
+        ("module:shared", "shared"),
+        ("module:encoder.embed_tokens", "encoder.embed_tokens"),
+        ("module:encoder.block.0", "encoder.block.0"),
+        ("module:encoder.block.1", "T5Block ×2"),
+        ("module:encoder.final_layer_norm", "encoder.final_layer_norm"),
+        ("module:decoder.embed_tokens", "decoder.embed_tokens"),
+        ("module:decoder.block.0", "decoder.block.0"),
+        ("module:decoder.block.1", "T5Block ×2"),
+        ("module:decoder.final_layer_norm", "decoder.final_layer_norm"),
+        ("module:", "T5ForConditionalGeneration.forward"),
+        ("module:lm_head", "lm_head"),
+    ]
+    assert not [node.name for node in diagram.nodes if node.name.startswith("op:")]
+    assert list(diagram.clusters) == ["", "decoder", "encoder", "decoder.block", "encoder.block"]
