@@ -27,7 +27,8 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # Another torch release in a venv of its own (.venvs/torch-X): PyPI's Linux wheels (CUDA builds that
-# run on the CPU), bypassing this machine's pip cap with a constraints file that pins that release.
+# run on the CPU), bypassing this machine's pip cap (/etc/xdg/pip) with constraints files of the venv's
+# own: one that pins that release, and an empty one for the `pip install .` check.
 # torchvision (for timm) comes paired with the release where PyPI has a pairing; otherwise the newest
 # one is installed without its torch pin and tests/support/torchvision_hook.py lets it import.
 TORCH ?=
@@ -42,7 +43,9 @@ $(TORCH_VENV)/.installed: pyproject.toml
 	$(TORCH_PY) -m pip install -q --upgrade pip
 	PIP_CONSTRAINT=$(TORCH_VENV)/constraints.txt $(TORCH_PY) -m pip install -q "torch==$(TORCH)"
 	@# The product as users install it beside the torch they have, with no pin: pip must keep that torch.
-	PIP_CONSTRAINT= $(TORCH_PY) -m pip install -q .
+	@# An empty constraints file replaces this machine's cap (an empty PIP_CONSTRAINT does not).
+	: > $(TORCH_VENV)/unpinned.txt
+	PIP_CONSTRAINT=$(TORCH_VENV)/unpinned.txt $(TORCH_PY) -m pip install -q .
 	$(TORCH_PY) -c "import importlib.metadata as m, sys; v = m.version('torch'); \
 		sys.exit(0 if v.split('+')[0] == '$(TORCH)' else f'pip install . replaced torch $(TORCH) with {v}')"
 	export PIP_CONSTRAINT=$(TORCH_VENV)/constraints.txt; \
