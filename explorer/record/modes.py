@@ -16,9 +16,15 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .._torch_compat.dispatch import TorchDispatchMode, metadata_access
-from .._torch_compat.fake import DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode
-from ..errors import DeferredInitError
+from .._torch_compat.dispatch import TorchDispatchMode, metadata_access, tree_flatten
+from .._torch_compat.fake import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    fake_device_of,
+)
+from ..errors import DeferredInitError, MaterializationError
 from ..graph import is_inplace_random
 from .builder import SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
 from .computed import compute_for_real
@@ -103,23 +109,40 @@ class RecordingDispatchMode(TorchDispatchMode):
             raise
         except (DynamicOutputShapeException, DataDependentOutputException):
             # the output's shape (or value) depends on values: compute the inputs for real (record/computed.py)
-            out = compute_for_real(
-                self.builder.graph,
-                self.read_value,
-                self.make_fake,
-                func,
-                args,
-                kwargs,
-                lambda: f"{building_modules(4)} at {source or '<unknown source>'}",
-            )
-            with _metadata_access():
-                self.builder.record(func, args, kwargs, out, source, written)
-            self.builder.graph.ops[-1].from_values = True
-            return out
+            return self._from_values(func, args, kwargs, source, written)
+        except NotImplementedError as error:
+            # Note: [Fake kernels stricter than the CPU's]
+            # A meta kernel may refuse what the CPU kernel takes (a dtype). For an op that writes
+            # nothing, on CPU fakes, the CPU kernel on the true values decides, as in eager: its output,
+            # or eager's own error unchanged, so that the caller's `except` sees what eager raises
+            # (torch 2.15's ParametrizationList catches NotImplementedError from `right_inverse`:
+            # weight_norm of an int64 tensor falls back to the identity there).
+            if written or not _on_cpu_only(args, kwargs):
+                raise self.builder.failure(func, error, source) from error
+            try:
+                return self._from_values(func, args, kwargs, source, written)
+            except (DeferredInitError, MaterializationError):  # the values could not be had
+                raise self.builder.failure(func, error, source) from error
         except Exception as error:
             raise self.builder.failure(func, error, source) from error
         with _metadata_access():
             self.builder.record(func, args, kwargs, out, source, written)
+        return out
+
+    def _from_values(self, func: Any, args: tuple, kwargs: dict, source: Any, written: Any) -> Any:
+        """`func` run on the true values of its inputs (record/computed.py), recorded as such."""
+        out = compute_for_real(
+            self.builder.graph,
+            self.read_value,
+            self.make_fake,
+            func,
+            args,
+            kwargs,
+            lambda: f"{building_modules(4)} at {source or '<unknown source>'}",
+        )
+        with _metadata_access():
+            self.builder.record(func, args, kwargs, out, source, written)
+        self.builder.graph.ops[-1].from_values = True
         return out
 
     def _record_directly(self, entry: _Kind, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:
@@ -230,3 +253,9 @@ def _read_kind(func: Any) -> str:
     if func is _aten.detach.default:
         return _DETACH_OP
     return _OTHER
+
+
+def _on_cpu_only(args: tuple, kwargs: dict) -> bool:
+    """True when every tensor among the arguments is a fake standing for a CPU tensor."""
+    tensors = [value for value in tree_flatten((args, kwargs))[0] if isinstance(value, torch.Tensor)]
+    return bool(tensors) and all(isinstance(t, FakeTensor) and fake_device_of(t).type == "cpu" for t in tensors)
