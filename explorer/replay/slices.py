@@ -261,11 +261,21 @@ def materialize_slice(
         if known is not None:
             return known
         with outside_recording():
-            real = _made(graph, recipe, info, rng).to(target)
+            real = _with_recorded_strides(_made(graph, recipe, info, rng).to(target), info)
         result = as_recorded_kind(real, tensor)
         memo[tid] = result
         remember_origins(graph, [tid], [result])  # so inspect tells it from an eager tensor
         return result
+
+
+def _with_recorded_strides(real: torch.Tensor, info: TensorInfo) -> torch.Tensor:
+    """`real` (contiguous) with eager's strides: a view made alone differs from its recorded layout
+    only in the strides of dimensions of size 1, which address nothing and so fit any storage."""
+    if tuple(real.stride()) == tuple(info.stride) or real.numel() == 0:
+        return real
+    if any(size != 1 and real.stride(dim) != info.stride[dim] for dim, size in enumerate(info.shape)):
+        return real
+    return real.as_strided(info.shape, info.stride)
 
 
 def _view_name(graph: InitGraph, view: torch.Tensor) -> str:

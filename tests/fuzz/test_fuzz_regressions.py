@@ -525,3 +525,44 @@ def test_a_tied_view_made_alone_stays_one_object_when_the_module_is_materialized
     materialize_module(module)
     assert module.t2 is module.t3
     assert (module.t3.shape, module.t3.dtype) == ((0,), torch.float32)  # eager's `ones(1)[1:1]`
+
+
+def test_a_view_made_alone_keeps_eagers_strides_on_dimensions_of_size_one():
+    # `materialize_tensor(t31)` makes a [1, 1] view alone; eager's has strides (1, 4) (size-1
+    # dimensions keep their base's strides), the made-alone one had the contiguous (1, 1). Found
+    # by EXPLORER_FUZZ_SEED=2718 on torch 2.15 (2000 programs).
+    program = Program(seed=99, steps=(
+        ('ones', (2, 2), 'float32'),
+        ('tolist', 0),
+        ('external', (), 'float32'),
+        ('binary', 'gt', 0, ('value', 1)),
+        ('ones', (), 'float32'),
+        ('register_buffer', '', 't5', 0, False),
+        ('diagonal', 0, 0, 0, 1),
+        ('uniform_', 0, -1.0, -0.5),
+        ('inference', False),
+        ('ones', (1, 1, 1), 'float32'),
+        ('ones', (), 'float32'),
+        ('fill_', 0, ('value', 1)),
+        ('index_put_', 0, ((0,),), ('value', 1), False),
+        ('as_strided', 0, (1, 1), (0, 0), 0),
+        ('transpose', 0, 0, 0),
+        ('select', 0, 0, 0),
+        ('ones', (1, 3, 1), 'float32'),
+        ('as_strided', 0, (), (), 0),
+        ('diagonal', 10, -2, 1, 0),
+        ('param', 0, False),
+        ('tolist', 0),
+        ('item', 0, 0),
+        ('inplace_view', 'transpose_', 0, 0, 0),
+        ('add_', 0, ('read', 0)),
+        ('init', 'kaiming_uniform', 0, 0.0),
+        ('diagonal', 0, 0, 0, 1),
+        ('reshape', 0, (4,)),
+        ('randint', 0, 1, (), 'int64'),
+        ('ones', (), 'float32'),
+        ('ones', (), 'float32'),
+        ('expand', 5, (1, 1, 1)),
+        ('register_buffer', '', 't31', 12, True),
+    ))
+    assert check_outcome(program, Plan(()), "t31") is None
