@@ -172,6 +172,8 @@ def _recipe(graph: InitGraph, tid: TensorId) -> _Recipe | str | None:
     if isinstance(window, str):
         return window
     ops = _value_ops(graph, tid)
+    if any(op.inference for op in ops):
+        return "its base was made under torch.inference_mode() (an inference tensor, made whole as eager made it)"
     fill = _random_fill(graph, ops, window)
     if fill is not None:
         return _Recipe("random fill", window, fill=fill)

@@ -566,3 +566,37 @@ def test_a_view_made_alone_keeps_eagers_strides_on_dimensions_of_size_one():
         ('register_buffer', '', 't31', 12, True),
     ))
     assert check_outcome(program, Plan(()), "t31") is None
+
+
+def test_a_view_of_a_base_made_under_inference_mode_is_not_made_alone():
+    # 't5' views a constant made under torch.inference_mode(): eager's is an inference tensor.
+    # The made-alone path made a normal tensor; such a view is now made with its whole base, as
+    # eager made it. Found by EXPLORER_FUZZ_SEED=2718 on torch 2.15 (2000 programs).
+    program = Program(seed=0, steps=(
+        ('ones', (1, 1), 'float32'),
+        ('tolist', 0),
+        ('external', (), 'float32'),
+        ('slice', 0, 0, 0, 0, 1),
+        ('ones', (), 'float32'),
+        ('register_buffer', '', 't5', 0, False),
+        ('ones', (), 'float32'),
+        ('init', 'kaiming_uniform', 0, 0.0),
+        ('uniform_', 0, -1.0, -0.5),
+        ('inference', True),
+        ('add_', 0, ('value', 1)),
+        ('ones', (), 'float32'),
+        ('ones', (), 'float32'),
+        ('fill_', 0, ('tensor', 1)),
+        ('index_put_', 0, ((0,),), ('value', 1), False),
+        ('ones', (), 'float32'),
+        ('ones', (), 'float32'),
+        ('select', 0, 0, 0),
+        ('ones', (1, 2), 'float32'),
+        ('as_strided', 1, (), (), 0),
+        ('diagonal', 10, 0, 0, 1),
+        ('tolist', 0),
+        ('index_put_', 0, ((0,),), ('value', 1), False),
+        ('set_data', 0, 12),
+        ('register_buffer', '', 't24', 0, True),
+    ))
+    assert check_outcome(program, Plan(()), "t5") is None
