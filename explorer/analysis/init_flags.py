@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Iterable
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import pandas as pd
 import torch
@@ -28,16 +28,7 @@ Flag = Literal[
     "uninitialized after reinit",
     "reinit differs",
 ]
-FLAGS: tuple[Flag, ...] = (
-    "uninitialized",
-    "overwritten",
-    "outlier",
-    "constant matrix",
-    "nan/inf",
-    "measured differs",
-    "uninitialized after reinit",
-    "reinit differs",
-)
+FLAGS: tuple[Flag, ...] = get_args(Flag)  # in report order
 Severity = Literal["defect", "waste"]
 SEVERITIES: tuple[Severity, ...] = ("defect", "waste")  # most severe first
 SEVERITY: dict[Flag, Severity] = {
