@@ -18,6 +18,7 @@ gives the same fake is checked once per device against the normally made one; wh
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -57,8 +58,11 @@ def _sample_fake(fake_mode: FakeTensorMode, device: torch.device) -> FakeTensor:
         return FakeTensor(fake_mode, torch.empty(0, device=_META), device)
 
 
-def _find_device_key() -> str | None:
-    """The instance attribute that holds a fake's device on this release (None: no such attribute)."""
+@functools.cache
+def fake_device_key() -> str | None:
+    """Which instance attribute holds a fake's device here (note [Where a fake keeps its device]);
+    None: no such attribute. Found on first use, since the sample fake's FakeTensorMode imports
+    torch._dynamo (over a second), which `import explorer` must not pay for."""
     sample = _sample_fake(FakeTensorMode(), _CPU)
     for key in ("_fake_device", "fake_device"):
         if sample.__dict__.get(key) == _CPU:
@@ -66,18 +70,10 @@ def _find_device_key() -> str | None:
     return None
 
 
-_DEVICE_KEY = _find_device_key()
-
-
-def fake_device_key() -> str | None:
-    """Which instance attribute holds a fake's device here (note [Where a fake keeps its device])."""
-    return _DEVICE_KEY
-
-
 def _device_reader() -> Callable[[FakeTensor], torch.device]:
-    if _DEVICE_KEY is None:
+    key = fake_device_key()
+    if key is None:
         return operator.attrgetter("fake_device")
-    key = _DEVICE_KEY
 
     def read(tensor: FakeTensor) -> torch.device:
         return tensor.__dict__[key]
@@ -85,8 +81,18 @@ def _device_reader() -> Callable[[FakeTensor], torch.device]:
     return read
 
 
-fake_device_of: Callable[[FakeTensor], torch.device] = _device_reader()
-fake_device_of.__doc__ = "The device a fake tensor stands for (its `fake_device`), read the fastest way here."
+def _first_read(tensor: FakeTensor) -> torch.device:
+    global _read_device
+    _read_device = _device_reader()
+    return _read_device(tensor)
+
+
+_read_device: Callable[[FakeTensor], torch.device] = _first_read
+
+
+def fake_device_of(tensor: FakeTensor) -> torch.device:
+    """The device a fake tensor stands for (its `fake_device`), read the fastest way here."""
+    return _read_device(tensor)
 
 
 def in_kernel_invocation(fake_mode: FakeTensorMode) -> bool:
