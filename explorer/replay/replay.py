@@ -83,6 +83,27 @@ class ReplayState:
 _FRESH_COPIES = {torch.ops.aten.lift_fresh.default: torch.ops.aten.lift_fresh_copy.default}
 
 
+_LEAVES_TO_MAP = (TensorRef, ExternalRef, torch.device)
+
+
+def map_arguments(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """`value` (a recorded op's args or kwargs) with `leaf` applied to every TensorRef, ExternalRef
+    and device in it. Plain recursion over the tuples, lists and dicts aten arguments are made of,
+    pytree only for other containers: pytree costs microseconds per op, and this runs per op."""
+    kind = type(value)
+    if kind is tuple:
+        return tuple([map_arguments(item, leaf) for item in value])
+    if kind is list:
+        return [map_arguments(item, leaf) for item in value]
+    if kind is dict:
+        return {name: map_arguments(item, leaf) for name, item in value.items()}
+    if kind in _LEAVES_TO_MAP:
+        return leaf(value)
+    if isinstance(value, (tuple, list, dict)):
+        return tree_map(lambda item: leaf(item) if isinstance(item, _LEAVES_TO_MAP) else item, value)
+    return value
+
+
 def replayed_func(func: Any) -> Any:
     """The op to run for a recorded op: the same, except `lift_fresh`, which copies its constant."""
     return _FRESH_COPIES.get(func, func)
@@ -171,6 +192,10 @@ class Replay:
             return self.routing.exec_device(value)
         return value
 
+    def _resolved(self, value: Any) -> Any:
+        """`value` (an op's args or kwargs) with every reference replaced by its real tensor or device."""
+        return map_arguments(value, self._resolve)
+
     def run_scratch(self, index: OpIndex) -> None:
         """Run random op `index` on throwaway tensors of the recorded layout, to advance its generator."""
         op = self.graph.ops[index]
@@ -184,8 +209,7 @@ class Replay:
                 return tensor if info.storage in written else tensor.fill_(1)
             return self._resolve(value) if not isinstance(value, TensorRef) else value
 
-        args, kwargs = tree_map(scratch, (op.args, op.kwargs))
-        op.func(*args, **kwargs)
+        op.func(*map_arguments(op.args, scratch), **map_arguments(op.kwargs, scratch))
 
     def run(
         self,
@@ -245,7 +269,7 @@ class Replay:
         wanted = [
             op.stream
             for op in map(self.graph.ops.__getitem__, ops)
-            if op.stream is not None and self.routing.exec_device(torch.device(op.stream[0])).type != "meta"
+            if op.stream is not None and self.routing.exec_device(op.stream[0]).type != "meta"
         ]
         jumps = self.state.streams.jumps
         before = (jumps.count, jumps.draws, jumps.seconds, jumps.scratch_runs)
@@ -288,24 +312,31 @@ class Replay:
         if op.inference != torch.is_inference_mode_enabled():
             with torch.inference_mode(op.inference):
                 return self._run_op(index, rng, fills)
-        args, kwargs = tree_map(self._resolve, (op.args, op.kwargs))
+        args, kwargs = self._resolved(op.args), self._resolved(op.kwargs)
         func = replayed_func(op.func)
         if op.stream is not None and fills.submit(op, args, kwargs):
             return  # in place: the output is args[0], already in env
         if op.stream is not None:
             key, position = op.stream
-            exec_key = stream_key(self.routing.exec_device(torch.device(key)))
-            if self.routing.exec_device(torch.device(key)).type != "meta":
-                rng.before_random_op(key, position, exec_key)
+            exec_device = self.routing.exec_device(key)
+            if exec_device.type != "meta":
+                rng.before_random_op(key, position, stream_key(exec_device))
                 out = func(*args, **kwargs)
                 rng.after_random_op(key, position)
             else:
                 out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
-        refs, _ = tree_flatten(op.outputs)
+        self._keep_outputs(op.outputs, out)
+
+    def _keep_outputs(self, refs: Any, out: Any) -> None:
+        """Bind the op's real outputs to the tensor ids its recorded outputs carry."""
+        if type(refs) is TensorRef:
+            self.env[refs.id] = out
+            return
+        flat_refs, _ = tree_flatten(refs)
         values, _ = tree_flatten(out)
-        for ref, value in zip(refs, values):
+        for ref, value in zip(flat_refs, values):
             if isinstance(ref, TensorRef):
                 self.env[ref.id] = value
 

@@ -118,8 +118,8 @@ def jupyter_server(root: Path, home: Path, app: str = "lab") -> Iterator[tuple[s
         _stop(process)
 
 
-def run_all_cells(page: Page) -> None:
-    """Run ▸ Run All Cells from the menu bar, once the kernel is connected and idle.
+def wait_for_notebook_kernel(page: Page) -> None:
+    """Wait until the open notebook's kernel is connected and idle.
 
     The toolbar's execution indicator reads "idle" before any kernel exists ("No Kernel |
     Initializing" in the status bar); running then opens a kernel picker. The status bar's
@@ -133,6 +133,11 @@ def run_all_cells(page: Page) -> None:
         kernel_picker.locator(".jp-mod-accept").click()
         idle.wait_for(timeout=NOTEBOOK_RUN_TIMEOUT_MS)
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=NOTEBOOK_RUN_TIMEOUT_MS)
+
+
+def run_all_cells(page: Page) -> None:
+    """Run ▸ Run All Cells from the menu bar, once the kernel is connected and idle."""
+    wait_for_notebook_kernel(page)
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
 
