@@ -8,10 +8,13 @@ meaning of (`_ModState` / `_FSDPModState` in PyTorch 2.13; re-check on upgrades)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 from torch import nn
 
-from .._torch_compat.memory_tracker import MemTracker
+if TYPE_CHECKING:  # the tracker's module loads torch.distributed's tools: not for the widgets' import
+    from .._torch_compat.memory_tracker import MemTracker
 
 MODULE_COLUMNS = [
     "name",
