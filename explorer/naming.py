@@ -7,6 +7,7 @@ reads paths, dtype names and byte counts through these helpers, so they agree wi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -93,6 +94,42 @@ def common_module(paths: list[str]) -> str:
         if not parts:
             break
     return ".".join(parts)
+
+
+class ModuleGroup(NamedTuple):
+    """Rows `start` to `stop` (exclusive) of a list of tensor names, all under module `prefix`."""
+
+    prefix: str
+    start: int
+    stop: int
+
+
+def group_prefix(name: str) -> str:
+    """The module a tensor's row is grouped under: its name less the last two parts, the module
+    that holds the tensor's module ("model.layers.3.self_attn.q_proj.weight" →
+    "model.layers.3.self_attn"; "embed.weight" → "", the root).
+
+    Not the tensor's own module: that usually holds one or two tensors, so its groups would be
+    single rows, or rows reading only `weight` and `bias`. One level up, the rows read
+    `q_proj.weight`, `k_proj.weight`: the sibling modules a person tells apart.
+    """
+    return parent_of(parent_of(name))
+
+
+def module_groups(names: Sequence[str]) -> list[ModuleGroup]:
+    """Runs of consecutive `names` with the same non-root `group_prefix`, of two rows or more, in
+    order. Names sorted by module (or by name) give one run per module; rows scattered by another
+    sort give few runs, and a name alone or under the root is in none."""
+    groups = []
+    start = 0
+    for stop in range(1, len(names) + 1):
+        prefix = group_prefix(names[start])
+        if stop < len(names) and group_prefix(names[stop]) == prefix:
+            continue
+        if prefix and stop - start >= 2:
+            groups.append(ModuleGroup(prefix, start, stop))
+        start = stop
+    return groups
 
 
 ELLIPSIS = "…"

@@ -7,6 +7,12 @@ the browser only draws `rows` and reports clicks by setting `selected` (a row ke
 Cells of the `path_columns` hold dotted names; where such a cell is narrower than its name, the
 browser shows `explorer.naming.short_path` of it for the cell's width (`short_path.js`, the same
 rule), which keeps every layer index and the leaf, and the cell's tooltip keeps the whole name.
+
+With `group_rows` on, and rows in the frame's order or sorted by the first path column (module
+order, where a module's rows are consecutive), Python sends `row_groups`: runs of rows under one
+module (`explorer.naming.module_groups`). The browser draws a header row per group showing the
+module once, then each row's name without it (`q_proj.weight` under `model.layers.3.self_attn · 4`).
+Header rows are not rows: they have no key and a click on one selects nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from collections.abc import Mapping, Sequence
 import anywidget
 import pandas as pd
 import traitlets
+
+from explorer.naming import module_groups
 
 from .formatting import Formatter, cell_text, frame_rows
 from .front_end import source
@@ -63,6 +71,14 @@ class DataTable(anywidget.AnyWidget):
         traitlets.Unicode(),
         help="Columns of dotted names, shortened by `short_path` to their cell's width in the browser",
     ).tag(sync=True)
+    row_groups = traitlets.List(
+        traitlets.Dict(),
+        help="Runs of shown rows under one module, {prefix, start, stop} (stop exclusive), in the first of"
+        " `path_columns`: the browser shows the prefix once above them and each name without it",
+    ).tag(sync=True)
+    group_rows = traitlets.Bool(
+        False, help="Whether rows in module order (frame order, or sorted by the first path column) are grouped"
+    )
 
     def __init__(
         self, *, limit: int = DEFAULT_LIMIT, sortable: bool = True, captioned: bool = True, **kwargs: object
@@ -74,7 +90,7 @@ class DataTable(anywidget.AnyWidget):
         self._labels: dict[str, str] = {}
         self._spec: tuple = ((), "", {}, None)
         self._paths: list[str] = []
-        self.observe(lambda _: self._draw(), names=["sort_by", "ascending"])
+        self.observe(lambda _: self._draw(), names=["sort_by", "ascending", "group_rows"])
 
     def show(
         self,
@@ -130,6 +146,7 @@ class DataTable(anywidget.AnyWidget):
             self.labels = [self._labels.get(column, "") for column in columns]
             self.path_columns = self._paths
             self.rows = frame_rows(shown, columns, formats)
+            self.row_groups = self._groups(self.rows)
             self.row_keys = [str(value) for value in shown[key].tolist()] if len(shown) else []
             self.row_colours = (
                 [colour.get(value, "") for value in shown[colour_by].tolist()]
@@ -137,3 +154,12 @@ class DataTable(anywidget.AnyWidget):
                 else [""] * len(shown)
             )
             self.caption = caption if self.captioned else ""
+
+    def _groups(self, rows: list[list[str]]) -> list[dict]:
+        """`module_groups` of the first path column's cells, where grouping is on and the sort keeps
+        a module's rows together ([] otherwise)."""
+        column = self._paths[0] if self._paths else None
+        if not self.group_rows or column is None or self.sort_by not in ("", column):
+            return []
+        index = list(self._spec[0]).index(column)
+        return [group._asdict() for group in module_groups([row[index] for row in rows])]

@@ -96,6 +96,12 @@ class TensorsTab(w.VBox):
         self.columns.observe(lambda _: self._draw(), names="value")
         self.table = DataTable()
         self.table.add_class("de-tensors-table")
+        # Off at first: every row then reads with its own layer index, wherever the table is scrolled.
+        self.group_toggle = w.Checkbox(
+            value=False, description="group by module", indent=False, layout=w.Layout(width="auto")
+        )
+        self.group_toggle.add_class("de-tensors-group")
+        w.link((self.group_toggle, "value"), (self.table, "group_rows"))
         self._tensors = pd.DataFrame(columns=COLUMNS + OPTIONAL_COLUMNS)
         self._scope: Collection[str] | None = None
         self._search: set[str] | None = None
@@ -105,7 +111,7 @@ class TensorsTab(w.VBox):
                     [self.name_filter, self.dtype_filter, self.device_filter, self.state_filter],
                     layout=w.Layout(flex_flow="row wrap"),
                 ),
-                w.HBox([w.Label("columns"), self.columns]),
+                w.HBox([w.Label("columns"), self.columns, self.group_toggle]),
                 self.table,
             ]
         )

@@ -8,7 +8,17 @@ import pathlib
 import pytest
 import torch
 
-from explorer.naming import byte_span, common_module, dtype_name, dtype_named, short_path
+import explorer
+from explorer.naming import (
+    ModuleGroup,
+    byte_span,
+    common_module,
+    dtype_name,
+    dtype_named,
+    group_prefix,
+    module_groups,
+    short_path,
+)
 
 SHORT_PATH_SPEC = json.loads((pathlib.Path(__file__).parents[1] / "support" / "short_path_cases.json").read_text())
 
@@ -82,3 +92,35 @@ def test_short_path_keeps_every_index_however_narrow():
 def test_short_path_returns_a_name_that_fits_unchanged():
     name = "model.layers.17.self_attn.q_proj.weight"
     assert [short_path(name, width) for width in (39, 80)] == [name, name]
+
+
+def test_group_prefix_is_the_module_holding_the_tensors_module():
+    assert group_prefix("model.layers.3.self_attn.q_proj.weight") == "model.layers.3.self_attn"
+    assert group_prefix("blocks.0.mlp.2.bias") == "blocks.0.mlp"
+    assert (group_prefix("embed.weight"), group_prefix("positions")) == ("", "")
+
+
+def test_module_groups_of_a_2_layer_llama_are_its_attention_mlp_and_norm_runs():
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2
+    )
+    names = [name for name, _ in explorer.deferred_init(transformers.LlamaForCausalLM, config).named_parameters()]
+    assert module_groups(names) == [
+        ("model.layers.0.self_attn", 1, 5),  # q_proj k_proj v_proj o_proj .weight
+        ("model.layers.0.mlp", 5, 8),  # gate_proj up_proj down_proj .weight
+        ("model.layers.0", 8, 10),  # input_layernorm post_attention_layernorm .weight
+        ("model.layers.1.self_attn", 10, 14),
+        ("model.layers.1.mlp", 14, 17),
+        ("model.layers.1", 17, 19),
+    ]  # embed_tokens, norm (under "model" but apart) and lm_head (the root) stand alone
+    assert (names[0], names[19], names[20]) == ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+    assert all(isinstance(group, ModuleGroup) for group in module_groups(names))
+
+
+def test_module_groups_are_consecutive_runs_of_two_or_more_under_a_module():
+    scattered = ["a.x.w", "b.x.w", "a.y.w", "a.z.w", "top.w", "root_buffer", "other"]
+    assert module_groups(scattered) == [("a", 2, 4)]
+    assert module_groups([]) == []
+    assert module_groups(["a.x.w"]) == []

@@ -142,3 +142,22 @@ def test_24_layer_names_shortened_to_a_narrow_column_are_distinct_and_keep_their
     assert shorts[7] == "…7.…q_proj.weight" and shorts[17] == "…17.…q_proj.weight"
     assert len(set(shorts)) == 24
     assert all(short.startswith(f"…{i}.") for i, short in enumerate(shorts))
+
+
+def test_the_tensors_table_groups_rows_by_module_when_asked_until_sorted_by_another_column(ui):
+    table = ui.tensors_tab.table
+    assert table.row_groups == []  # off at first: each row shows its whole (cut) name
+    ui.tensors_tab.group_toggle.value = True
+    assert table.row_keys[:11] == [
+        "positions", "window", "embed.weight", "blocks.0.attn.weight", "blocks.0.attn.bias", "blocks.0.mlp.0.weight",
+        "blocks.0.mlp.0.bias", "blocks.0.mlp.2.weight", "blocks.0.mlp.2.bias", "blocks.0.norm.weight",
+        "blocks.0.norm.bias",
+    ]  # fmt: skip
+    assert table.row_groups[:3] == [  # the root's buffers and embed.weight stand alone
+        {"prefix": "blocks.0", "start": 3, "stop": 5},
+        {"prefix": "blocks.0.mlp", "start": 5, "stop": 9},
+        {"prefix": "blocks.0", "start": 9, "stop": 11},
+    ]
+    assert len(table.row_groups) == 6
+    table.sort_by = "bytes"
+    assert table.row_groups == []
