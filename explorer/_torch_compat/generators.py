@@ -1,4 +1,4 @@
-"""The byte layout of PyTorch's CPU generator state, checked against the running torch.
+"""The byte layouts of PyTorch's CPU and CUDA generator states, checked against the running torch.
 
 Note: [CPU generator state layout] `torch.get_rng_state()` is the byte image of PyTorch's
 `THGeneratorStateNew` (aten/src/ATen/CPUGeneratorImpl.cpp): seed u64 @0, left i32 @8, seeded i32 @12,
@@ -66,3 +66,30 @@ def cpu_state_layout() -> CpuStateLayout:
             "state layout] in explorer/_torch_compat/generators.py updated for this release"
         )
     return layout
+
+
+# Note: [CUDA generator state layout] `torch.cuda.get_rng_state()` is the 16 bytes
+# `CUDAGeneratorImpl::get_state` writes (aten/src/ATen/cuda/CUDAGeneratorImpl.cpp): the seed as a
+# uint64 @0, then `philox_offset_per_thread` as an int64 @8, little-endian; `set_state` reads the
+# same and refuses an offset that is not a multiple of 4. Seen on an H100 with torch 2.11:
+# manual_seed(1234) gives bytes [210, 4, 0, ...] then offset 0, and a 5-element normal_ moves the
+# offset to 4. The jump of a CUDA stream (replay/philox.py) rewrites the offset alone, so a release
+# that changes this layout must change `cuda_state` and `cuda_state_fields` here.
+CUDA_STATE_BYTES = 16
+
+
+def cuda_state_fields(state: torch.Tensor) -> tuple[int, int]:
+    """(seed, offset) of a CUDA generator state; ValueError naming the size when it is not 16 bytes."""
+    if state.dtype != torch.uint8 or state.numel() != CUDA_STATE_BYTES:
+        raise ValueError(
+            f"a CUDA generator state of {state.numel()} {state.dtype} values, expected {CUDA_STATE_BYTES} uint8 "
+            f"(note [CUDA generator state layout] in explorer/_torch_compat/generators.py, torch {torch.__version__})"
+        )
+    raw = bytes(state.tolist())
+    return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little", signed=True)
+
+
+def cuda_state(seed: int, offset: int) -> torch.Tensor:
+    """The CUDA generator state with `seed` and Philox `offset` (what `set_state` takes)."""
+    raw = seed.to_bytes(8, "little") + offset.to_bytes(8, "little", signed=True)
+    return torch.tensor(list(raw), dtype=torch.uint8)

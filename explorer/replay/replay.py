@@ -272,18 +272,18 @@ class Replay:
             if op.stream is not None and self.routing.exec_device(op.stream[0]).type != "meta"
         ]
         jumps = self.state.streams.jumps
-        before = (jumps.count, jumps.draws, jumps.seconds, jumps.scratch_runs)
+        before = (jumps.count, jumps.draws, jumps.offsets, jumps.seconds, jumps.scratch_runs)
         started = time.perf_counter()
         for key, position in wanted:
             rng.state_before(key, position)
         if on_step is not None:
-            count, draws, seconds, scratch = (
-                now - then for now, then in zip((jumps.count, jumps.draws, jumps.seconds, jumps.scratch_runs), before)
-            )
+            now = (jumps.count, jumps.draws, jumps.offsets, jumps.seconds, jumps.scratch_runs)
+            count, draws, offsets, seconds, scratch = (after - then for after, then in zip(now, before))
+            philox = f" and {offsets:,} of CUDA offset" if offsets else ""
             on_step(
                 "rng",
                 f"generator at eager's state for {len(wanted)} random op{'s' * (len(wanted) != 1)}: "
-                f"{count} jump{'s' * (count != 1)} over {draws:,} draws ({seconds:.2f} s), "
+                f"{count} jump{'s' * (count != 1)} over {draws:,} draws{philox} ({seconds:.2f} s), "
                 f"{scratch} op{'s' * (scratch != 1)} re-run on scratch, "
                 f"{time.perf_counter() - started:.2f} s in all",
             )

@@ -5,12 +5,14 @@ Eager construction draws every random op, in order, from the default generator o
 device's stream. To replay random op k with rng="eager", the generator is set to the state it had
 just before op k. That state is reached from the nearest cached state before k: on the CPU by
 *jumping* the Mersenne Twister over the draws of the ops in between (`draws.draw_count`,
-`mt19937.jump_state`: milliseconds, whatever the distance); an op whose count is not known in
-advance (value-dependent, or reading the cached normal sample), and every op of a CUDA stream, is
-re-run on a scratch tensor of its recorded layout instead. Every state reached is cached, so a later
-click on an earlier layer starts from a known state. With rng="fast" each random op instead gets a
-seed derived from the start state and its position, so values do not depend on what else is
-materialized or in which order.
+`mt19937.jump_state`: milliseconds, whatever the distance); on a CUDA stream by adding the Philox
+offset increments of the ops in between to the offset, the seed unchanged
+(`philox.recorded_increment`, with the launch limits of the device the stream's ops run on). An op
+whose count or increment is not known in advance (value-dependent, reading the cached normal
+sample, not modelled, or its CUDA device absent here) is re-run on a scratch tensor of its recorded
+layout instead. Every state reached is cached, so a later click on an earlier layer starts from a
+known state. With rng="fast" each random op instead gets a seed derived from the start state and
+its position, so values do not depend on what else is materialized or in which order.
 
 A `RngSession` owns the default generators while a replay runs and puts back the user's states
 when it ends, whatever happens.
@@ -33,6 +35,7 @@ from ..graph import InitGraph, OpIndex, RngRestart
 from ..record.generators import default_generator, state_of
 from .draws import draw_count
 from .mt19937 import jump_state
+from .philox import DeviceProperties, advanced_state, device_properties, recorded_increment
 
 # How replay reaches random values: "eager" reproduces eager construction bit for bit (each random op
 # draws from the generator state eager construction had before it); "fast" seeds each random op from
@@ -42,6 +45,9 @@ RNG_MODES: tuple[RngMode, ...] = get_args(RngMode)
 
 # (graph, stream key, position) → eager's generator state right after that random op of that graph.
 StateAfter = Callable[[InitGraph, str, int], torch.Tensor]
+
+# Stream key ('cuda:1') → the launch limits of that device, None where it is absent.
+DevicePropertiesOf = Callable[[str], DeviceProperties | None]
 
 # Replays move the process-wide default generators: one at a time.
 GENERATOR_LOCK = threading.RLock()
@@ -53,25 +59,38 @@ class JumpStats:
     scratch runs."""
 
     count: int = 0
-    draws: int = 0
+    draws: int = 0  # 32-bit draws CPU jumps went over
     seconds: float = 0.0
-    scratch_runs: int = 0  # ops of unknown draw count run on scratch instead
+    scratch_runs: int = 0  # ops of unknown draw count or offset increment run on scratch instead
+    offsets: int = 0  # Philox offset CUDA jumps added
 
     def add(self, draws: int, seconds: float) -> None:
         self.count += 1
         self.draws += draws
         self.seconds += seconds
 
+    def add_offset(self, offset: int, seconds: float) -> None:
+        self.count += 1
+        self.offsets += offset
+        self.seconds += seconds
+
 
 class RngStreams:
     """Per-graph cache of generator states before each random op (state k = before the k-th op)."""
 
-    def __init__(self, graph: InitGraph, state_after: StateAfter | None = None) -> None:
+    def __init__(
+        self,
+        graph: InitGraph,
+        state_after: StateAfter | None = None,
+        device_properties_of: DevicePropertiesOf = device_properties,
+    ) -> None:
         self.graph = graph
         self._state_after = state_after
+        self._device_properties_of = device_properties_of
         self._states: dict[str, dict[int, torch.Tensor]] = {}
         self._known: dict[str, list[int]] = {}  # cached positions of each stream, sorted
-        self._draws: dict[str, list[int | None]] = {}
+        self._steps: dict[str, list[int | None]] = {}
+        self._devices: dict[str, DeviceProperties | None] = {}
         self._salts: dict[str, int] = {}
         self.jumps = JumpStats()
 
@@ -135,7 +154,7 @@ class RngStreams:
             state = self._state_after(restart.after_graph, restart.after_key, restart.after_position)
         else:
             assert restart.base is not None
-            state = self._jump(restart.base, restart.jump) if restart.jump else restart.base
+            state = self._jump(key, restart.base, restart.jump) if restart.jump else restart.base
         self.remember(key, position, state)
         return state
 
@@ -147,12 +166,28 @@ class RngStreams:
 
     def draws(self, key: str, position: int) -> int | None:
         """32-bit draws random op `position` of CPU stream `key` takes; None: not known (or not CPU)."""
-        counts = self._draws.setdefault(key, [])
+        return self.step(key, position) if key == "cpu" else None
+
+    def step(self, key: str, position: int) -> int | None:
+        """How far random op `position` moves stream `key`'s generator, when known in advance: 32-bit
+        draws on the CPU (`draws.draw_count`), the Philox offset on CUDA (`philox.recorded_increment`,
+        on the launch limits of that device); None: not known, the op is run on scratch."""
+        steps = self._steps.setdefault(key, [])
         ops = self.graph.random_streams.get(key, [])
-        while len(counts) <= position:  # the stream grows while the constructor still runs (value reads)
-            op = self.graph.ops[ops[len(counts)]]
-            counts.append(draw_count(self.graph, op) if key == "cpu" else None)
-        return counts[position]
+        while len(steps) <= position:  # the stream grows while the constructor still runs (value reads)
+            op = self.graph.ops[ops[len(steps)]]
+            if key == "cpu":
+                steps.append(draw_count(self.graph, op))
+            elif key.startswith("cuda:"):
+                steps.append(recorded_increment(self.graph, op, self._device(key)))
+            else:
+                steps.append(None)
+        return steps[position]
+
+    def _device(self, key: str) -> DeviceProperties | None:
+        if key not in self._devices:
+            self._devices[key] = self._device_properties_of(key)
+        return self._devices[key]
 
     def state_before(
         self, key: str, position: int, run_scratch: Callable[[str, int, torch.Tensor], torch.Tensor]
@@ -177,19 +212,19 @@ class RngStreams:
             state = cache[at]
         pending = 0
         while at < position:
-            count = self.draws(key, at)
+            count = self.step(key, at)
             if count is not None:
                 pending, at = pending + count, at + 1
                 continue
             if pending:
-                state, pending = self._jump(state, pending), 0
+                state, pending = self._jump(key, state, pending), 0
                 self.remember(key, at, state)
             state = run_scratch(key, at, state)
             self.jumps.scratch_runs += 1
             at += 1
             self.remember(key, at, state)
         if pending:
-            state = self._jump(state, pending)
+            state = self._jump(key, state, pending)
         self.remember(key, position, state)
         return state
 
@@ -199,13 +234,18 @@ class RngStreams:
         """The state of stream `key` right after random op `position` — not the state before
         `position + 1`, which a restart there may put elsewhere."""
         state = self.state_before(key, position, run_scratch)
-        count = self.draws(key, position)
-        return self._jump(state, count) if count is not None else run_scratch(key, position, state)
+        count = self.step(key, position)
+        return self._jump(key, state, count) if count is not None else run_scratch(key, position, state)
 
-    def _jump(self, state: torch.Tensor, draws: int) -> torch.Tensor:
+    def _jump(self, key: str, state: torch.Tensor, distance: int) -> torch.Tensor:
+        """`state` of stream `key` moved `distance` ahead: draws on the CPU, offset on CUDA."""
         started = time.perf_counter()
-        jumped = jump_state(state, draws)
-        self.jumps.add(draws, time.perf_counter() - started)
+        if key == "cpu":
+            jumped = jump_state(state, distance)
+            self.jumps.add(distance, time.perf_counter() - started)
+        else:
+            jumped = advanced_state(state, distance)
+            self.jumps.add_offset(distance, time.perf_counter() - started)
         return jumped
 
     def fast_seed(self, key: str, position: int) -> int:

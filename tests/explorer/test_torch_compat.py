@@ -21,6 +21,7 @@ from explorer._torch_compat import (
 )
 from explorer._torch_compat.dispatch import disable_torch_dispatch, storage_id
 from explorer._torch_compat.fake import FakeTemplate, FakeTensor, FakeTensorMode, fake_device_key, fake_device_of
+from explorer._torch_compat.generators import cuda_state, cuda_state_fields
 from explorer.record.fake import DeferredTensor
 
 
@@ -160,3 +161,24 @@ def test_swin_records_on_cuda_fakes_where_torch_is_built_with_cuda() -> None:
     else:
         with pytest.raises(RuntimeError, match="PyTorch is not linked with support for cuda devices"):
             deferred_init(_timm_on_cuda, "swin_tiny_patch4_window7_224")
+
+
+def test_cuda_states_are_seed_then_offset_as_an_h100_with_torch_211_gave_them() -> None:
+    # torch.cuda.manual_seed(1234), then a 5-element normal_ (note [CUDA generator state layout])
+    seen = [210, 4, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0]
+    assert cuda_state(1234, 4).tolist() == seen
+    assert cuda_state_fields(torch.tensor(seen, dtype=torch.uint8)) == (1234, 4)
+    assert cuda_state_fields(cuda_state(2**64 - 1, 2**40)) == (2**64 - 1, 2**40)  # seeds use all 64 bits
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="reads a real CUDA generator")
+def test_the_real_cuda_generator_state_has_that_layout() -> None:
+    generator = torch.Generator(device="cuda")
+    generator.manual_seed(1234)
+    torch.empty(5, device="cuda").normal_(generator=generator)
+    assert cuda_state_fields(generator.get_state()) == (1234, 4)
+
+
+def test_a_state_of_another_size_is_refused_with_the_note_to_update() -> None:
+    with pytest.raises(ValueError, match=r"24 torch.uint8 values, expected 16 uint8 .*CUDA generator state layout"):
+        cuda_state_fields(torch.zeros(24, dtype=torch.uint8))

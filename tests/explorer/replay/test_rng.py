@@ -7,12 +7,18 @@ states eager construction passes through, op by op.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from explorer import deferred_init, materialize_module, materialize_tensor
+from explorer._torch_compat.generators import cuda_state, cuda_state_fields
+from explorer.record import builder
 from explorer.record.fake import handle_of
+from explorer.replay.philox import DeviceProperties
 from explorer.replay.replay import Replay
 from explorer.replay.rng import RNG_MODES, RngSession, RngStreams
 from explorer.replay.routing import route_devices
@@ -224,3 +230,139 @@ def test_states_kept_by_a_replay_are_copies_so_a_live_state_tensor_changes_nothi
     assert torch.equal(torch.get_rng_state(), before)
     for name, value in eager.named_parameters():
         assert torch.equal(getattr(module, name), value), name
+
+
+# CUDA streams: the state before a late op is the start state with the Philox offset moved by the
+# increments of every op before it (explorer/replay/philox.py), with no op re-run. No GPU here: the
+# recording snapshots a stand-in CUDA generator state, and the device's launch limits are given.
+STAND_IN_SEED, STAND_IN_OFFSET = 20261126, 8
+H100 = DeviceProperties(multi_processor_count=132, max_threads_per_multi_processor=2048)
+A100 = DeviceProperties(multi_processor_count=108, max_threads_per_multi_processor=2048)
+OFFSETS_FILE = Path(__file__).resolve().parent / "data" / "philox_offsets_h100_torch211.json"
+
+
+def launch(numel: int, unroll: int, device: DeviceProperties = H100) -> int:
+    """The offsets file's formula, written out here: blocks of 256 threads, as many as the device
+    keeps resident or the elements need, each thread taking `unroll` values per 4 offsets."""
+    grid = min(device.multi_processor_count * device.max_threads_per_multi_processor // 256, -(-numel // 256))
+    return ((numel - 1) // (256 * grid * unroll) + 1) * 4
+
+
+def measured_increment(shape: list[int]) -> int:
+    """The offsets file's float32 normal_ row for `shape`."""
+    rows = json.loads(OFFSETS_FILE.read_text())["rows"]
+    return next(r["increment"] for r in rows if r["op"] == "normal_" and r.get("shape") == shape)
+
+
+class CudaStack(nn.Module):
+    """A Llama-sized embedding (4.2 GB: split for 32-bit indexing), two MLP blocks and a float64
+    head on CUDA fakes; `shuffled` puts a randperm, which the offset model leaves to scratch, after
+    the first block."""
+
+    def __init__(self, shuffled: bool = False, device: str = "cuda") -> None:
+        super().__init__()
+        self.embed = nn.Embedding(128256, 8192, device=device)
+        self.blocks = nn.ModuleList()
+        for index in range(2):
+            self.blocks.append(
+                nn.Sequential(nn.Linear(4096, 11008, device=device), nn.Linear(11008, 4096, device=device))
+            )
+            if shuffled and index == 0:
+                self.register_buffer("order", torch.randperm(5, device=device))
+        self.head = nn.Linear(4096, 32000, device=device, dtype=torch.float64)
+
+
+def cuda_stack_increments(device: DeviceProperties = H100) -> list[int]:
+    """The offset each random op of `CudaStack` moves its stream by, in order (randperm left out).
+    The embedding's 4.2 GB are cut in two halves for 32-bit indexing, each reserving again."""
+    embed = launch(128256 * 8192, 4, device) + 2 * launch(128256 * 8192 // 2, 4, device)
+    block = [
+        launch(11008 * 4096, 4, device),
+        launch(11008, 4, device),
+        launch(4096 * 11008, 4, device),
+        launch(4096, 4, device),
+    ]
+    return [embed, *block, *block, launch(4096 * 32000, 2, device), launch(32000, 2, device)]
+
+
+@pytest.fixture
+def stand_in_cuda(monkeypatch):
+    """Recordings snapshot (STAND_IN_SEED, STAND_IN_OFFSET) as the start state of every CUDA generator."""
+    real, stand_in = builder.capture_start_state, cuda_state(STAND_IN_SEED, STAND_IN_OFFSET)  # made here: not a fake
+    monkeypatch.setattr(builder, "capture_start_state", lambda key: stand_in if key.startswith("cuda:") else real(key))
+
+
+def no_scratch_run(key: str, position: int, state: torch.Tensor) -> torch.Tensor:
+    raise AssertionError(f"random op {position} of {key} was run on scratch")
+
+
+def test_a_late_cuda_layer_is_reached_by_arithmetic_with_no_scratch_run(stand_in_cuda) -> None:
+    graph = handle_of(deferred_init(CudaStack).head.weight).graph
+    increments = cuda_stack_increments()
+    assert increments[0] == measured_increment([128256, 8192]) == 7776
+    assert increments[1:6] == [168, 4, 168, 4, 168] and increments[-2:] == [972, 4]
+    streams = RngStreams(graph, device_properties_of=lambda key: H100)
+    last = len(graph.random_streams["cuda:0"]) - 1
+    assert last == len(increments) - 1
+    state = streams.state_before("cuda:0", last, no_scratch_run)
+    assert cuda_state_fields(state) == (STAND_IN_SEED, STAND_IN_OFFSET + sum(increments[:-1]))
+    after = streams.state_after("cuda:0", last, no_scratch_run)
+    assert cuda_state_fields(after) == (STAND_IN_SEED, STAND_IN_OFFSET + sum(increments))
+    assert cuda_state_fields(streams.state_before("cuda:0", 1, no_scratch_run)) == (
+        STAND_IN_SEED,
+        STAND_IN_OFFSET + 7776,
+    )
+    assert (streams.jumps.scratch_runs, streams.jumps.offsets) == (0, sum(increments) + 7776)
+
+
+def test_an_uncovered_cuda_op_in_between_is_run_on_scratch_once(stand_in_cuda) -> None:
+    graph = handle_of(deferred_init(CudaStack, True).head.weight).graph
+    ops = [str(graph.ops[index].func) for index in graph.random_streams["cuda:0"]]
+    shuffle = ops.index("aten.randperm.default")
+    assert shuffle == 5
+    increments = cuda_stack_increments()
+    runs: list[int] = []
+
+    def stand_in_randperm(key: str, position: int, state: torch.Tensor) -> torch.Tensor:
+        """The stand-in generator runs randperm(5): 12, as the H100 probe measured."""
+        runs.append(position)
+        seed, offset = cuda_state_fields(state)
+        assert (key, offset) == ("cuda:0", STAND_IN_OFFSET + sum(increments[:shuffle]))
+        return cuda_state(seed, offset + 12)
+
+    streams = RngStreams(graph, device_properties_of=lambda key: H100)
+    last = len(ops) - 1
+    state = streams.state_before("cuda:0", last, stand_in_randperm)
+    assert cuda_state_fields(state) == (STAND_IN_SEED, STAND_IN_OFFSET + sum(increments[:-1]) + 12)
+    assert runs == [shuffle] and streams.jumps.scratch_runs == 1
+    streams.state_before("cuda:0", last - 1, no_scratch_run)  # from the cache: no second run
+    assert runs == [shuffle]
+
+
+def test_a_cuda_stream_whose_device_is_absent_runs_every_op_on_scratch(stand_in_cuda) -> None:
+    graph = handle_of(deferred_init(CudaStack).head.weight).graph
+    runs: list[int] = []
+
+    def counted(key: str, position: int, state: torch.Tensor) -> torch.Tensor:
+        runs.append(position)
+        return state
+
+    streams = RngStreams(graph, device_properties_of=lambda key: None)
+    streams.state_before("cuda:0", 4, counted)
+    assert runs == [0, 1, 2, 3] and streams.jumps.scratch_runs == 4
+
+
+def test_each_cuda_stream_jumps_by_its_own_devices_launch_limits(stand_in_cuda) -> None:
+    class TwoDevices(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = CudaStack(device="cuda:0")
+            self.second = CudaStack(device="cuda:1")
+
+    graph = handle_of(deferred_init(TwoDevices).first.head.weight).graph
+    streams = RngStreams(graph, device_properties_of={"cuda:0": H100, "cuda:1": A100}.get)
+    last = len(cuda_stack_increments()) - 1
+    for key, device in (("cuda:0", H100), ("cuda:1", A100)):
+        state = streams.state_before(key, last, no_scratch_run)
+        assert cuda_state_fields(state) == (STAND_IN_SEED, STAND_IN_OFFSET + sum(cuda_stack_increments(device)[:-1]))
+    assert launch(11008 * 4096, 4, A100) == 204 != launch(11008 * 4096, 4, H100)
