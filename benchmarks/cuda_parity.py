@@ -12,6 +12,8 @@ parameter and buffer bitwise:
 - the global CPU and CUDA generators unchanged by materialization;
 - timm models recorded on CUDA (ViT, Swin, ConvNeXt, DeiT, BEiT, RegNet, ResNet), whose constructors
   draw with `trunc_normal_` and friends on CUDA fakes;
+- the Philox offset model (explorer/replay/philox.py) against the live generator: the offset each
+  kernel reserves, for a spread of ops, dtypes and sizes (one past 32-bit indexing);
 - a timing line: one late Llama layer on CUDA, eager parity, against building that layer eagerly.
 
 It runs on any tested torch release as it is (no backport: explorer/_torch_compat answers for the
@@ -177,7 +179,43 @@ def check_late_layer_timing() -> str:
     return f"7B layers[31] on CUDA, eager parity: {layer_s:.2f} s; eager construction of the whole 7B: {eager_s:.2f} s"
 
 
+# (label, dtype, shape, op run on a fresh tensor, its aten op, the arguments the offset model reads)
+LIVE_OFFSET_CASES = [
+    ("normal_", dt, shape, lambda t: t.normal_(), torch.ops.aten.normal_.default, {})
+    for dt in (torch.float32, torch.bfloat16, torch.float64)
+    for shape in ((1,), (1000,), (4096, 4096), (11008, 4096), (3, 5, 7))
+] + [
+    ("uniform_", torch.float32, (128256, 8192), lambda t: t.uniform_(), torch.ops.aten.uniform_.default, {}),
+    ("uniform_", torch.float16, (8192, 28672), lambda t: t.uniform_(), torch.ops.aten.uniform_.default, {}),
+    ("bernoulli_(p)", torch.float32, (5000, 7), lambda t: t.bernoulli_(0.3), torch.ops.aten.bernoulli_.float, {}),
+    ("exponential_", torch.bfloat16, (4096, 11008), lambda t: t.exponential_(), torch.ops.aten.exponential_.default,
+     {}),
+]
+
+
+def check_offset_model_against_the_live_generator() -> str:
+    """The offset model (explorer/replay/philox.py) against what each kernel reserves on this GPU."""
+    from explorer._torch_compat.generators import cuda_state_fields
+    from explorer.replay.philox import device_properties, offset_increment
+
+    properties = device_properties("cuda:0")
+    assert properties is not None, "no launch limits read for cuda:0"
+    wrong = []
+    for label, dtype, shape, run, op, arguments in LIVE_OFFSET_CASES:
+        tensor = torch.empty(shape, dtype=dtype, device=CUDA)
+        before = cuda_state_fields(torch.cuda.get_rng_state())[1]
+        run(tensor)
+        after = cuda_state_fields(torch.cuda.get_rng_state())[1]
+        model = offset_increment(op, dtype, shape, properties, arguments=arguments)
+        if model != after - before:
+            wrong.append(f"{label} {dtype} {shape}: live {after - before}, model {model}")
+        del tensor
+    assert not wrong, "; ".join(wrong)
+    return f"{len(LIVE_OFFSET_CASES)} ops, each increment as the model says ({properties})"
+
+
 CHECKS: dict[str, Callable[[], object]] = {
+    "offset model against the live generator": check_offset_model_against_the_live_generator,
     "nn.Linear recorded on cuda": lambda: check_cuda_recorded(lambda: nn.Linear(64, 32, device=DEVICE)),
     "mixed inits recorded on cuda": lambda: check_cuda_recorded(lambda: Mixed(DEVICE)),
     "tiny Llama recorded on cuda": lambda: check_cuda_recorded(lambda: tiny_llama(DEVICE)),
@@ -188,7 +226,7 @@ CHECKS: dict[str, Callable[[], object]] = {
     "7B late layer on cuda": check_late_layer_timing,
 }
 if DEVICE != "cuda":  # the 7B eager baseline needs 27 GB: a GPU's memory, not a smoke run's
-    del CHECKS["7B late layer on cuda"]
+    del CHECKS["7B late layer on cuda"], CHECKS["offset model against the live generator"]
 
 
 def main() -> int:

@@ -169,6 +169,22 @@ def row_70b_layer(reps: int) -> tuple[str, float, float, str]:
     torch.manual_seed(reps - 1)
     again = deferred_init(build)
     materialize_module(last_layer(again), rng="eager")
+    if PROFILE_TO is not None:
+        import cProfile
+        import io
+        import pstats
+
+        torch.manual_seed(0)
+        profiled = deferred_init(build)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        materialize_module(last_layer(profiled), rng="eager")
+        synchronize()
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+        PROFILE_TO.write_text(text.getvalue())
+        del profiled
     diff = differing(last_layer(general), last_layer(again))
     parity = f"parity with the general path: {'bitwise' if not diff else f'{len(diff)} tensors differ: {diff[:4]}'}"
     detail = f"{parity}; scratch re-runs per rep {scratch}"
@@ -186,20 +202,26 @@ def row_3b_whole(reps: int) -> tuple[str, float, float, str]:
     build()  # warm-up: kernels loaded, allocator grown
     empty_cache()
     eager_s, ours_s = [], []
+    parts: list[tuple[float, float]] = []
     diff: list[str] = []
     for rep in range(reps):
         torch.manual_seed(rep)
         seconds, eager = timed(build)
         eager_s.append(seconds)
         torch.manual_seed(rep)
-        seconds, model = timed(lambda: materialize_module(deferred_init(build)))
-        ours_s.append(seconds)
+        recorded_s, model = timed(lambda: deferred_init(build))
+        materialized_s, _ = timed(functools.partial(materialize_module, model))
+        ours_s.append(recorded_s + materialized_s)
+        parts.append((recorded_s, materialized_s))
         diff = differing(eager, model)
         if diff:
             break
         del eager, model
         empty_cache()
     parity = "bitwise equal to eager" if not diff else f"{len(diff)} tensors differ from eager: {diff[:4]}"
+    parity += "; deferred_init + materialize per rep: " + ", ".join(
+        f"{r * 1e3:.0f} + {m * 1e3:.0f} ms" for r, m in parts
+    )
     return (
         "Llama-3.2-3B shapes, whole model on CUDA: deferred_init + materialize vs eager construction",
         statistics.median(ours_s),
@@ -230,6 +252,8 @@ def row_7b_late_layer() -> tuple[str, float, float, str]:
 
 
 TARGETS = {0: 2.0, 1: 1.2}
+# Where a cProfile of one more 70B layer materialization goes ($OUT/profile_70b.txt when $OUT is set).
+PROFILE_TO = Path(os.environ["OUT"], "profile_70b.txt") if os.environ.get("OUT") else None
 
 
 def main() -> int:
