@@ -148,6 +148,22 @@ def raw_fill(module: nn.Module) -> float:
     return seconds
 
 
+def profile_into(path: Path, work: Callable[[], object]) -> None:
+    """cProfile of `work` (device synchronised at the end), the 40 costliest calls by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    work()
+    synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+    path.write_text(text.getvalue())
+
+
 def row_70b_layer(reps: int) -> tuple[str, float, float, str]:
     build = llama(**LLAMA_70B)
     ours, raws, scratch = [], [], []
@@ -170,20 +186,9 @@ def row_70b_layer(reps: int) -> tuple[str, float, float, str]:
     again = deferred_init(build)
     materialize_module(last_layer(again), rng="eager")
     if PROFILE_TO is not None:
-        import cProfile
-        import io
-        import pstats
-
         torch.manual_seed(0)
         profiled = deferred_init(build)
-        profiler = cProfile.Profile()
-        profiler.enable()
-        materialize_module(last_layer(profiled), rng="eager")
-        synchronize()
-        profiler.disable()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
-        PROFILE_TO.write_text(text.getvalue())
+        profile_into(PROFILE_TO, functools.partial(materialize_module, last_layer(profiled), rng="eager"))
         del profiled
     diff = differing(last_layer(general), last_layer(again))
     parity = f"parity with the general path: {'bitwise' if not diff else f'{len(diff)} tensors differ: {diff[:4]}'}"
@@ -216,6 +221,12 @@ def row_3b_whole(reps: int) -> tuple[str, float, float, str]:
         diff = differing(eager, model)
         if diff:
             break
+        if PROFILE_TO is not None and rep == reps - 1:
+            del model
+            torch.manual_seed(rep)
+            profiled = deferred_init(build)
+            profile_into(PROFILE_TO.with_name("profile_3b.txt"), functools.partial(materialize_module, profiled))
+            model = profiled
         del eager, model
         empty_cache()
     parity = "bitwise equal to eager" if not diff else f"{len(diff)} tensors differ from eager: {diff[:4]}"

@@ -7,7 +7,7 @@ just before op k. That state is reached from the nearest cached state before k: 
 *jumping* the Mersenne Twister over the draws of the ops in between (`draws.draw_count`,
 `mt19937.jump_state`: milliseconds, whatever the distance); on a CUDA stream by adding the Philox
 offset increments of the ops in between to the offset, the seed unchanged
-(`philox.recorded_increment`, with the launch limits of the device the stream's ops run on). An op
+(`philox.StreamIncrements`, with the launch limits of the device the stream's ops run on). An op
 whose count or increment is not known in advance (value-dependent, reading the cached normal
 sample, not modelled, or its CUDA device absent here) is re-run on a scratch tensor of its recorded
 layout instead. Every state reached is cached, so a later click on an earlier layer starts from a
@@ -35,7 +35,7 @@ from ..graph import InitGraph, OpIndex, RngRestart
 from ..record.generators import default_generator, state_of
 from .draws import draw_count
 from .mt19937 import jump_state
-from .philox import DeviceProperties, advanced_state, device_properties, recorded_increment
+from .philox import DeviceProperties, StreamIncrements, advanced_state, device_properties
 
 # How replay reaches random values: "eager" reproduces eager construction bit for bit (each random op
 # draws from the generator state eager construction had before it); "fast" seeds each random op from
@@ -90,7 +90,7 @@ class RngStreams:
         self._states: dict[str, dict[int, torch.Tensor]] = {}
         self._known: dict[str, list[int]] = {}  # cached positions of each stream, sorted
         self._steps: dict[str, list[int | None]] = {}
-        self._devices: dict[str, DeviceProperties | None] = {}
+        self._devices: dict[str, StreamIncrements] = {}  # per CUDA stream, on its device's launch limits
         self._salts: dict[str, int] = {}
         self.jumps = JumpStats()
 
@@ -170,7 +170,7 @@ class RngStreams:
 
     def step(self, key: str, position: int) -> int | None:
         """How far random op `position` moves stream `key`'s generator, when known in advance: 32-bit
-        draws on the CPU (`draws.draw_count`), the Philox offset on CUDA (`philox.recorded_increment`,
+        draws on the CPU (`draws.draw_count`), the Philox offset on CUDA (`philox.StreamIncrements`,
         on the launch limits of that device); None: not known, the op is run on scratch."""
         steps = self._steps.setdefault(key, [])
         ops = self.graph.random_streams.get(key, [])
@@ -179,15 +179,16 @@ class RngStreams:
             if key == "cpu":
                 steps.append(draw_count(self.graph, op))
             elif key.startswith("cuda:"):
-                steps.append(recorded_increment(self.graph, op, self._device(key)))
+                steps.append(self._increments(key)(op))
             else:
                 steps.append(None)
         return steps[position]
 
-    def _device(self, key: str) -> DeviceProperties | None:
-        if key not in self._devices:
-            self._devices[key] = self._device_properties_of(key)
-        return self._devices[key]
+    def _increments(self, key: str) -> StreamIncrements:
+        increments = self._devices.get(key)
+        if increments is None:
+            increments = self._devices[key] = StreamIncrements(self.graph, self._device_properties_of(key))
+        return increments
 
     def state_before(
         self, key: str, position: int, run_scratch: Callable[[str, int, torch.Tensor], torch.Tensor]

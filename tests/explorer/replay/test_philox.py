@@ -24,6 +24,7 @@ from explorer.record.fake import handle_of
 from explorer.record.initializers import TRUNC_NORMAL
 from explorer.replay.philox import (
     DeviceProperties,
+    StreamIncrements,
     advanced_state,
     device_properties,
     offset_increment,
@@ -195,6 +196,28 @@ def test_recorded_ops_read_their_written_tensor_and_arguments() -> None:
     assert [str(op.func) for op in cuda_ops][-1] == "aten.randint.low"
     assert [recorded_increment(graph, graph.ops[index], H100) for index in graph.random_streams["cpu"]] == [None, None]
     assert recorded_increment(graph, cuda_ops[0], None) is None
+
+
+class RepeatedLayouts(nn.Module):
+    """Three layers of one layout, then randint over two ranges on one layout (2^20: 4 values per
+    curand call; 2^30: 2), which a memo by layout alone would confuse."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(512, 512, device="cuda") for _ in range(3))
+        self.register_buffer("small", torch.randint(0, 2**20, (600000,), device="cuda"))
+        self.register_buffer("wide", torch.randint(0, 2**30, (600000,), device="cuda"))
+
+
+def test_stream_increments_equal_recorded_increments_op_by_op_memo_or_not() -> None:
+    module = deferred_init(RepeatedLayouts)
+    graph = handle_of(module.small).graph
+    ops = [graph.ops[index] for index in graph.random_streams["cuda:0"]]
+    increments = StreamIncrements(graph, H100)
+    assert [increments(op) for op in ops] == [recorded_increment(graph, op, H100) for op in ops]
+    assert [increments(op) for op in ops][-2:] == [4, 8]
+    assert [increments(op) for op in ops] == [4] * 6 + [4, 8]  # asked again: from the memo, unchanged
+    assert StreamIncrements(graph, None)(ops[0]) is None
 
 
 def test_advancing_a_state_keeps_the_seed_and_adds_to_the_offset() -> None:
