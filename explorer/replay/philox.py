@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import torch
 
@@ -270,20 +270,21 @@ class StreamIncrements:
         self._memo: dict[tuple, int | None] = {}
 
     def __call__(self, op: OpNode) -> int | None:
-        if not op.output_ids or self.device is None:
+        outputs = op.output_ids
+        if not outputs or self.device is None:
             return None
-        func = op.func
-        if id(func) in _READS_ARGUMENTS_IDS:
+        func_id = id(op.func)
+        if func_id in _READS_ARGUMENTS_IDS:
             return recorded_increment(self.graph, op, self.device)
-        written = self.graph.tensors[op.output_ids[0]]
-        key = (id(func), written.dtype, written.shape, written.stride, written.device.type)
-        found = self._memo.get(key, _UNKNOWN)
-        if found is _UNKNOWN:
+        written = self.graph.tensors[outputs[0]]
+        key = (func_id, written.dtype, written.shape, written.stride, written.device)
+        try:
+            return self._memo[key]
+        except KeyError:
             found = self._memo[key] = recorded_increment(self.graph, op, self.device)
-        return cast("int | None", found)
+            return found
 
 
-_UNKNOWN = object()
 _READS_ARGUMENTS_IDS = frozenset(id(func) for func in _READS_ARGUMENTS)
 
 

@@ -34,10 +34,15 @@ def check_replayable(
     """Raise MaterializationError for everything that would make a replay of `ops` (for targets
     `tids`) fail half-way: absent target devices, external tensors changed since recording or not
     checkable, and rng="eager" draws from a generator this machine lacks. Nothing runs before."""
+    available: set[torch.device] = set()  # asked once per device: CUDA's answer costs microseconds
     for tid in tids:
         recorded = graph.tensors[tid].device
         target = routing.target(recorded)
-        if not is_available(target):
+        if target in available:
+            continue
+        if is_available(target):
+            available.add(target)
+        else:
             raise MaterializationError(
                 f"{names.get(tid, f'tensor #{tid}')!r} was recorded on {recorded} and would be "
                 f"materialized there, but {describe_absence(target)}; pass device= (e.g. device='cpu' "

@@ -173,15 +173,16 @@ class RngStreams:
         draws on the CPU (`draws.draw_count`), the Philox offset on CUDA (`philox.StreamIncrements`,
         on the launch limits of that device); None: not known, the op is run on scratch."""
         steps = self._steps.setdefault(key, [])
-        ops = self.graph.random_streams.get(key, [])
-        while len(steps) <= position:  # the stream grows while the constructor still runs (value reads)
-            op = self.graph.ops[ops[len(steps)]]
+        if len(steps) <= position:  # the stream grows while the constructor still runs (value reads)
+            graph_ops = self.graph.ops
+            ops = [graph_ops[index] for index in self.graph.random_streams.get(key, [])[len(steps) : position + 1]]
             if key == "cpu":
-                steps.append(draw_count(self.graph, op))
+                steps.extend([draw_count(self.graph, op) for op in ops])
             elif key.startswith("cuda:"):
-                steps.append(self._increments(key)(op))
+                increments = self._increments(key)
+                steps.extend([increments(op) for op in ops])
             else:
-                steps.append(None)
+                steps.extend([None] * len(ops))
         return steps[position]
 
     def _increments(self, key: str) -> StreamIncrements:
@@ -212,10 +213,14 @@ class RngStreams:
         else:
             state = cache[at]
         pending = 0
+        if at < position:
+            self.step(key, position - 1)  # every step up to `position`, worked out in one pass
+        steps = self._steps.get(key, [])
         while at < position:
-            count = self.step(key, at)
-            if count is not None:
-                pending, at = pending + count, at + 1
+            ahead = steps[at:position]
+            run = ahead.index(None) if None in ahead else len(ahead)
+            if run:  # ops of known steps, summed at once (a late layer has a thousand before it)
+                pending, at = pending + sum(cast("list[int]", ahead[:run])), at + run
                 continue
             if pending:
                 state, pending = self._jump(key, state, pending), 0
