@@ -179,8 +179,7 @@ class RngStreams:
             if key == "cpu":
                 steps.extend([draw_count(self.graph, op) for op in ops])
             elif key.startswith("cuda:"):
-                increments = self._increments(key)
-                steps.extend([increments(op) for op in ops])
+                steps.extend(self._increments(key).of_ops(ops))
             else:
                 steps.extend([None] * len(ops))
         return steps[position]
