@@ -38,3 +38,14 @@ export function shortPath(name, width) {
   }
   return joined(parts, kept);
 }
+
+// shortNames(text, width): a cell listing names ("a.b.0.w, c.d.1.w") cut to `width` characters: the
+// first name by shortPath and a count of the others ("…0.w +1"), so an alias or tie list keeps the
+// layer index of the name it shows; the cell's title holds the whole list.
+export function shortNames(text, width) {
+  if ([...text].length <= width) return text;
+  const names = text.split(", ");
+  if (names.length === 1) return shortPath(text, width);
+  const more = ` +${names.length - 1}`;
+  return shortPath(names[0], Math.max(1, width - more.length)) + more;
+}

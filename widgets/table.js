@@ -113,7 +113,7 @@ function render({ model, el }) {
       const room = td.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
       return Math.max(1, Math.floor(room / charWidth + 0.01));
     });
-    cells.forEach((td, i) => { if (fits[i] !== null) td.textContent = shortPath(td.dataset.text, fits[i]); });
+    cells.forEach((td, i) => { if (fits[i] !== null) td.textContent = shortNames(td.dataset.text, fits[i]); });
   }
 
   // One redraw per batch of changes (Python sends several traits in one message).

@@ -163,4 +163,5 @@ class TensorsTab(w.VBox):
             colour=STATE_COLOURS,
             colour_by="state",
             labels=LABELS,
+            paths=("name", "alias_group", "tied_with"),  # lists of names: shortened, first name kept
         )

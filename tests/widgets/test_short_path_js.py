@@ -16,4 +16,4 @@ TEST = pathlib.Path(__file__).with_name("short_path.test.mjs")
 def test_short_path_js_gives_the_short_names_of_the_shared_spec():
     done = subprocess.run(["node", "--test", str(TEST)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "# pass 2" in done.stdout and "# fail 0" in done.stdout
+    assert "# pass 3" in done.stdout and "# fail 0" in done.stdout

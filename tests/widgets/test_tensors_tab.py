@@ -134,7 +134,7 @@ def test_24_layer_names_shortened_to_a_narrow_column_are_distinct_and_keep_their
 
     config = transformers.Qwen2Config(**{**_DECODER, "num_hidden_layers": 24}, tie_word_embeddings=True)
     table = widgets.explore(transformers.Qwen2ForCausalLM, config).tensors_tab.table
-    assert table.path_columns == ["name"]
+    assert table.path_columns == ["name", "alias_group"]  # alias lists are names too
     names = [row[0] for row in table.rows if row[0].endswith("q_proj.weight")]
     assert names == [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(24)]  # full: the titles
     # what table.js draws in an 18-character name cell (short_path.js passes the same spec)
