@@ -64,6 +64,10 @@ class _FastPeaks:
             running.extend(self._by_name.get(name, ()))
         return running
 
+    def reset_mod_stats(self) -> None:
+        super().reset_mod_stats()  # type: ignore[misc]  # MemTracker's, next in the MRO
+        self._indexed_count = -1  # the index would hold the old statistics once as many modules ran again
+
     def _update_peak_stats(self, peak_state) -> None:
         current = self._curr_mem_snap
         for stats in self._running_stats():

@@ -28,6 +28,10 @@ class TrainStep(Protocol):
     @property
     def activation_checkpointing(self) -> bool: ...
     @property
+    def keep_outputs(self) -> bool: ...
+    @property
+    def accumulation_steps(self) -> int: ...
+    @property
     def peak_bytes(self) -> int: ...
     @property
     def peak(self) -> dict[str, int]: ...
@@ -87,9 +91,15 @@ def end_of_forward_text(step: TrainStep) -> str:
 def summary_text(step: TrainStep) -> str:
     """A few lines: the peak, where it is reached, and each non-empty category; then the bytes at the
     end of forward and each of their non-empty categories."""
-    checkpointing = ", activation checkpointing" if step.activation_checkpointing else ""
+    options = [step.optimizer]
+    if step.activation_checkpointing:
+        options.append("activation checkpointing")
+    if step.accumulation_steps > 1:
+        options.append(f"{step.accumulation_steps} micro-batches")
+    if not step.keep_outputs:
+        options.append("outputs dropped after backward")
     headline = (
-        f"{step.root_class} training step ({step.optimizer}{checkpointing}): "
+        f"{step.root_class} training step ({', '.join(options)}): "
         f"peak {format_bytes(step.peak_bytes)} ({step.peak_bytes:,} bytes) {_where(step)}, in the {step.phase}"
     )
     lines = [headline, *_category_lines(step.peak), end_of_forward_text(step), *_category_lines(step.end_of_forward)]

@@ -1,5 +1,8 @@
 """`train_step`: will it train? One forward, backward and optimizer step on fake tensors, measured.
 
+The step is the loop users write (note [The loop as users write it]): the output and the loss are
+kept through the optimizer step unless asked otherwise, with gradient accumulation and
+`zero_grad(set_to_none=True)`.
 The step runs on a fake twin of the module (`train_twin.fake_twin`: the module tree deep-copied
 with every tensor replaced by a fake of a FakeTensorMode of our own), so the module, its recording
 and the global RNG are left as they were and no storage is allocated; with `world_size > 1` the
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import pandas as pd
 import torch
@@ -119,15 +122,17 @@ class TrainStep:
 
     `peak_bytes`: the most bytes alive at once; `peak`: those bytes by category at that moment
     (`SINGLE_CATEGORIES`, or `FSDP_CATEGORIES` when sharded); `phase`: the phase the peak was
-    reached in; `phase_peaks`: the running peak at the end of each phase; `modules`: one row per
-    module that ran (`train_modules.MODULE_COLUMNS`; with FSDP, the sharded modules).
+    reached in; `phase_peaks`: the running peak at the end of each phase (of its last micro-batch);
+    `modules`: one row per module that ran (`train_modules.MODULE_COLUMNS`; with FSDP, the sharded
+    modules).
     `end_of_forward_bytes`: the bytes alive when forward (and the loss) is done and backward starts,
     the moment activations are at their most; `end_of_forward`: those bytes by category;
     `end_of_forward_activations`: its activations by the module whose own forward code created them
     (`train_modules.FORWARD_ACTIVATION_COLUMNS`, rows adding up to `end_of_forward["activations"]`;
     ops outside every module as `train_modules.OUTSIDE_MODULES`). `device`: the
     device the parameters are on; `blocks`: the repeated blocks found (what checkpointing wraps and
-    the default sharding shards).
+    the default sharding shards). `keep_outputs`, `accumulation_steps`: the loop that was measured
+    (`TrainingLoop`); with several micro-batches, the end of forward is the last one's.
     """
 
     root_class: str
@@ -144,6 +149,8 @@ class TrainStep:
     end_of_forward_activations: pd.DataFrame
     device: str = "cpu"
     blocks: list[str] = field(default_factory=list)
+    keep_outputs: bool = True
+    accumulation_steps: int = 1
 
     def fits(self, budget: float | str) -> bool:
         """Whether the peak fits in `budget` bytes per device: a number of bytes, or a string such as
@@ -192,14 +199,45 @@ def default_loss(output: Any) -> torch.Tensor:
     return total
 
 
+@dataclass(frozen=True)
+class TrainingLoop:
+    """The loop `train_step` runs, as users write it (see note [The loop as users write it]).
+
+    `keep_outputs`: the forward's output and the loss stay referenced until after the optimizer
+    step, as `out = model(...)` in a loop keeps them (False: `del out, loss` right after backward);
+    `accumulation_steps`: forwards and backwards, each on the same inputs, before one optimizer step.
+    """
+
+    keep_outputs: bool = True
+    accumulation_steps: int = 1
+
+
+# Note: [The loop as users write it]
+# `train_step` runs, and measures, this loop; the names a loop keeps alive are part of its memory:
+#
+#     for _ in range(accumulation_steps):
+#         out = model(*inputs)                         # the previous `out` is freed only now
+#         loss = loss_fn(out) / accumulation_steps     # no division when accumulation_steps == 1
+#         loss.backward()
+#         # keep_outputs=False: del out, loss
+#     optimizer.step()
+#     optimizer.zero_grad(set_to_none=True)
+#
+# With the outputs kept, a causal LM's logits (and its KV cache when it returns one) are alive
+# through the optimizer step: `batch × sequence × vocabulary` floats on top of the moments.
+
+
 @dataclass
 class _StepRun:
-    """What running the step produced: the tracker, the running peak after each phase, and the end
-    of forward: the current snapshot of the device holding most (category → bytes, "Total") and
+    """What running the step produced: the tracker, the phase running (or failed in), the running
+    peak after each phase and the phase it was reached in, and the end of forward of the last
+    micro-batch: the current snapshot of the device holding most (category → bytes, "Total") and
     its activations by the module that created them (`activations_by_owner`)."""
 
     tracker: MemTracker
     optimizer_name: str
+    phase: Phase = "forward"
+    peak_phase: Phase = "forward"
     phase_peaks: dict[str, int] = field(default_factory=dict)
     end_of_forward: dict = field(default_factory=dict)
     end_of_forward_owners: dict[str | None, int] = field(default_factory=dict)
@@ -208,6 +246,14 @@ class _StepRun:
         device, snapshot = current_snapshot(self.tracker)
         self.end_of_forward = dict(snapshot)
         self.end_of_forward_owners = activations_by_owner(self.tracker, device) if device is not None else {}
+
+    def finish(self, phase: Phase, then: Phase | None = None) -> None:
+        """`phase` is done (`then` starts): its running peak, and whether it raised the peak."""
+        peak = _peak_total(self.tracker)
+        if peak > max(self.phase_peaks.values(), default=0):
+            self.peak_phase = phase
+        self.phase_peaks[phase] = peak
+        self.phase = then or phase
 
 
 def _peak_total(tracker: MemTracker) -> int:
@@ -228,6 +274,43 @@ def _running(tracker: MemTracker, twin: nn.Module) -> str:
         return name
 
 
+def _scaled(value: torch.Tensor, accumulation_steps: int) -> torch.Tensor:
+    return value / accumulation_steps if accumulation_steps > 1 else value
+
+
+def _run_loop(
+    run: _StepRun,
+    twin: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    optimizer: torch.optim.Optimizer,
+    loss: LossFunction,
+    loop: TrainingLoop,
+) -> None:
+    """The loop of note [The loop as users write it], line for line, noting each phase in `run`.
+    The per-module statistics start afresh with each micro-batch (`reset_mod_stats`, as PyTorch's
+    trackers ask): the module table is the last micro-batch's."""
+    output: Any = None
+    value: Any = None
+    for micro_batch in range(loop.accumulation_steps):
+        if micro_batch:  # the trackers refuse a second forward of the root otherwise; the step's peak stays
+            run.tracker.reset_mod_stats()
+        run.phase = "forward"
+        output = twin(*args, **kwargs)
+        value = _scaled(loss(output), loop.accumulation_steps)
+        run.take_end_of_forward()
+        run.finish("forward", then="backward")
+        value.backward()
+        if not loop.keep_outputs:
+            output = value = None  # del out, loss
+        run.finish("backward")
+    run.phase = "optimizer"
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    run.finish("optimizer")
+    del output, value  # kept until here by default: the end of the loop's body
+
+
 def run_step(
     twin: nn.Module,
     args: tuple,
@@ -236,31 +319,22 @@ def run_step(
     loss: LossFunction,
     tracker: MemTracker,
     root_class: str,
+    loop: TrainingLoop = TrainingLoop(),
 ) -> _StepRun:
-    """Forward, loss, backward and one optimizer step of `twin` under `tracker` (created by the
-    caller: `FastMemTracker()` or `FastFSDPMemTracker(twin, optimizer)`), exactly as one would write
-    them in eager; inputs are tracked as "inputs". Raises TrainStepError naming phase and module."""
+    """`loop` (note [The loop as users write it]) of `twin` under `tracker` (created by the caller:
+    `FastMemTracker()` or `FastFSDPMemTracker(twin, optimizer)`), exactly as one would write it in
+    eager; inputs are tracked as "inputs". Raises TrainStepError naming phase and module."""
     optimizer = getattr(tracker, "_optm", None) or make_optimizer(twin.parameters())
     run = _StepRun(tracker, type(optimizer).__name__)
     if isinstance(tracker, FastFSDPMemTracker):
         tracker.track_inputs((args, kwargs))
     else:
         tracker.track_external(twin, optimizer, *tensor_leaves((args, kwargs)))
-    phase: Phase = "forward"
     running = "no module"
     try:
         with tracker:
             try:
-                value = loss(twin(*args, **kwargs))  # the output is dropped before backward, as in a loop
-                run.phase_peaks["forward"] = _peak_total(tracker)
-                run.take_end_of_forward()
-                phase = "backward"
-                value.backward()
-                del value  # nor is the loss held through the optimizer step
-                run.phase_peaks["backward"] = _peak_total(tracker)
-                phase = "optimizer"
-                optimizer.step()
-                run.phase_peaks["optimizer"] = _peak_total(tracker)
+                _run_loop(run, twin, args, kwargs, optimizer, loss, loop)
             except Exception:
                 running = _running(tracker, twin)  # leaving the tracker empties its module stack
                 raise
@@ -268,14 +342,9 @@ def run_step(
         raise
     except Exception as error:
         raise TrainStepError(
-            f"the {phase} of {root_class} cannot run on fake tensors, in {running}: {type(error).__name__}: {error}"
+            f"the {run.phase} of {root_class} cannot run on fake tensors, in {running}: {type(error).__name__}: {error}"
         ) from error
     return run
-
-
-def _peak_phase(phase_peaks: dict[str, int]) -> Phase:
-    final = phase_peaks["optimizer"]
-    return cast(Phase, next(phase for phase, value in phase_peaks.items() if value == final))
 
 
 def _peak_categories(tracker: MemTracker, categories: tuple[Category, ...]) -> tuple[int, dict[str, int]]:
@@ -312,7 +381,7 @@ def _prepare_twin(
     return twin, [path for path, _ in blocks]
 
 
-def _check_arguments(module: Any, world_size: int, shard: Any) -> None:
+def _check_arguments(module: Any, world_size: int, shard: Any, loop: TrainingLoop) -> None:
     if not isinstance(module, nn.Module):
         raise TypeError(f"explorer.train_step expects an nn.Module, got {type(module).__name__}")
     if recording_graph() is not None:
@@ -321,6 +390,11 @@ def _check_arguments(module: Any, world_size: int, shard: Any) -> None:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if shard is not None and world_size == 1:
         raise ValueError("shard= applies fully_shard under world_size > 1; with world_size=1 nothing is sharded")
+    if not isinstance(loop.keep_outputs, bool):
+        raise TypeError(f"keep_outputs must be True or False, got {loop.keep_outputs!r}")
+    steps = loop.accumulation_steps
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"accumulation_steps must be a positive int (micro-batches per optimizer step), got {steps!r}")
 
 
 def train_step(
@@ -331,9 +405,17 @@ def train_step(
     world_size: int = 1,
     shard: Callable[[nn.Module], Any] | None = None,
     activation_checkpointing: bool = False,
+    keep_outputs: bool = True,
+    accumulation_steps: int = 1,
     **forward_kwargs: Any,
 ) -> TrainStep:
     """Memory of one training step (forward, loss, backward, `optimizer.step()`) of `module`, on fakes.
+
+    The step is the loop users write (note [The loop as users write it]): `keep_outputs` (default
+    True) keeps the forward's output and the loss referenced until after `optimizer.step()` and
+    `optimizer.zero_grad(set_to_none=True)`, as `out = model(...)` does; False drops them right after
+    backward (`del out, loss`). `accumulation_steps=N`: N forwards and backwards on the same inputs
+    (the loss divided by N), gradients accumulating, then one optimizer step.
 
     `module` may be deferred, partly materialized or eager; it is not changed, nothing is recorded,
     the global RNG is left as it was and no tensor storage is allocated. Inputs are read as in
@@ -346,10 +428,12 @@ def train_step(
     rank's mesh (`fake_fsdp`, note [DTensor caches hold the fake rank]). `activation_checkpointing`:
     each repeated block is wrapped with `torch.utils.checkpoint` (before sharding).
 
-    Raises TypeError for a non-module, ValueError for a bad world size, TrainStepError when the step
+    Raises TypeError for a non-module or a non-bool `keep_outputs`, ValueError for a bad world size or
+    `accumulation_steps`, TrainStepError when the step
     cannot run on fake tensors (naming the phase and the innermost running module).
     """
-    _check_arguments(module, world_size, shard)
+    loop = TrainingLoop(keep_outputs, accumulation_steps)
+    _check_arguments(module, world_size, shard, loop)
     make_optimizer = optimizer or torch.optim.AdamW
     rng_state = torch.get_rng_state()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -367,6 +451,7 @@ def train_step(
                     make_optimizer,
                     loss or default_loss,
                     type(module).__name__,
+                    loop,
                 )
         else:
             with (
@@ -384,10 +469,11 @@ def train_step(
                     make_optimizer,
                     loss or default_loss,
                     type(module).__name__,
+                    loop,
                 )
     finally:
         torch.set_rng_state(rng_state)
-    return _result(module, twin, tracker, run, world_size, activation_checkpointing, str(device), blocks)
+    return _result(module, twin, tracker, run, world_size, activation_checkpointing, str(device), blocks, loop)
 
 
 def _result(
@@ -399,6 +485,7 @@ def _result(
     activation_checkpointing: bool,
     device: str,
     blocks: list[str],
+    loop: TrainingLoop,
 ) -> TrainStep:
     """The TrainStep of a finished run: the peak and the end of forward by category, by module."""
     categories = SINGLE_CATEGORIES if world_size == 1 else FSDP_CATEGORIES
@@ -411,7 +498,7 @@ def _result(
         activation_checkpointing=activation_checkpointing,
         peak_bytes=peak_bytes,
         peak=peak,
-        phase=_peak_phase(run.phase_peaks),
+        phase=run.peak_phase,
         phase_peaks=run.phase_peaks,
         modules=module_table(module, twin, tracker),
         end_of_forward_bytes=end_of_forward_bytes,
@@ -419,6 +506,8 @@ def _result(
         end_of_forward_activations=forward_activation_table(module, twin, run.end_of_forward_owners),
         device=device,
         blocks=blocks,
+        keep_outputs=loop.keep_outputs,
+        accumulation_steps=loop.accumulation_steps,
     )
 
 
@@ -429,10 +518,11 @@ def _single(
     make_optimizer: OptimizerFactory,
     loss: LossFunction,
     root_class: str,
+    loop: TrainingLoop,
 ) -> tuple[MemTracker, _StepRun]:
     """The step on one device under `FastMemTracker`."""
     tracker = FastMemTracker()
-    return tracker, run_step(twin, args, kwargs, make_optimizer, loss, tracker, root_class)
+    return tracker, run_step(twin, args, kwargs, make_optimizer, loss, tracker, root_class, loop)
 
 
 def _sharded(
@@ -444,6 +534,7 @@ def _sharded(
     make_optimizer: OptimizerFactory,
     loss: LossFunction,
     root_class: str,
+    loop: TrainingLoop,
 ) -> tuple[MemTracker, _StepRun]:
     """`twin` sharded over `mesh` (by `shard`, or each repeated block then the root), then the step
     of rank 0 under `FastFSDPMemTracker`. Raises TrainStepError when the root was left unsharded."""
@@ -457,4 +548,4 @@ def _sharded(
     if not isinstance(twin, FSDPModule):
         raise TrainStepError(f"shard(...) left the root {root_class} unsharded: call fully_shard(module) on it last")
     tracker = FastFSDPMemTracker(twin, make_optimizer(twin.parameters()))
-    return tracker, run_step(twin, args, kwargs, make_optimizer, loss, tracker, root_class)
+    return tracker, run_step(twin, args, kwargs, make_optimizer, loss, tracker, root_class, loop)

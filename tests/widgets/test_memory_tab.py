@@ -126,13 +126,15 @@ def test_training_step_panel_shows_the_end_of_forward_beside_the_peak_with_activ
     panel.run_button.click()
     step = panel.last_step
     assert panel.peak_text.value == f"peak of the step (in the optimizer): {bytes_text(step.peak_bytes)}"
-    # parameters 232 B, inputs 48 B, activations 100 B: the ReLU's output and the loss
-    assert panel.forward_text.value == "end of forward (backward starts): 380 B, activations 100 B"
+    # parameters 232 B, inputs 48 B, activations 124 B: the ReLU's output, the loss and the model's
+    # output, which the training loop holds (`out = model(x)`) through backward and the optimizer step
+    assert panel.forward_text.value == "end of forward (backward starts): 404 B, activations 124 B"
     assert 'data-category="activations"' in panel.forward_bar.value
-    assert 'data-category="activations"' not in panel.bar.value  # the peak, in the optimizer, has none
+    # the peak, in the optimizer, keeps only what the loop still holds: the output (24 B) and the loss
+    assert step.peak["activations"] == 28 and 'data-category="activations"' in panel.bar.value
     assert panel.forward_bar.value.count('class="train-bar-segment"') == 3
-    assert "activations: 100 B" in panel.forward_bar.value  # the legend
-    assert panel.forward_table.row_keys == ["1", "(outside modules)"]
+    assert "activations: 124 B" in panel.forward_bar.value  # the legend
+    assert panel.forward_table.row_keys == ["1", "2", "(outside modules)"]  # 2: the output the loop holds
     assert panel.forward_table.columns == ["name", "class", "activation_bytes"]
 
 

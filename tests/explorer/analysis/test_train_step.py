@@ -1,25 +1,29 @@
 """train_step: one training step on fake tensors costs, category by category, what PyTorch's
 `MemTracker` measures on the same step of the eager model, and changes nothing about the module.
 
-The reference is PyTorch's own tracker, unmodified, around an eager step written out here: the
-eager model built from the same seed, AdamW, the same loss, forward → backward → step.
+The reference is PyTorch's own tracker, unmodified, around an eager step written out here as users
+write it (`eager_loop`): the eager model built from the same seed, AdamW, the same loss,
+`out = model(...)`, backward, `step()`, `zero_grad(set_to_none=True)`, the outputs kept or dropped.
 """
 
 from __future__ import annotations
 
 import pytest
-
 import torch
 import torch.distributed as dist
+import transformers
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from explorer import deferred_init, is_deferred, materialize_module
 from explorer.analysis.dry_run import tensor_leaves
-from explorer.analysis.fake_fsdp import checkpoint_blocks, repeated_blocks
+from explorer.analysis.fake_fsdp import checkpoint_blocks, fake_process_group, repeated_blocks, shard_blocks
 from explorer.analysis.train_modules import OUTSIDE_MODULES
-from explorer.naming import format_bytes
 from explorer.analysis.train_step import CATEGORY_OF, TrainStepError, default_loss, train_step
+from explorer.analysis.train_twin import fake_twin
+from explorer.naming import format_bytes
 from explorer.record.fake import handle_of
 from tests.support.hf_configs import HF_BY_NAME, build_eager
 
@@ -56,7 +60,31 @@ def llama_inputs() -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": ids}
 
 
-def memtracker_step(model: nn.Module, inputs: dict, checkpointing: bool = False) -> tuple[int, dict[str, int], MemTracker]:
+def eager_loop(
+    model: nn.Module,
+    inputs: dict,
+    optimizer: torch.optim.Optimizer,
+    tracker: MemTracker,
+    keep_outputs: bool = True,
+    accumulation_steps: int = 1,
+) -> None:
+    """The training loop as users write it, under `tracker`."""
+    with tracker:
+        for micro_batch in range(accumulation_steps):
+            if micro_batch:
+                tracker.reset_mod_stats()  # MemTracker refuses a second forward of the root otherwise
+            out = model(**inputs)
+            loss = default_loss(out) / accumulation_steps if accumulation_steps > 1 else default_loss(out)
+            loss.backward()
+            if not keep_outputs:
+                del out, loss
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def memtracker_step(
+    model: nn.Module, inputs: dict, checkpointing: bool = False, keep_outputs: bool = True, accumulation_steps: int = 1
+) -> tuple[int, dict[str, int], MemTracker]:
     """PyTorch's MemTracker around one eager AdamW step: (peak total, peak bytes by category, tracker)."""
     model.train()
     if checkpointing:
@@ -64,9 +92,7 @@ def memtracker_step(model: nn.Module, inputs: dict, checkpointing: bool = False)
     optimizer = torch.optim.AdamW(model.parameters())
     tracker = MemTracker()
     tracker.track_external(model, optimizer, *tensor_leaves(inputs))
-    with tracker:
-        default_loss(model(**inputs)).backward()
-        optimizer.step()
+    eager_loop(model, inputs, optimizer, tracker, keep_outputs, accumulation_steps)
     (snapshot,) = tracker.get_tracker_snapshot("peak").values()
     by_category = {CATEGORY_OF[key.value]: value for key, value in snapshot.items() if key != "Total"}
     return snapshot["Total"], by_category, tracker
@@ -77,19 +103,94 @@ def nonzero(peak: dict[str, int]) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
-def test_llama_step_equals_memtracker_on_eager_by_category(checkpointing):
+@pytest.mark.parametrize("keep_outputs", [True, False], ids=["kept", "dropped"])
+@pytest.mark.parametrize("accumulation_steps", [1, 3], ids=["one", "accumulated"])
+def test_llama_step_equals_memtracker_on_eager_by_category(checkpointing, keep_outputs, accumulation_steps):
     torch.manual_seed(0)
     deferred = deferred_init(LLAMA.cls, LLAMA.config())
-    step = train_step(deferred, **llama_inputs(), activation_checkpointing=checkpointing)
-    total, expected, _ = memtracker_step(build_eager(LLAMA), llama_inputs(), checkpointing)
+    loop = {"keep_outputs": keep_outputs, "accumulation_steps": accumulation_steps}
+    step = train_step(deferred, **llama_inputs(), activation_checkpointing=checkpointing, **loop)
+    total, expected, _ = memtracker_step(build_eager(LLAMA), llama_inputs(), checkpointing, **loop)
     assert step.peak_bytes == total
     assert step.peak == expected  # every category, zeros included
     assert sum(step.peak.values()) == total
+    assert (step.keep_outputs, step.accumulation_steps) == (keep_outputs, accumulation_steps)
+
+
+# The issue's small Llama: 256 hidden, 4 layers, 8 heads (8 KV heads), MLP 688, vocabulary 1000.
+ISSUE_LLAMA = dict(hidden_size=256, num_hidden_layers=4, intermediate_size=688, num_attention_heads=8, vocab_size=1000)
+
+
+@pytest.mark.parametrize(
+    ("keep_outputs", "expected_total"), [(True, 62_498_080), (False, 60_937_500)], ids=["kept", "dropped"]
+)
+def test_small_llama_loop_equals_memtracker_on_the_eager_loop_to_the_byte(keep_outputs, expected_total):
+    config = transformers.LlamaConfig(**ISSUE_LLAMA)
+    ids = torch.zeros(2, 64, dtype=torch.long)
+    inputs = {"input_ids": ids, "labels": ids}
+    torch.manual_seed(0)
+    step = train_step(deferred_init(transformers.LlamaForCausalLM, config), **inputs, keep_outputs=keep_outputs)
+    torch.manual_seed(0)
+    total, expected, _ = memtracker_step(transformers.LlamaForCausalLM(config), inputs, keep_outputs=keep_outputs)
+    assert step.peak_bytes == total == expected_total
+    assert step.peak == expected
+    assert step.phase == "optimizer"
+    # kept through the optimizer step: the logits, the KV cache the output returns, the loss
+    logits, kv_cache, loss = 2 * 64 * 1000 * 4, 4 * 2 * (2 * 8 * 64 * 32 * 4), 4
+    assert step.peak["activations"] == (logits + kv_cache + loss if keep_outputs else 0)
+
+
+@pytest.mark.parametrize("keep_outputs", [True, False], ids=["kept", "dropped"])
+def test_sharded_accumulated_step_equals_fsdp_memtracker_on_fake_ranks(keep_outputs):
+    torch.manual_seed(0)
+    deferred = deferred_init(LLAMA.cls, LLAMA.config())
+    loop = {"keep_outputs": keep_outputs, "accumulation_steps": 2}
+    step = train_step(deferred, **llama_inputs(), world_size=2, **loop)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    twin = fake_twin(deferred, mode).train()
+    ids = mode.from_tensor(llama_inputs()["input_ids"])
+    inputs = {"input_ids": ids, "labels": ids}
+    with fake_process_group(2) as mesh, mode:
+        shard_blocks(twin, mesh)
+        optimizer = torch.optim.AdamW(twin.parameters())
+        tracker = FSDPMemTracker(twin, optimizer)
+        tracker.track_inputs(((), inputs))
+        eager_loop(twin, inputs, optimizer, tracker, **loop)
+    (snapshot,) = tracker.get_tracker_snapshot("peak").values()
+    assert step.peak_bytes == snapshot["Total"]
+    assert nonzero(step.peak) == {CATEGORY_OF[k.value]: v for k, v in snapshot.items() if k != "Total" and v}
+
+
+def test_kept_outputs_raise_the_peak_by_the_output_and_the_loss_alone():
+    model = deferred_init(nn.Sequential, nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    kept, dropped = (train_step(model, (3, 4), keep_outputs=keep) for keep in (True, False))
+    assert kept.phase == dropped.phase == "optimizer"
+    assert kept.peak_bytes - dropped.peak_bytes == kept.peak["activations"] == 3 * 2 * 4 + 4
+    assert dropped.peak["activations"] == 0
+
+
+def test_bad_loop_options_are_refused():
+    model = deferred_init(nn.Linear, 4, 4)
+    with pytest.raises(
+        ValueError, match=r"^accumulation_steps must be a positive int \(micro-batches per optimizer step\), got 0$"
+    ):
+        train_step(model, (2, 4), accumulation_steps=0)
+    with pytest.raises(ValueError, match=r"got True$"):
+        train_step(model, (2, 4), accumulation_steps=True)
+    with pytest.raises(TypeError, match=r"^keep_outputs must be True or False, got 'no'$"):
+        train_step(model, (2, 4), keep_outputs="no")
+
+
+def test_summary_names_the_loop_when_it_is_not_the_default():
+    model = deferred_init(nn.Linear, 4, 4)
+    step = train_step(model, (2, 4), accumulation_steps=4, keep_outputs=False)
+    assert repr(step).startswith("Linear training step (AdamW, 4 micro-batches, outputs dropped after backward): peak ")
+    assert repr(train_step(model, (2, 4))).startswith("Linear training step (AdamW): peak ")
 
 
 def memtracker_end_of_forward(model: nn.Module, inputs: dict, checkpointing: bool = False) -> dict[str, int]:
-    """PyTorch's MemTracker around one eager AdamW step, read when the loss is computed and the
-    output dropped, just before backward: bytes by category, and "Total"."""
+    """PyTorch's MemTracker around one eager AdamW step, read when the loss is computed, the output
+    still referenced, just before backward: bytes by category, and "Total"."""
     model.train()
     if checkpointing:
         checkpoint_blocks(model, repeated_blocks(model))
@@ -97,9 +198,10 @@ def memtracker_end_of_forward(model: nn.Module, inputs: dict, checkpointing: boo
     tracker = MemTracker()
     tracker.track_external(model, optimizer, *tensor_leaves(inputs))
     with tracker:
-        value = default_loss(model(**inputs))
+        out = model(**inputs)
+        loss = default_loss(out)
         (snapshot,) = tracker.get_tracker_snapshot("current").values()
-        value.backward()
+        loss.backward()
         optimizer.step()
     return {"Total" if key == "Total" else CATEGORY_OF[key.value]: value for key, value in snapshot.items()}
 
@@ -153,9 +255,11 @@ def test_sharding_leaves_the_activations_at_end_of_forward_as_they_were_module_b
 def test_cnn_activations_at_end_of_forward_name_the_loss_outside_modules():
     step = train_step(deferred_init(nn.Sequential, nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), (3, 4))
     table = step.end_of_forward_activations
-    # the ReLU's output (kept by ReLU and the last Linear for backward) and the float32 loss of `default_loss`
+    # the ReLU's output (kept by ReLU and the last Linear for backward), the output (still referenced,
+    # as `out = model(x)` keeps it) and the float32 loss of `default_loss`
     assert table.to_dict("records") == [
         {"name": "1", "class": "ReLU", "activation_bytes": 3 * 8 * 4},
+        {"name": "2", "class": "Linear", "activation_bytes": 3 * 2 * 4},
         {"name": OUTSIDE_MODULES, "class": "", "activation_bytes": 4},
     ]
     assert step.end_of_forward == {
@@ -163,7 +267,7 @@ def test_cnn_activations_at_end_of_forward_name_the_loss_outside_modules():
         "buffers": 0,
         "gradients": 0,
         "optimizer_state": 0,
-        "activations": 100,
+        "activations": 3 * 8 * 4 + 3 * 2 * 4 + 4,
         "temporaries": 0,
         "inputs": 3 * 4 * 4,
     }
@@ -182,9 +286,7 @@ def test_cnn_step_equals_memtracker_on_eager_by_category(checkpointing):
     optimizer = torch.optim.AdamW(eager.parameters())
     tracker = MemTracker()
     tracker.track_external(eager, optimizer, model_input)
-    with tracker:
-        eager(model_input).sum().backward()
-        optimizer.step()
+    eager_loop(eager, {"x": model_input}, optimizer, tracker)
     (snapshot,) = tracker.get_tracker_snapshot("peak").values()
     assert step.peak_bytes == snapshot["Total"]
     assert step.peak == {CATEGORY_OF[k.value]: v for k, v in snapshot.items() if k != "Total"}
@@ -216,12 +318,13 @@ def test_a_failing_step_names_the_module_that_was_running():
     )
 
 
-def test_llama_module_table_equals_memtracker_module_peaks():
+@pytest.mark.parametrize("accumulation_steps", [1, 2], ids=["one", "accumulated"])
+def test_llama_module_table_equals_memtracker_module_peaks(accumulation_steps):
     torch.manual_seed(0)
     deferred = deferred_init(LLAMA.cls, LLAMA.config())
-    step = train_step(deferred, **llama_inputs())
+    step = train_step(deferred, **llama_inputs(), accumulation_steps=accumulation_steps)
     eager = build_eager(LLAMA)
-    _, _, tracker = memtracker_step(eager, llama_inputs())
+    _, _, tracker = memtracker_step(eager, llama_inputs(), accumulation_steps=accumulation_steps)
     rows = step.modules.set_index("name")
     ran = [(path, module) for path, module in eager.named_modules() if module in tracker.memory_tracking]
     assert list(rows.index) == [path for path, _ in ran]  # model.layers (a ModuleList) is never called
@@ -367,7 +470,7 @@ def test_fits_reads_budgets_in_bytes_and_units():
 def test_summary_and_html_show_peak_and_categories():
     step = train_step(deferred_init(SmallCNN), (2, 3, 16, 16))
     text = repr(step)
-    assert text.splitlines()[0].startswith(f"SmallCNN training step (AdamW): peak ")
+    assert text.splitlines()[0].startswith("SmallCNN training step (AdamW): peak ")
     assert f"({step.peak_bytes:,} bytes) on one device, in the backward" in text
     html = step._repr_html_()
     assert html.count('class="train-bar-segment"') == len(nonzero(step.peak)) + len(nonzero(step.end_of_forward))
@@ -408,4 +511,3 @@ def test_a_shard_function_chooses_what_fully_shard_wraps():
         train_step(model, (2, 3, 16, 16), world_size=2, shard=lambda twin: fully_shard(twin.blocks[0]))
     assert str(error.value) == "shard(...) left the root SmallCNN unsharded: call fully_shard(module) on it last"
     assert not dist.is_initialized()
-
