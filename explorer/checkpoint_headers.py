@@ -41,7 +41,7 @@ DIRECTORY_CANDIDATES = (
     "pytorch_model.bin",
 )
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint.filesystem's metadata file name
-_MAX_HEADER_BYTES = 100_000_000  # safetensors refuses larger headers too
+MAX_HEADER_BYTES = 100_000_000  # safetensors refuses larger headers too
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_PROTO = 0x80
 
@@ -177,7 +177,7 @@ def _read_safetensors_header(file: Path) -> tuple[dict[str, Any], int]:
         if len(length_field) < 8:
             raise CheckpointError(f"{file}: not a safetensors file: {size} bytes, fewer than its 8-byte header length")
         length = int.from_bytes(length_field, "little")
-        if length > _MAX_HEADER_BYTES or 8 + length > size:
+        if length > MAX_HEADER_BYTES or 8 + length > size:
             raise CheckpointError(
                 f"{file}: safetensors header cut short or corrupt: its length field says {length:,} bytes, "
                 f"the file holds {size - 8:,} after it"
@@ -244,12 +244,21 @@ def safetensors_offsets(file: str | os.PathLike) -> dict[str, int]:
     """Where each tensor's data starts in safetensors file `file`, in bytes from the file's start
     (8 + header length + its `data_offsets` begin; see note [Safetensors header]). Reads the header
     only; raises CheckpointError naming the file as `read_headers` does."""
+    return {key: begin for key, (begin, _) in safetensors_spans(file).items()}
+
+
+def safetensors_spans(file: str | os.PathLike) -> dict[str, tuple[int, int]]:
+    """Where each tensor's data lies in safetensors file `file`: [begin, end) in bytes from the
+    file's start. Reads the header only; raises CheckpointError as `read_headers` does."""
     file = Path(file)
     header, data_bytes = _read_safetensors_header(file)
     start = file.stat().st_size - data_bytes  # where the data part begins
-    return {
-        key: start + _safetensors_fields(file, key, info)[2][0] for key, info in header.items() if key != "__metadata__"
-    }
+    spans = {}
+    for key, info in header.items():
+        if key != "__metadata__":
+            begin, end = _safetensors_fields(file, key, info)[2]
+            spans[key] = (start + begin, start + end)
+    return spans
 
 
 # -- sharded index ---------------------------------------------------------------------------------

@@ -72,3 +72,9 @@ class ReleaseError(MaterializationError):
     """Giving a module's materialized tensors back to their deferred state was refused (a tensor was
     changed since materialization, which materializing again cannot reproduce); the module was left
     unchanged."""
+
+
+class HubCheckpointError(CheckpointError, OSError):
+    """A checkpoint on the Hub cannot be opened under deferred init (a pickled one, a refused or
+    failed request for its headers). Also an OSError, because transformers' `from_pretrained` passes
+    OSErrors from its downloads on as they are and rewords any other kind."""

@@ -27,6 +27,7 @@ from .._torch_compat.dispatch import metadata_access
 from ..checkpoint_headers import CheckpointEntry, CheckpointHeaders, read_headers
 from ..inspection.census import take_census
 from ..naming import dtype_name
+from ..record.hub_open import hub_checkpoint
 
 Problem = Literal["missing", "unexpected", "shape", "dtype", "tie"]
 MISMATCH_COLUMNS = ["key", "kind", "module", "checkpoint", "file"]
@@ -203,7 +204,8 @@ def check_checkpoint(module: nn.Module, path: str | os.PathLike) -> CheckpointCh
     `path`: a safetensors file; a directory with `model.safetensors`, a sharded
     `model.safetensors.index.json` (or `pytorch_model.bin[.index.json]`); a `torch.save` file (read
     with `weights_only=True` onto the meta device: pickled code is refused, never run); or a
-    `torch.distributed.checkpoint` directory. `module` may be deferred, partly materialized or eager;
+    `torch.distributed.checkpoint` directory; or a Hub repo as `hub://org/name[@revision][/subfolder]`
+    (its shards' headers fetched with range requests). `module` may be deferred, partly materialized or eager;
     nothing about it changes. Returns a `CheckpointCheck` (see it for what counts against `ok`).
 
     Raises CheckpointError naming the file (and key) when the path is missing, holds no checkpoint,
@@ -212,7 +214,7 @@ def check_checkpoint(module: nn.Module, path: str | os.PathLike) -> CheckpointCh
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"explorer.check_checkpoint expects an nn.Module, got {type(module).__name__}")
-    headers = read_headers(path)
+    headers = read_headers(hub_checkpoint(path))
     keys = _module_keys(module)
     entries = headers.entries
     filled, conflicts = [], []

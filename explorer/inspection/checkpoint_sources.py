@@ -32,6 +32,7 @@ import torch
 from ..checkpoint_headers import safetensors_offsets
 from ..errors import CheckpointError
 from ..graph import InitGraph, OpIndex, OpNode, StorageId
+from ..hub_fetch import remote_file
 from ..naming import dtype_name
 
 READ_SAFETENSORS = "explorer.read_safetensors.default"  # `OpNode.label` of a recorded checkpoint read
@@ -60,8 +61,15 @@ class CheckpointRead:
 
     @property
     def file(self) -> str:
-        """The file's name, as tables and labels show it."""
-        return os.path.basename(self.path)
+        """The file's name, as tables and labels show it (`file_label`)."""
+        return file_label(self.path)
+
+
+def file_label(path: str) -> str:
+    """A checkpoint file's name, as tables and diagrams show it; for a Hub shard's header stub
+    (hub_fetch.py), where its bytes come from: `org/name@commit12/file`."""
+    remote = remote_file(path)
+    return remote.label() if remote is not None else os.path.basename(path)
 
 
 def read_of(op: OpNode) -> tuple[str, str, tuple[int, ...], torch.dtype]:

@@ -23,6 +23,7 @@ from .checkpoint_formats import READ_DCP, READ_TORCH, meta_load
 from .checkpoint_reads import READ_SAFETENSORS
 from .deferred import deferred
 from .fake import is_fake
+from .hub_open import hub_checkpoint
 
 Reader = Callable[[str], torch.Tensor]  # checkpoint key → tensor (a read op inside a recording)
 
@@ -30,7 +31,9 @@ Reader = Callable[[str], torch.Tensor]  # checkpoint key → tensor (a read op i
 def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool = True) -> nn.Module:
     """Load the checkpoint at `path` into `module` as `module.load_state_dict` would.
 
-    `path`: a safetensors file or directory (`model.safetensors`, a sharded index), a `torch.save`
+    `path`: a safetensors file or directory (`model.safetensors`, a sharded index), a Hub repo as
+    `hub://org/name[@revision][/subfolder]` (headers read now, bytes fetched at materialization:
+    record/hub_open.py), a `torch.save`
     file (`.pt`/`.bin`, read with `weights_only`: pickled code is refused) or shards of them, or a
     `torch.distributed.checkpoint` directory. A deferred module stays deferred: the load is recorded
     (a read op per tensor, copied into its parameter or buffer), the init it overwrites is skipped at
@@ -39,7 +42,8 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
     from the checkpoint or not in the module raises CheckpointError naming it, and nothing is
     loaded. Returns `module`.
     """
-    headers = read_headers(path)
+    local = hub_checkpoint(path)
+    headers = read_headers(local)
     current = module.state_dict(keep_vars=True)
     expected = set(current)
     stored = {key for key, entry in headers.entries.items() if entry.shape is not None}
@@ -59,7 +63,7 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
             + "; ".join(parts)
             + " (strict=False loads the keys both have)"
         )
-    read = _reader(headers, Path(path))
+    read = _reader(headers, Path(local))
     wanted = sorted(expected & stored)
     real_keys = [key for key in wanted if not is_fake(current[key])]
     deferred_keys = [key for key in wanted if is_fake(current[key])]

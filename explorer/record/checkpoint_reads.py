@@ -26,6 +26,7 @@ import torch
 
 from ..checkpoint_headers import safetensors_dtype
 from ..errors import MaterializationError
+from ..hub_fetch import read_remote, remote_file
 from . import initializers  # noqa: F401 - defines the `explorer` op namespace this extends
 from .scope import recording_graph
 
@@ -39,7 +40,12 @@ def read_tensor(
     path: str, key: str, shape: list[int], dtype: torch.dtype, device: torch.device | None = None
 ) -> torch.Tensor:
     """The tensor `key` of safetensors file `path`, checked against what was recorded: a file that
-    lost the key, or holds it with another shape or dtype, raises MaterializationError naming both."""
+    lost the key, or holds it with another shape or dtype, raises MaterializationError naming both.
+    A Hub header stub (hub_fetch.py) fetches the tensor's bytes instead."""
+    remote = remote_file(path)
+    if remote is not None:
+        tensor = read_remote(path, remote, key, list(shape), dtype)
+        return tensor if device is None or torch.device(device).type == "cpu" else tensor.to(device)
     try:
         with original_safe_open()(path, framework="pt") as handle:
             if key not in handle.keys():
@@ -125,12 +131,15 @@ class RecordedSafeOpen:
         return RecordedSlice(self, key, self._inner.get_slice(key))
 
     def get_tensor(self, key: str) -> torch.Tensor:
-        if recording_graph() is None:  # the handle outlived the scope: read for real
+        remote = remote_file(self._path)
+        if recording_graph() is None and remote is None:  # the handle outlived the scope: read for real
             return self._inner.get_tensor(key).to(self._device)
         header = self._inner.get_slice(key)
         dtype = safetensors_dtype(header.get_dtype())
         if dtype is None:
             raise NotImplementedError(f"deferred reads of {header.get_dtype()} tensors ({key!r} in {self._path})")
+        if recording_graph() is None:  # a Hub header stub holds no data: fetch it
+            return read_tensor(self._path, key, list(header.get_shape()), dtype, self._device)
         return READ_SAFETENSORS(self._path, key, list(header.get_shape()), dtype, device=self._device)
 
     def get_tensors(self) -> dict[str, torch.Tensor]:

@@ -25,6 +25,7 @@ from .checkpoint_formats import recorded_torch_load
 from .checkpoint_reads import recorded_checkpoint_reads
 from .extension import Recorder
 from .fake import handle_of
+from .hub_open import recorded_hub_downloads
 from .initializers import recorded_initializers
 from .lazy import deferred_lazy_modules
 from .modes import RecordingDispatchMode
@@ -158,6 +159,7 @@ def _recording_into() -> Iterator[_Session]:
             deferred_lazy_modules(),
             recorded_initializers(),
             recorded_checkpoint_reads(),
+            recorded_hub_downloads(),
             recorded_torch_load(),
             swappable_fakes(builder),
             seeding_moves_the_start(graph),
@@ -302,6 +304,7 @@ def _recording_onto(graph: InitGraph) -> Iterator[_Session]:
             deferred_lazy_modules(),
             recorded_initializers(),
             recorded_checkpoint_reads(),
+            recorded_hub_downloads(),
             recorded_torch_load(),
             swappable_fakes(session.builder),
         ):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 from ..graph import ExternalRef, InitGraph, OpNode, TensorRef
-from ..inspection.checkpoint_sources import is_checkpoint_read, read_of
+from ..inspection.checkpoint_sources import file_label, is_checkpoint_read, read_of
 from ..inspection.ops import op_kind
 from ..naming import dtype_name, format_bytes, short_path
 from .diagram import DiagramNode
@@ -78,7 +76,7 @@ def _prefix(scene: Scene, graph: int, index: int) -> str:
 
 def _read_node(scene: Scene, graph: int, op: OpNode, cluster: str | None) -> DiagramNode:
     path, key, shape, dtype = read_of(op)
-    file = os.path.basename(path)
+    file = file_label(path)
     tooltip = f"{op.label}: {key} {list(shape)} {dtype_name(dtype)}\nfrom {path}"
     if op.source is not None:
         tooltip += f"\n{op.source}\n{op.source.line}"

@@ -20,6 +20,8 @@ import torch
 from .._torch_compat.dispatch import tree_flatten, tree_map
 from ..errors import MaterializationError
 from ..graph import ExternalRef, InitGraph, OpIndex, StorageId, TensorId, TensorRef
+from ..hub_fetch import prefetch
+from ..record.checkpoint_reads import READ_SAFETENSORS
 from ..record.generators import stream_key
 from ..record.scope import outside_recording
 from .fills import ParallelFills
@@ -164,6 +166,13 @@ class Replay:
                 return ops
             self.stale |= newly_stale
 
+    def _prefetch_hub_reads(self, ops: Sequence[OpIndex]) -> None:
+        """Fetch the bytes of the Hub-backed checkpoint reads among `ops` at once: contiguous tensors
+        of a file in one request, files in parallel (hub_fetch.prefetch); local reads are skipped."""
+        reads = [self.graph.ops[i].args[:4] for i in ops if self.graph.ops[i].func is READ_SAFETENSORS]
+        if reads:
+            prefetch([(path, key, list(shape), dtype) for path, key, shape, dtype in reads])
+
     # -- running -----------------------------------------------------------------------------
     def _from_anchor(self, tid: TensorId) -> torch.Tensor:
         info = self.graph.tensors[tid]
@@ -222,6 +231,7 @@ class Replay:
         with self.state.lock:
             ops = self.ops_to_run(tids)
             check_replayable(self.graph, self.routing, ops, tids, self.names)
+            self._prefetch_hub_reads(ops)
             done_at = self._completion_points(ops, tids)
             total_bytes = sum(self._nbytes(tid) for tid in set(tids))
             total_tensors = len(set(tids))

@@ -20,6 +20,7 @@ from typing import cast
 import torch
 
 from ..graph import InitGraph, OpNode, TensorId, accepts_generator, is_inplace_random
+from ..hub_fetch import read_remote_rows, remote_file
 from ..record.checkpoint_formats import READ_TORCH, read_torch
 from ..record.checkpoint_reads import READ_SAFETENSORS, original_safe_open
 from ..record.fake import handle_of
@@ -127,7 +128,10 @@ def checkpoint_rows(graph: InitGraph, tid: TensorId, start: int, stop: int) -> t
         return None
     path, key, shape, dtype = read.args[:4]
     with outside_recording():
-        if read.func is READ_SAFETENSORS:
+        remote = remote_file(path) if read.func is READ_SAFETENSORS else None
+        if remote is not None:
+            rows = read_remote_rows(path, remote, key, list(shape), dtype, start, stop)
+        elif read.func is READ_SAFETENSORS:
             with original_safe_open()(path, framework="pt") as handle:
                 rows = handle.get_slice(key)[start:stop]
         else:

@@ -1,0 +1,305 @@
+"""Byte ranges of safetensors files on the Hugging Face Hub, fetched on demand and cached on disk.
+
+A Hub shard opened under deferred init (record/hub_open.py) is stood in for by a *header stub*: a
+local file holding the shard's 8-byte length and JSON header, then a hole up to the shard's size
+(a sparse file: its apparent size is the shard's, its disk use the header's). Every header reader
+(`safe_open`, `checkpoint_headers`) then works on the stub unchanged, and recorded reads keep the
+stub's path, so neither the graph nor an export holds a URL's token. Each stub is registered here
+with its `RemoteFile` (also written beside it as `<stub>.remote.json`, so a later process finds it);
+reading a tensor of a stub (`read_remote`) fetches exactly that tensor's bytes.
+
+Note: [Hub range cache] A fetched range is written to `<cache>/ranges/<endpoint>/<repo>/<commit>/
+<file>/<begin>-<end>` (first byte, last byte; atomically: a temporary name, then `os.replace`), so
+materializing again after `release_module`, or with `HF_HUB_OFFLINE=1`, transfers nothing. A commit
+never changes, so the cache never goes stale; a file served with another ETag than its header was
+is refused instead.
+
+Limitations: one request per tensor range (`prefetch` coalesces a layer's contiguous ranges into
+one request per run); no resumption of a cut body (it is retried whole).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint_headers import safetensors_spans
+from .errors import MaterializationError
+
+_REMOTE_SUFFIX = ".remote.json"
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_PARALLEL = 4  # connections `prefetch` keeps open at once
+_MAX_RUN_BYTES = 64 << 20  # a coalesced request is held in memory whole: tensors past this go alone
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFile:
+    """Where a header stub's data lives: one file of one repo at one commit. Holds no token (tokens
+    stay in this process, see `remember_token`), so it may be written to disk and shown."""
+
+    endpoint: str
+    repo_id: str
+    repo_type: str
+    commit: str
+    filename: str  # the path in the repo, subfolder included
+    size: int  # the whole file's, in bytes
+    etag: str | None
+
+    def label(self) -> str:
+        """`org/name@commit12/file`, how errors name it."""
+        return f"{self.repo_id}@{self.commit[:12]}/{self.filename}"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often, and how patiently, a range request is retried on 5xx, 429 and connection errors."""
+
+    attempts: int = 5
+    first_wait_s: float = 0.5
+    max_wait_s: float = 8.0
+    timeout_s: float = 60.0  # per request, connect and between bytes
+
+
+RETRY = RetryPolicy()
+_STUBS: dict[str, RemoteFile] = {}
+_TOKENS: dict[tuple[str, str], str | bool] = {}  # (endpoint, repo_id) → the token= a loader was given
+
+
+def cache_root() -> Path:
+    """Where stubs and fetched ranges are kept: `$EXPLORER_HUB_CACHE`, else `<HF_HOME>/deferred-explorer`."""
+    from huggingface_hub import constants
+
+    return Path(os.environ.get("EXPLORER_HUB_CACHE") or os.path.join(constants.HF_HOME, "deferred-explorer"))
+
+
+def endpoint_folder(endpoint: str) -> str:
+    """A folder name for an endpoint: its host, and a short hash telling apart two on one host."""
+    host = re.sub(r"[^A-Za-z0-9.-]+", "_", re.sub(r"^\w+://", "", endpoint)).strip("_")
+    return f"{host}-{hashlib.sha256(endpoint.encode()).hexdigest()[:8]}"
+
+
+def remember_token(endpoint: str, repo_id: str, token: str | bool | None) -> None:
+    """Keep the `token=` a loader was given for this repo, in memory only, for its later reads."""
+    if token is not None:
+        _TOKENS[(endpoint, repo_id)] = token
+
+
+def register_stub(path: str, remote: RemoteFile) -> None:
+    """Record that header stub `path` stands for `remote` (in memory and in `<path>.remote.json`)."""
+    sidecar = path + _REMOTE_SUFFIX
+    if not os.path.exists(sidecar):
+        write_atomically(Path(sidecar), json.dumps(asdict(remote)).encode())
+    _STUBS[path] = remote
+
+
+def remote_file(path: str) -> RemoteFile | None:
+    """The Hub file header stub `path` stands for; None for an ordinary local file."""
+    found = _STUBS.get(path)
+    if found is None and os.path.exists(path + _REMOTE_SUFFIX):
+        found = _STUBS[path] = RemoteFile(**json.loads(Path(path + _REMOTE_SUFFIX).read_text()))
+    return found
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that no partial file is ever under the final name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{id(data):x}.partial")
+    try:
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+# -- fetching --------------------------------------------------------------------------------------
+
+
+def fetch_range(remote: RemoteFile, begin: int, end: int, what: str) -> tuple[bytes, Any]:
+    """Bytes [begin, end) of `remote`, from one `Range` request (retried per `RETRY`), and the
+    response's headers. Raises MaterializationError naming the file and `what` (a tensor's key) on
+    an HTTP error, a status other than 206, a Content-Range or length other than asked for, or an
+    ETag other than the header's. The token is never part of a message."""
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    def failed(why: str) -> MaterializationError:
+        token = _TOKENS.get((remote.endpoint, remote.repo_id))
+        if isinstance(token, str) and token:
+            why = why.replace(token, "<token>")
+        return MaterializationError(f"fetching {what} (bytes {begin:,}-{end - 1:,}) of {remote.label()} failed: {why}")
+
+    if constants.HF_HUB_OFFLINE:
+        raise failed("HF_HUB_OFFLINE is set and these bytes are not in the range cache (see docs/hub.md)")
+    url = hf_hub_url(
+        remote.repo_id, remote.filename, repo_type=remote.repo_type, revision=remote.commit, endpoint=remote.endpoint
+    )
+    token = _TOKENS.get((remote.endpoint, remote.repo_id))
+    headers = build_hf_headers(token=token, headers={"Range": f"bytes={begin}-{end - 1}"})
+    try:
+        response = _get_with_retries(url, headers)
+    except Exception as error:  # httpx's and huggingface_hub's errors, after the retries
+        raise failed(f"{type(error).__name__}: {error}") from None
+    fault = _response_fault(response, remote, begin, end)
+    if fault is not None:
+        raise failed(fault)
+    return response.content, response.headers
+
+
+def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int) -> str | None:
+    """What is wrong with `response` to a request for bytes [begin, end) of `remote`, or None."""
+    if response.status_code in (401, 403):
+        return (
+            f"HTTP {response.status_code} ({response.reason_phrase}): the repo is gated or private, or the token "
+            "lacks access: pass token= to the loader, or set HF_TOKEN"
+        )
+    if response.status_code != 206:
+        reason = "the server ignored the Range header" if response.status_code == 200 else response.reason_phrase
+        return f"HTTP {response.status_code} ({reason}); expected 206 Partial Content"
+    sent = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
+    if sent is None or (int(sent[1]), int(sent[2]) + 1) != (begin, end):
+        return f"the server sent Content-Range {response.headers.get('Content-Range')!r}"
+    if len(response.content) != end - begin:
+        return f"the body holds {len(response.content):,} bytes, not {end - begin:,}"
+    commit = response.headers.get("X-Repo-Commit")
+    if commit is not None and commit != remote.commit:
+        return f"the file changed upstream: served from commit {commit}, not the pinned {remote.commit}"
+    etag = response.headers.get("X-Linked-Etag") or response.headers.get("ETag")
+    if remote.etag is not None and etag is not None and etag != remote.etag:
+        return f"the file changed upstream: ETag {etag} now, {remote.etag} when its header was read"
+    return None
+
+
+def _get_with_retries(url: str, headers: dict[str, str]) -> Any:
+    from huggingface_hub.utils import http_backoff
+
+    return http_backoff(
+        "GET",
+        url,
+        headers=headers,
+        max_retries=RETRY.attempts - 1,
+        base_wait_time=RETRY.first_wait_s,
+        max_wait_time=RETRY.max_wait_s,
+        timeout=RETRY.timeout_s,
+        follow_redirects=True,
+    )
+
+
+# -- the range cache -------------------------------------------------------------------------------
+
+
+def _cached_range_path(remote: RemoteFile, begin: int, end: int) -> Path:
+    folder = cache_root() / "ranges" / endpoint_folder(remote.endpoint) / remote.repo_type / remote.repo_id
+    return folder / remote.commit / remote.filename / f"{begin}-{end - 1}"
+
+
+def cached_range(remote: RemoteFile, begin: int, end: int, what: str) -> bytes:
+    """Bytes [begin, end) of `remote`: from the range cache (note [Hub range cache]), else fetched and
+    cached. Raises MaterializationError as `fetch_range` does."""
+    path = _cached_range_path(remote, begin, end)
+    if path.is_file():
+        data = path.read_bytes()
+        if len(data) == end - begin:
+            return data
+    data, _ = fetch_range(remote, begin, end, what)
+    write_atomically(path, data)
+    return data
+
+
+@functools.lru_cache(maxsize=256)
+def _spans(path: str, size: int) -> dict[str, tuple[int, int]]:
+    return safetensors_spans(path)
+
+
+def tensor_span(path: str, key: str, shape: list[int], dtype: torch.dtype) -> tuple[int, int]:
+    """Where tensor `key` of header stub `path` lies in its file, [begin, end) in bytes, checked
+    against the recorded shape and dtype; MaterializationError naming both otherwise."""
+    span = _spans(path, os.path.getsize(path)).get(key)
+    if span is None:
+        raise MaterializationError(f"checkpoint {path} no longer holds {key!r} (it did when recorded)")
+    numel = 1
+    for size in shape:
+        numel *= size
+    if span[1] - span[0] != numel * dtype.itemsize:
+        raise MaterializationError(
+            f"checkpoint {path} holds {key!r} in {span[1] - span[0]:,} bytes, but it was recorded as {dtype} "
+            f"{list(shape)} ({numel * dtype.itemsize:,} bytes): record again (deferred_init) to use it"
+        )
+    return span
+
+
+def read_remote(path: str, remote: RemoteFile, key: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """Tensor `key` of the Hub file header stub `path` stands for, fetching only its bytes (or none,
+    when cached). Raises MaterializationError naming the file and the key."""
+    begin, end = tensor_span(path, key, shape, dtype)
+    return tensor_of(cached_range(remote, begin, end, repr(key)), shape, dtype)
+
+
+def read_remote_rows(
+    path: str, remote: RemoteFile, key: str, shape: list[int], dtype: torch.dtype, start: int, stop: int
+) -> torch.Tensor:
+    """Rows [start, stop) along dim 0 of tensor `key` of stub `path`, fetching only their bytes."""
+    begin, _ = tensor_span(path, key, shape, dtype)
+    row = dtype.itemsize
+    for size in shape[1:]:
+        row *= size
+    data = cached_range(remote, begin + start * row, begin + stop * row, f"{key!r} rows {start}:{stop}")
+    return tensor_of(data, [stop - start, *shape[1:]], dtype)
+
+
+def tensor_of(data: bytes, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of `shape` and `dtype` owning a copy of little-endian bytes `data`."""
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+
+
+def prefetch(reads: Iterable[tuple[str, str, list[int], torch.dtype]]) -> None:
+    """Fill the range cache for the Hub-backed reads among `reads` (path, key, shape, dtype): the
+    tensors contiguous in one file are fetched in one request, up to `_PARALLEL` requests at once.
+    Local files are skipped. Raises MaterializationError as `fetch_range` does."""
+    runs: dict[str, list[tuple[int, int, str]]] = {}
+    remotes: dict[str, RemoteFile] = {}
+    for path, key, shape, dtype in reads:
+        remote = remote_file(path)
+        if remote is None:
+            continue
+        begin, end = tensor_span(path, key, shape, dtype)
+        if not _cached_range_path(remote, begin, end).is_file():
+            remotes[path] = remote
+            runs.setdefault(path, []).append((begin, end, key))
+    batches = [(remotes[path], run) for path, spans in runs.items() for run in _contiguous_runs(spans)]
+    if len(batches) <= 1:
+        for remote, run in batches:
+            _fetch_run(remote, run)
+        return
+    with ThreadPoolExecutor(min(_PARALLEL, len(batches))) as pool:
+        for _ in pool.map(lambda batch: _fetch_run(*batch), batches):
+            pass
+
+
+def _contiguous_runs(spans: list[tuple[int, int, str]]) -> list[list[tuple[int, int, str]]]:
+    runs: list[list[tuple[int, int, str]]] = []
+    for span in sorted(set(spans)):
+        if runs and runs[-1][-1][1] == span[0] and span[1] - runs[-1][0][0] <= _MAX_RUN_BYTES:
+            runs[-1].append(span)
+        else:
+            runs.append([span])
+    return runs
+
+
+def _fetch_run(remote: RemoteFile, run: list[tuple[int, int, str]]) -> None:
+    begin, end = run[0][0], run[-1][1]
+    keys = ", ".join(repr(key) for _, _, key in run[:3]) + (f" and {len(run) - 3} more" if len(run) > 3 else "")
+    data, _ = fetch_range(remote, begin, end, keys)
+    for first, last, _ in run:
+        write_atomically(_cached_range_path(remote, first, last), data[first - begin : last - begin])

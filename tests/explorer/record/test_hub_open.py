@@ -1,0 +1,285 @@
+"""Opening a Hub repo under deferred init (explorer/record/hub_open.py) against a local Hub
+(tests/support/hub_server.py): headers only, then one layer's bytes on materialization."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import explorer
+from explorer import deferred_init, materialize_module
+from explorer.errors import CheckpointError, MaterializationError
+from explorer.record.fake import handle_of
+from tests.support.hub_server import LLAMA_REPO, Fault
+
+transformers = pytest.importorskip("transformers")
+
+
+def _shard_bytes(server) -> int:
+    return server.bytes_served(".safetensors")
+
+
+@pytest.fixture
+def opened(local_hub):
+    """The Llama repo opened under deferred_init, and the bytes of shards that took."""
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, LLAMA_REPO)
+    return model, _shard_bytes(local_hub)
+
+
+def test_opening_reads_headers_only(opened, llama_checkpoint):
+    model, shard_bytes = opened
+    shards = sorted(llama_checkpoint.glob("*.safetensors"))
+    assert len(shards) == 3 and sum(p.stat().st_size for p in shards) >= 200_000_000
+    headers = sum(8 + int.from_bytes(p.read_bytes()[:8], "little") for p in shards)
+    assert shard_bytes == headers <= 1_000_000  # 8 + the JSON header of each shard, nothing after
+    assert all(explorer.is_deferred(p) for p in model.parameters())
+
+
+@pytest.fixture(scope="module")
+def eager_layer3(llama_checkpoint):
+    """Layer 3's tensors as eager `from_pretrained` of the same local files gives them, in bf16 and fp32."""
+    out = {}
+    for dtype in (None, torch.float32):
+        kwargs = {} if dtype is None else {"dtype": dtype}
+        model = transformers.LlamaForCausalLM.from_pretrained(llama_checkpoint, **kwargs)
+        out[dtype] = {k: v.clone() for k, v in model.model.layers[3].state_dict().items()}
+        del model
+    return out
+
+
+def _assert_bitwise(layer: torch.nn.Module, expected: dict[str, torch.Tensor]) -> None:
+    got = layer.state_dict()
+    assert sorted(got) == sorted(expected)
+    for name, tensor in expected.items():
+        assert got[name].dtype == tensor.dtype, name
+        assert torch.equal(got[name].view(torch.uint8), tensor.view(torch.uint8)), name
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float32], ids=["bf16", "fp32"])
+def test_one_layer_fetches_its_bytes_equal_to_eager(local_hub, eager_layer3, dtype):
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, LLAMA_REPO, **kwargs)
+    layer = model.model.layers[3]
+    before = _shard_bytes(local_hub)
+    materialize_module(layer)
+    fetched = _shard_bytes(local_hub) - before
+    stored = sum(v.numel() * 2 for v in eager_layer3[None].values())  # bf16 in the files
+    assert fetched == stored  # exactly its bytes (<= 1.05 x + 64 KiB asked)
+    _assert_bitwise(layer, eager_layer3[dtype])
+
+    explorer.release_module(layer)
+    again = _shard_bytes(local_hub)
+    materialize_module(layer)
+    assert _shard_bytes(local_hub) == again
+    _assert_bitwise(layer, eager_layer3[dtype])
+
+
+def test_a_layer_is_fetched_in_few_coalesced_requests(opened, local_hub):
+    model, _ = opened
+    before = len(local_hub.requests)
+    materialize_module(model.model.layers[3])
+    ranged = [r for r in local_hub.requests[before:] if r.range is not None]
+    assert 1 <= len(ranged) <= 2  # one per run of contiguous tensors in a shard (9 tensors)
+
+
+def _shard_of(checkpoint, key: str) -> str:
+    import json
+
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
+    return index["weight_map"][key]
+
+
+def test_a_500_is_retried(opened, local_hub, llama_checkpoint, eager_layer3):
+    model, _ = opened
+    local_hub.faults.append(Fault(_shard_of(llama_checkpoint, "model.layers.3.mlp.up_proj.weight"), "500", times=1))
+    materialize_module(model.model.layers[3])
+    assert [r.status for r in local_hub.requests if r.status == 500] == [500]
+    _assert_bitwise(model.model.layers[3], eager_layer3[None])
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("404", "HTTP 404"),
+        ("wrong-range", "Content-Range"),
+        ("short", "RemoteProtocolError"),
+        ("etag", "changed upstream: ETag"),
+        ("commit", "changed upstream: served from commit ffff"),
+        ("reset", "Connection reset by peer"),
+        ("401", "HTTP 401 (Unauthorized): the repo is gated or private"),
+        ("hang", "ReadTimeout"),
+    ],
+)
+def test_a_fault_names_file_and_tensor_and_leaves_the_module(
+    opened, local_hub, llama_checkpoint, kind, says, tmp_path, monkeypatch
+):
+    from explorer import hub_fetch
+
+    monkeypatch.setattr(hub_fetch, "RETRY", dataclasses.replace(hub_fetch.RETRY, timeout_s=0.5))
+
+    model, _ = opened
+    layer = model.model.layers[3]
+    shard = _shard_of(llama_checkpoint, "model.layers.3.mlp.up_proj.weight")
+    local_hub.faults.append(Fault(shard, kind, times=99))
+    with pytest.raises(MaterializationError) as caught:
+        materialize_module(layer)
+    message = str(caught.value)
+    assert f"{LLAMA_REPO}@" in message and shard in message and "model.layers.3." in message and says in message
+    assert all(explorer.is_deferred(p) for p in layer.parameters())
+    assert local_hub.faults[0].times < 99
+    cached = [p for p in (tmp_path / "hf" / "deferred-explorer" / "ranges").rglob("*") if p.is_file()]
+    assert not [p for p in cached if p.name.endswith(".partial")]
+
+
+def test_a_pickled_checkpoint_is_refused(local_hub, tmp_path):
+    config = transformers.LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64
+    )
+    directory = tmp_path / "bin-repo"
+    directory.mkdir()
+    config.save_pretrained(directory)
+    torch.save(transformers.LlamaForCausalLM(config).state_dict(), directory / "pytorch_model.bin")
+    local_hub.add_repo("test-org/pickled", directory)
+    with pytest.raises(CheckpointError, match=r"test-org/pickled: pytorch_model.bin is a pickled checkpoint"):
+        deferred_init(transformers.LlamaForCausalLM.from_pretrained, "test-org/pickled")
+    assert local_hub.bytes_served(".bin") == 0
+
+
+def test_offline_after_a_materialization_fetches_nothing(opened, local_hub, monkeypatch, eager_layer3):
+    from huggingface_hub import constants
+
+    model, _ = opened
+    layer = model.model.layers[3]
+    materialize_module(layer)
+    explorer.release_module(layer)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    served = len(local_hub.requests)
+    materialize_module(layer)
+    assert len(local_hub.requests) == served
+    _assert_bitwise(layer, eager_layer3[None])
+    with pytest.raises(MaterializationError, match=r"HF_HUB_OFFLINE is set and these bytes are not in the range cache"):
+        materialize_module(model.model.layers[4])
+    assert len(local_hub.requests) == served
+
+    reopened = deferred_init(transformers.LlamaForCausalLM.from_pretrained, LLAMA_REPO)  # from the pins and stubs
+    materialize_module(reopened.model.layers[3])
+    assert len(local_hub.requests) == served
+    _assert_bitwise(reopened.model.layers[3], eager_layer3[None])
+
+
+def test_rows_of_a_weight_fetch_only_their_bytes(opened, local_hub, eager_layer3):
+    model, _ = opened
+    weight = model.model.layers[3].mlp.up_proj.weight  # [2816, 1024] bf16
+    before = _shard_bytes(local_hub)
+    rows = explorer.materialize_tensor(weight[5:9])
+    assert _shard_bytes(local_hub) - before == 4 * 1024 * 2
+    assert torch.equal(rows.view(torch.uint8), eager_layer3[None]["mlp.up_proj.weight"][5:9].view(torch.uint8))
+
+
+def test_a_token_is_sent_and_never_shown(opened, local_hub, llama_checkpoint):
+    secret = "hf_not_a_real_token_31337"
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, LLAMA_REPO, token=secret)
+    layer = model.model.layers[2]
+    shard = _shard_of(llama_checkpoint, "model.layers.2.mlp.up_proj.weight")
+    local_hub.faults.append(Fault(shard, "404", times=99))
+    with pytest.raises(MaterializationError) as caught:
+        materialize_module(layer)
+    assert secret not in str(caught.value)
+    assert local_hub.authorizations and set(local_hub.authorizations) == {f"Bearer {secret}"}
+    graph = handle_of(layer.mlp.up_proj.weight).graph
+    assert secret not in repr([(op.args, op.kwargs) for op in graph.ops])
+
+
+def test_load_and_check_a_hub_checkpoint_by_its_hub_url(local_hub, eager_layer3):
+    config = transformers.LlamaConfig.from_pretrained(LLAMA_REPO)
+    model = deferred_init(transformers.LlamaForCausalLM, config)
+    report = explorer.check_checkpoint(model, f"hub://{LLAMA_REPO}")
+    assert report.ok, report
+    opened = _shard_bytes(local_hub)
+    assert opened <= 1_000_000
+    explorer.load_checkpoint(model, f"hub://{LLAMA_REPO}@main")
+    layer = model.model.layers[3]
+    before = _shard_bytes(local_hub)
+    materialize_module(layer)
+    assert _shard_bytes(local_hub) - before == sum(v.numel() * 2 for v in eager_layer3[None].values())
+    _assert_bitwise(layer, eager_layer3[torch.float32])  # load_state_dict copies bf16 into fp32 parameters
+
+
+def test_a_hub_url_without_safetensors_is_refused(local_hub, tmp_path):
+    directory = tmp_path / "bin-only"
+    directory.mkdir()
+    torch.save({"w": torch.zeros(2)}, directory / "pytorch_model.bin")
+    local_hub.add_repo("test-org/bin-only", directory)
+    with pytest.raises(CheckpointError, match=r"only the pickled pytorch_model.bin, which cannot be read lazily"):
+        explorer.check_checkpoint(torch.nn.Linear(2, 2), "hub://test-org/bin-only")
+
+
+def test_reads_name_the_repo_commit_and_file_they_come_from(opened, llama_checkpoint):
+    model, _ = opened
+    reads = explorer.inspect(model.model.layers[3]).reads
+    shard = _shard_of(llama_checkpoint, "model.layers.3.mlp.up_proj.weight")
+    assert set(reads["file"]) == {f"{LLAMA_REPO}@{'c0ffee' * 2}/{shard}"}
+    assert reads["offset"].notna().all()
+
+
+def test_save_checkpoint_of_a_hub_model_writes_the_hub_values(local_hub, tmp_path):
+    import safetensors.torch
+
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256
+    )
+    source = tmp_path / "tiny"
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(source)
+    local_hub.add_repo("test-org/tiny", source)
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, "test-org/tiny")
+    written = explorer.save_checkpoint(model, tmp_path / "out")
+    saved = {
+        k: v for file in written if file.suffix == ".safetensors" for k, v in safetensors.torch.load_file(file).items()
+    }
+    stored = safetensors.torch.load_file(source / "model.safetensors")
+    assert stored.keys() <= saved.keys()
+    for key, tensor in stored.items():
+        assert torch.equal(saved[key].view(torch.uint8), tensor.view(torch.uint8)), key
+    assert all(explorer.is_deferred(p) for p in model.parameters())
+
+
+def test_a_shard_missing_at_opening_is_named(local_hub, llama_checkpoint):
+    shard = _shard_of(llama_checkpoint, "model.layers.3.mlp.up_proj.weight")
+    local_hub.faults.append(Fault(shard, "404", times=99))
+    with pytest.raises(CheckpointError, match=rf"fetching the header .* of {LLAMA_REPO}@\w+/{shard} failed: HTTP 404"):
+        deferred_init(transformers.LlamaForCausalLM.from_pretrained, LLAMA_REPO)
+
+
+def test_a_subfolder_at_a_pinned_revision_opens_and_matches_eager(local_hub, tmp_path):
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256
+    )
+    repo = tmp_path / "repo"
+    eager = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    eager.save_pretrained(repo / "sub", max_shard_size="100KB")
+    commit = "0123456789abcdef" * 2 + "01234567"
+    local_hub.add_repo("test-org/nested", repo, commit=commit)
+    model = deferred_init(
+        transformers.LlamaForCausalLM.from_pretrained, "test-org/nested", revision=commit, subfolder="sub"
+    )
+    assert len({r.path for r in local_hub.requests if ".safetensors" in r.path}) > 1  # sharded
+    materialize_module(model)
+    for name, tensor in eager.state_dict().items():
+        assert torch.equal(model.state_dict()[name].view(torch.uint8), tensor.view(torch.uint8)), name
+
+
+def test_hf_token_from_the_environment_is_sent_with_range_requests(local_hub, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_from_the_environment")
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, LLAMA_REPO)
+    materialize_module(model.model.norm)
+    ranged = [r for r in local_hub.requests if r.range is not None]
+    assert ranged and {r.authorization for r in ranged} == {"Bearer hf_from_the_environment"}
+
+
+def test_the_op_graph_names_a_hub_read_by_repo_commit_and_file(opened, llama_checkpoint):
+    model, _ = opened
+    shard = _shard_of(llama_checkpoint, "model.layers.3.mlp.up_proj.weight")
+    dot = explorer.op_graph(model.model.layers[3].mlp).source
+    assert f"read {LLAMA_REPO}@{'c0ffee' * 2}/{shard}" in dot
