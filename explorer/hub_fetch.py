@@ -14,22 +14,33 @@ materializing again after `release_module`, or with `HF_HUB_OFFLINE=1`, transfer
 never changes, so the cache never goes stale; a file served with another ETag than its header was
 is refused instead.
 
+Note: [Hub fetch progress] `prefetch` tells the `FetchReport` installed by `reporting_fetches` (a
+context variable of the thread that materializes) the bytes fetched so far after each request, on
+that thread. The report may raise to cancel: requests not yet started are dropped and the error
+passes on (the ones in flight finish into the cache), so a cancel takes effect between ranges.
+`bytes_to_fetch` says beforehand how many bytes which host will send, counting cached ones apart.
+
 Limitations: one request per tensor range (`prefetch` coalesces a layer's contiguous ranges into
 one request per run); no resumption of a cut body (it is retried whole).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import hashlib
+import itertools
 import json
 import os
 import re
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 
@@ -58,6 +69,49 @@ class RemoteFile:
     def label(self) -> str:
         """`org/name@commit12/file`, how errors name it."""
         return f"{self.repo_id}@{self.commit[:12]}/{self.filename}"
+
+    @property
+    def host(self) -> str:
+        """The endpoint's `host[:port]`, e.g. "huggingface.co", as previews and progress name it."""
+        return urlsplit(self.endpoint).netloc or self.endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class HubBytes:
+    """Bytes a set of reads takes from one host: `fetch` still to transfer, `cached` in the range cache."""
+
+    fetch: int = 0
+    cached: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FetchProgress:
+    """A prefetch's transfer so far (note [Hub fetch progress]): `done_bytes` of `total_bytes` from
+    `hosts` ("a, b" when several), in `seconds` since its first request."""
+
+    hosts: str
+    done_bytes: int
+    total_bytes: int
+    seconds: float
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.done_bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+FetchReport = Callable[[FetchProgress], None]
+_REPORT: contextvars.ContextVar[FetchReport | None] = contextvars.ContextVar("hub_fetch_report", default=None)
+
+
+@contextlib.contextmanager
+def reporting_fetches(report: FetchReport) -> Iterator[None]:
+    """Inside the block, this thread's prefetches call `report` after each request; it may raise to
+    cancel (note [Hub fetch progress])."""
+    token = _REPORT.set(report)
+    try:
+        yield
+    finally:
+        _REPORT.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +256,11 @@ def _cached_range_path(remote: RemoteFile, begin: int, end: int) -> Path:
     return folder / remote.commit / remote.filename / f"{begin}-{end - 1}"
 
 
+def is_cached(remote: RemoteFile, begin: int, end: int) -> bool:
+    """Whether bytes [begin, end) of `remote` are in the range cache (note [Hub range cache])."""
+    return _cached_range_path(remote, begin, end).is_file()
+
+
 def cached_range(remote: RemoteFile, begin: int, end: int, what: str) -> bytes:
     """Bytes [begin, end) of `remote`: from the range cache (note [Hub range cache]), else fetched and
     cached. Raises MaterializationError as `fetch_range` does."""
@@ -235,6 +294,32 @@ def tensor_span(path: str, key: str, shape: list[int], dtype: torch.dtype) -> tu
             f"{list(shape)} ({numel * dtype.itemsize:,} bytes): record again (deferred_init) to use it"
         )
     return span
+
+
+def hub_range(path: str, key: str) -> tuple[RemoteFile, int, int] | None:
+    """Where tensor `key` of header stub `path` lies on the Hub: (file, begin, end); None for a
+    local file, or a key its header does not hold."""
+    remote = remote_file(path)
+    if remote is None:
+        return None
+    span = _spans(path, os.path.getsize(path)).get(key)
+    return None if span is None else (remote, span[0], span[1])
+
+
+def bytes_to_fetch(reads: Iterable[tuple[str, str]]) -> dict[str, HubBytes]:
+    """Per host, the bytes materializing `reads` (path, key) takes from the Hub, each distinct
+    range once: still to fetch, and already cached (0 to transfer). Local files count nowhere."""
+    ranges: dict[tuple[RemoteFile, int, int], bool] = {}
+    for path, key in reads:
+        where = hub_range(path, key)
+        if where is not None and where not in ranges:
+            ranges[where] = is_cached(*where)
+    out: dict[str, HubBytes] = {}
+    for (remote, begin, end), cached in ranges.items():
+        held = out.get(remote.host, HubBytes())
+        size = end - begin
+        out[remote.host] = HubBytes(held.fetch + size * (not cached), held.cached + size * cached)
+    return out
 
 
 def read_remote(path: str, remote: RemoteFile, key: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
@@ -278,13 +363,25 @@ def prefetch(reads: Iterable[tuple[str, str, list[int], torch.dtype]]) -> None:
             remotes[path] = remote
             runs.setdefault(path, []).append((begin, end, key))
     batches = [(remotes[path], run) for path, spans in runs.items() for run in _contiguous_runs(spans)]
-    if len(batches) <= 1:
-        for remote, run in batches:
-            _fetch_run(remote, run)
-        return
+    if batches:
+        _fetch_batches(batches, _REPORT.get())
+
+
+def _fetch_batches(batches: list[tuple[RemoteFile, list[tuple[int, int, str]]]], report: FetchReport | None) -> None:
+    """Fetch each batch into the cache, `_PARALLEL` at a time, telling `report` after each; a batch
+    starts only once the report before it returned, so a report that raises leaves the rest unasked."""
+    hosts = ", ".join(dict.fromkeys(remote.host for remote, _ in batches))
+    total, done, started = sum(run[-1][1] - run[0][0] for _, run in batches), 0, time.perf_counter()
+    waiting = iter(batches)
     with ThreadPoolExecutor(min(_PARALLEL, len(batches))) as pool:
-        for _ in pool.map(lambda batch: _fetch_run(*batch), batches):
-            pass
+        running = {pool.submit(_fetch_run, *batch) for batch in itertools.islice(waiting, _PARALLEL)}
+        while running:
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                done += future.result()
+                if report is not None:
+                    report(FetchProgress(hosts, done, total, time.perf_counter() - started))
+            running |= {pool.submit(_fetch_run, *batch) for batch in itertools.islice(waiting, len(finished))}
 
 
 def _contiguous_runs(spans: list[tuple[int, int, str]]) -> list[list[tuple[int, int, str]]]:
@@ -297,9 +394,10 @@ def _contiguous_runs(spans: list[tuple[int, int, str]]) -> list[list[tuple[int, 
     return runs
 
 
-def _fetch_run(remote: RemoteFile, run: list[tuple[int, int, str]]) -> None:
+def _fetch_run(remote: RemoteFile, run: list[tuple[int, int, str]]) -> int:
     begin, end = run[0][0], run[-1][1]
     keys = ", ".join(repr(key) for _, _, key in run[:3]) + (f" and {len(run) - 3} more" if len(run) > 3 else "")
     data, _ = fetch_range(remote, begin, end, keys)
     for first, last, _ in run:
         write_atomically(_cached_range_path(remote, first, last), data[first - begin : last - begin])
+    return len(data)

@@ -12,7 +12,7 @@
 Works wherever ipywidgets 8 and anywidget render (JupyterLab, Notebook 7, VS Code).
 
 Layout: a module tree (left) with checkboxes (a parent selects its subtree), expand/collapse and
-per node class, parameter count, bytes, device and state (fake / disk / partly / materialized); tabs
+per node class, parameter count, bytes, device and state (fake / disk / remote / partly / materialized); tabs
 Tensors / Ops / Graph / Memory following the selection; a details pane for the tensor opened from
 the tensors table or the graph; the materialize bar at the bottom.
 
@@ -23,7 +23,7 @@ Stable CSS classes (for end-to-end tests and styling):
   selected row adds `de-tree-node-active`), holding `de-tree-toggle` (▸/▾), `de-tree-checkbox`
   (an `<input type=checkbox>`, indeterminate when partly selected), `de-tree-label` (click: select
   this subtree only), `de-tree-class`, `de-tree-params`, `de-tree-bytes`, `de-tree-device`,
-  `de-tree-state` (also `de-state-<fake|disk|partly|materialized|empty>`).
+  `de-tree-state` (also `de-state-<fake|disk|remote|partly|materialized|empty>`).
 - tabs: `de-tabs`; `de-tensors-tab`, `de-ops-tab`, `de-graph-tab`, `de-memory-tab`.
 - tables: `de-tensors-table`, `de-ops-table`, `de-memory-table`, `de-details-table`, each drawn as
   `table.de-table` with `th.de-table-header` (`data-column`; click: sort), `tr.de-table-row`
@@ -61,7 +61,8 @@ Stable CSS classes (for end-to-end tests and styling):
 - materialize bar: `de-materialize-bar`, `de-device` and `de-rng` (dropdowns: target device, RNG
   mode eager/fast), `de-materialize-button` (both buttons; `de-materialize-selected`,
   `de-materialize-all` tell them apart), `de-cancel-button`, `de-progress`, `de-progress-text`,
-  `de-status` (plus `de-status-error` after a failure), the preview line `de-preview` and the
+  `de-status` (plus `de-status-error` after a failure), the Hub fetch line `de-fetch`, the
+  preview line `de-preview` and the
   confirmation `de-confirm` (`de-confirm-text`, `de-confirm-button`, `de-confirm-cancel`).
 
 Python mirrors of the clicks, for tests and scripts: `ui.select(path)`, `ui.tree.set_checked(path,

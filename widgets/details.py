@@ -18,7 +18,7 @@ from explorer import materialize_tensor, slice_plan
 from explorer.inspection.aliasing import storage_views
 from explorer.naming import dtype_name
 
-from .formatting import bytes_text, cell_text, exact_bytes_text
+from .formatting import bytes_text, cell_text, exact_bytes_text, is_missing
 from .table import DataTable
 
 SHARER_COLUMNS = ["name", "shape", "stride", "storage_offset", "dtype", "bytes_range"]
@@ -67,6 +67,23 @@ def tensor_details(tensors: pd.DataFrame, storages: pd.DataFrame, name: str) -> 
             out[label] = cell_text(row[column]) or "none"
         else:
             out[label] = cell_text(row[column])
+    out.update(checkpoint_fields(row))
+    return out
+
+
+def checkpoint_fields(row: pd.Series) -> dict[str, str]:
+    """Where a checkpoint-fed tensor's values come from: file, key, offset, dtype on disk; for a Hub
+    shard (file `org/name@commit12/path`, `explorer.hub_fetch.RemoteFile.label`) also its repo,
+    commit and path in the repo. Empty for a tensor no read feeds."""
+    if "file" not in row or is_missing(row["file"]) or not row["file"]:
+        return {}
+    out = {"checkpoint file": cell_text(row["file"])}
+    repo, at, rest = str(row["file"]).partition("@")
+    if at and "/" in repo and "/" in rest:
+        commit, _, path = rest.partition("/")
+        out.update({"hub repo": repo, "hub commit": commit, "file in repo": path})
+    out.update({"key": cell_text(row["key"]), "file offset": cell_text(row["offset"])})
+    out["dtype on disk"] = cell_text(row["disk_dtype"])
     return out
 
 

@@ -7,7 +7,9 @@ Calls `explorer.materialize_module(..., progress=..., on_step=...)`; the step li
 steps as they pass (with rng="eager" first the generator jump to eager's states — how many jumps,
 how many draws, how long — then the replay of the ops); the progress callback updates the bar and
 raises `MaterializationCancelled` once Cancel was pressed, which the engine lets through before it
-changes anything (all or nothing). The work runs on a background thread so the kernel stays idle
+changes anything (all or nothing). Bytes fetched from the Hugging Face Hub before the replay show
+on their own line, with bytes per second (`explorer.hub_fetch.reporting_fetches`); Cancel stops the
+fetch between requests. The work runs on a background thread so the kernel stays idle
 and can deliver the Cancel click; `wait=True` runs it on the caller's thread instead. Releasing
 (`explorer.release_module`) only swaps tensors back, so it runs on the caller's thread.
 """
@@ -26,6 +28,7 @@ import traitlets
 from torch import nn
 
 import explorer
+from explorer.hub_fetch import FetchProgress, reporting_fetches
 from explorer.replay.rng import RngMode
 from explorer.replay.save import SaveFormat
 
@@ -57,7 +60,8 @@ class MaterializeBar(w.VBox):
 
     `selected_modules()` gives the modules whose own tensors "Materialize selected" fills;
     `on_done()` runs after a successful materialization (the explorer refreshes its views there).
-    Traitlets `done`, `total`, `done_bytes`, `total_bytes` mirror the last progress report;
+    Traitlets `done`, `total`, `done_bytes`, `total_bytes` mirror the last progress report, and
+    `fetched_bytes`, `fetch_bytes` the last Hub fetch report;
     `steps` lists the steps of the current materialization as "step: detail" lines; `running` is
     true while a materialization is under way.
     """
@@ -66,6 +70,8 @@ class MaterializeBar(w.VBox):
     total = traitlets.Int(0, help="tensors the running materialization (or save) will fill in all")
     done_bytes = traitlets.Int(0, help="bytes of the tensors done so far, as the last progress report said")
     total_bytes = traitlets.Int(0, help="bytes of all the tensors the running materialization (or save) fills")
+    fetched_bytes = traitlets.Int(0, help="bytes fetched from the Hub so far by the running materialization")
+    fetch_bytes = traitlets.Int(0, help="bytes the running materialization fetches from the Hub in all")
     running = traitlets.Bool(False, help="true while a materialization or a save is under way")
     steps = traitlets.List(traitlets.Unicode(), help='the current run\'s steps so far, as "step: detail" lines')
 
@@ -137,12 +143,13 @@ class MaterializeBar(w.VBox):
         self.progress = _with_classes(w.IntProgress(value=0, min=0, max=1, description="tensors"), "de-progress")
         self.progress_text = _label("de-progress-text")
         self.step = _label("de-step")
+        self.fetch = _label("de-fetch")
         self.status = _label("de-status")
         self.held = _label("de-held")
         self.preview = _label("de-preview")
         self.confirm_box = self._confirmation()
         progress_row = w.HBox([self.progress, self.progress_text])
-        return [self.preview, self.confirm_box, progress_row, self.step, self.status, self.held]
+        return [self.preview, self.confirm_box, progress_row, self.fetch, self.step, self.status, self.held]
 
     def _confirmation(self) -> w.HBox:
         """The "… materialize anyway?" question with Confirm and Don't, hidden until a large click asks it."""
@@ -301,6 +308,8 @@ class MaterializeBar(w.VBox):
         self.running = True
         with self.hold_trait_notifications():
             self.done = self.total = self.done_bytes = self.total_bytes = 0
+            self.fetched_bytes = self.fetch_bytes = 0
+        self.fetch.value = ""
         self.progress.value, self.progress.max, self.progress_text.value = 0, 1, ""
         self.steps, self.step.value, self._step_texts = [], "", []
         self._set_buttons(running=True)
@@ -338,6 +347,16 @@ class MaterializeBar(w.VBox):
             self.total, self.total_bytes = total, total_bytes
             self.done, self.done_bytes = done, done_bytes
 
+    def _fetch_progress(self, report: FetchProgress) -> None:
+        if self._cancel.is_set():
+            raise MaterializationCancelled()
+        self.fetch.value = (
+            f"fetched {bytes_text(report.done_bytes)} / {bytes_text(report.total_bytes)} from {report.hosts} "
+            f"at {bytes_text(report.bytes_per_second)}/s"
+        )
+        with self.hold_trait_notifications():
+            self.fetched_bytes, self.fetch_bytes = report.done_bytes, report.total_bytes
+
     def _step(self, step: str, detail: str) -> None:
         if self._cancel.is_set():
             raise MaterializationCancelled()
@@ -348,9 +367,10 @@ class MaterializeBar(w.VBox):
     def _run(self, check_fn: Callable[[nn.Module], bool] | None, what: str, device: str, rng: RngMode) -> None:
         started = time.perf_counter()
         try:
-            explorer.materialize_module(
-                self.module, check_fn=check_fn, device=device, rng=rng, progress=self._progress, on_step=self._step
-            )
+            with reporting_fetches(self._fetch_progress):
+                explorer.materialize_module(
+                    self.module, check_fn=check_fn, device=device, rng=rng, progress=self._progress, on_step=self._step
+                )
         except MaterializationCancelled:
             self._finish(f"cancelled: {what} left as it was", error=False)
             return

@@ -2,7 +2,9 @@
 
 From the inspection's tensors table: the fake tensors the click would fill (the selected modules'
 own tensors, or all), their bytes (each storage once) on the target device, the bytes it will read
-from which checkpoint files (each recorded read once, at its on-disk size), whether that fits the
+from which checkpoint files (each recorded read once, at its on-disk size), how many of those bytes
+each Hub host will send (ranges already in the range cache count apart: they transfer nothing,
+`explorer.hub_fetch.bytes_to_fetch`), whether that fits the
 device's free memory now, and how long it should take at the throughput the last materialization
 of this session measured. A click above `CONFIRM_ABOVE_BYTES`, or one that does not fit, asks for
 confirmation first.
@@ -17,18 +19,21 @@ import pandas as pd
 import psutil
 import torch
 
-from .formatting import bytes_text
+from explorer.hub_fetch import bytes_to_fetch
+
+from .formatting import bytes_text, exact_bytes_text
 
 CONFIRM_ABOVE_BYTES = 4 << 30  # 4 GiB
 FILES_NAMED = 3  # a preview names this many files, then says how many more
-DEFERRED_STATES = ("fake", "disk")  # explorer.inspection.census: no memory yet
+DEFERRED_STATES = ("fake", "disk", "remote")  # explorer.inspection.census: no memory yet
 
 
 @dataclass(frozen=True)
 class MaterializePreview:
     """`tensors` fake names to fill, `bytes` they need on `device`, `free` bytes there now (None:
     unknown, e.g. meta), `seconds` expected (None: nothing measured yet), `reads` (file, bytes) to
-    read from checkpoint files, most bytes first."""
+    read from checkpoint files, most bytes first, `hub` (host, bytes to fetch, bytes cached) of the
+    Hub-backed ones."""
 
     what: str
     device: str
@@ -38,6 +43,7 @@ class MaterializePreview:
     seconds: float | None
     throughput: float | None = None
     reads: tuple[tuple[str, int], ...] = ()
+    hub: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -56,6 +62,8 @@ class MaterializePreview:
         line = f"{self.what}: {tensors}, {bytes_text(self.bytes)} on {self.device}"
         if self.reads:
             line += f" — {self.reads_text()}"
+        for host, fetch, cached in self.hub:
+            line += f" — fetches {exact_bytes_text(fetch)} from {host}, {bytes_text(cached)} cached"
         if self.device == "meta":
             line += " — no memory (shapes only)"
         elif self.free is not None:
@@ -106,8 +114,10 @@ def preview(
         rows = rows[rows["module"].isin(set(scope))]
     size = int(rows.drop_duplicates("storage_id")["bytes"].sum()) if len(rows) else 0
     seconds = size / throughput if throughput else None
-    files = file_reads(reads, set(rows["name"].tolist())) if reads is not None and len(rows) else ()
-    return MaterializePreview(what, device, len(rows), size, free_bytes(device), seconds, throughput, files)
+    names = set(rows["name"].tolist())
+    files = file_reads(reads, names) if reads is not None and len(rows) else ()
+    hub = hub_reads(reads, names) if reads is not None and len(rows) else ()
+    return MaterializePreview(what, device, len(rows), size, free_bytes(device), seconds, throughput, files, hub)
 
 
 def file_reads(reads: pd.DataFrame, names: set[str]) -> tuple[tuple[str, int], ...]:
@@ -118,3 +128,16 @@ def file_reads(reads: pd.DataFrame, names: set[str]) -> tuple[tuple[str, int], .
         if not names.isdisjoint(fed):
             per_file[file] = per_file.get(file, 0) + int(size)
     return tuple(sorted(per_file.items(), key=lambda item: (-item[1], item[0])))
+
+
+def hub_reads(reads: pd.DataFrame, names: set[str]) -> tuple[tuple[str, int, int], ...]:
+    """(host, bytes to fetch, bytes cached) of the Hub-backed reads feeding `names`, by host (none
+    for a reads table without `path` and `key`)."""
+    if "path" not in reads or "key" not in reads:
+        return ()
+    wanted = [
+        (path, key)
+        for path, key, fed in zip(reads["path"].tolist(), reads["key"].tolist(), reads["tensors"].tolist())
+        if not names.isdisjoint(fed)
+    ]
+    return tuple((host, held.fetch, held.cached) for host, held in sorted(bytes_to_fetch(wanted).items()))

@@ -13,7 +13,9 @@ Identity rules the census keeps:
   materialized, so a half-materialized tied weight or view stays one storage. Storage ids are
   numbered 0, 1, ... in the order names first reach them;
 - a fake is "disk" when a recorded checkpoint read feeds its value, else "fake" (made by
-  initializers alone); see note [Checkpoint sources flow forward] in checkpoint_sources.py;
+  initializers alone); see note [Checkpoint sources flow forward] in checkpoint_sources.py. It is
+  "remote" instead when one of those reads is of a Hub shard (hub_fetch.py) whose bytes are not in
+  the range cache yet: materializing it transfers them;
 - a real tensor is "materialized" when `materialize_*` handed it out (it has an `Origin`), and
   "real" otherwise. It is joined to its recorded tensor (graph, tensor id, storage) only while its
   graph is reachable from the module's remaining fakes: a fully materialized module reaches none
@@ -30,13 +32,15 @@ from torch import nn
 
 from .._torch_compat.dispatch import metadata_access
 from ..graph import InitGraph, OpIndex, TensorId
+from ..hub_fetch import hub_range, is_cached
 from ..naming import dtype_name
 from ..record.fake import handle_of, is_fake
 from ..replay.provenance import Origin, creation_sources, origin_of
 from .checkpoint_sources import CheckpointRead, CheckpointReads, storage_sources
 
-FAKE, DISK, MATERIALIZED, REAL = "fake", "disk", "materialized", "real"
-DEFERRED_STATES = (FAKE, DISK)  # no memory yet: made by initializers / to be read from a checkpoint
+FAKE, DISK, REMOTE, MATERIALIZED, REAL = "fake", "disk", "remote", "materialized", "real"
+# no memory yet: made by initializers / to be read from a checkpoint / to be fetched from the Hub first
+DEFERRED_STATES = (FAKE, DISK, REMOTE)
 PARAMETER, BUFFER, NON_PERSISTENT = "parameter", "buffer", "non-persistent buffer"
 
 
@@ -48,7 +52,7 @@ class NamedTensor:
     module: str  # qualified name of the owning module ("" for the root)
     kind: str  # PARAMETER, BUFFER or NON_PERSISTENT
     tensor: torch.Tensor
-    state: str  # FAKE, DISK, MATERIALIZED or REAL
+    state: str  # FAKE, DISK, REMOTE, MATERIALIZED or REAL
     graph: int | None  # index into Census.graphs (fakes, and materialized tensors traced back)
     tensor_id: TensorId | None  # recorded id in that graph
     storage: int  # index into Census.storages
@@ -79,7 +83,7 @@ class StorageRecord:
     nbytes: int
     device: str
     dtype: str  # of the first name found on it
-    state: str  # FAKE/DISK when every name on it is, else the first other name's state
+    state: str  # FAKE/DISK/REMOTE when every name on it is, else the first other name's state
     graph: int | None
     recorded_id: int | None  # the storage id in that graph
     names: list[int] = field(default_factory=list)  # indices into Census.tensors, module order
@@ -268,7 +272,8 @@ def _closures_with_origins(
 
 
 def _note_checkpoint_reads(tensors: list[NamedTensor], graphs: list[InitGraph]) -> None:
-    """Give every recorded name the checkpoint reads feeding it; a fake so fed becomes DISK."""
+    """Give every recorded name the checkpoint reads feeding it; a fake so fed becomes DISK, or
+    REMOTE when some of those bytes are still on the Hub."""
     reads = CheckpointReads(graphs)
     sources: dict[int, dict] = {}
     for entry in tensors:
@@ -282,4 +287,9 @@ def _note_checkpoint_reads(tensors: list[NamedTensor], graphs: list[InitGraph]) 
         if feeding:
             entry.reads = tuple(reads[(position, index)] for index in sorted(feeding))
             if entry.state == FAKE:
-                entry.state = DISK
+                entry.state = REMOTE if any(map(_still_remote, entry.reads)) else DISK
+
+
+def _still_remote(read: CheckpointRead) -> bool:
+    where = hub_range(read.path, read.key)
+    return where is not None and not is_cached(*where)

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from ..naming import depth_of, parent_of
-from .census import DEFERRED_STATES, DISK, PARAMETER, Census
+from .census import DEFERRED_STATES, DISK, PARAMETER, REMOTE, Census
 
 MODULE_COLUMNS = [
     "name",
@@ -22,6 +22,7 @@ MODULE_COLUMNS = [
     "materialized_bytes",
     "materialized",
     "disk_bytes",
+    "remote_bytes",
 ]
 
 
@@ -40,11 +41,13 @@ def modules_table(census: Census) -> pd.DataFrame:
       real (materialized or eager) tensor; `materialized`: their fraction of `bytes` (NaN when the
       subtree holds no bytes);
     - `disk_bytes`: bytes of the subtree's storages still fake whose value a checkpoint read feeds
-      (state "disk"): what materializing the subtree takes from checkpoint files, as loaded.
+      (state "disk" or "remote"): what materializing the subtree takes from checkpoint files, as loaded;
+    - `remote_bytes`: the part of `disk_bytes` whose storages are "remote" (bytes still on the Hub).
     """
     storages: dict[str, set[int]] = {path: set() for path, _ in census.modules}
     present: dict[str, set[int]] = {path: set() for path, _ in census.modules}  # a non-fake name on it
-    on_disk = {sid for sid, record in enumerate(census.storages) if record.state == DISK}
+    on_disk = {sid for sid, record in enumerate(census.storages) if record.state in (DISK, REMOTE)}
+    remote = {sid for sid in on_disk if census.storages[sid].state == REMOTE}
     own_params: dict[str, dict[tuple, int]] = {path: {} for path, _ in census.modules}
     for entry in census.tensors:
         storages[entry.module].add(entry.storage)
@@ -69,7 +72,7 @@ def modules_table(census: Census) -> pd.DataFrame:
     for path, module in census.modules:
         by_dtype: dict[str, int] = {}
         by_device: dict[str, int] = {}
-        total = materialized = disk = 0
+        total = materialized = disk = on_hub = 0
         for sid in sorted(storages[path]):
             record = records[sid]
             total += record.nbytes
@@ -79,6 +82,7 @@ def modules_table(census: Census) -> pd.DataFrame:
                 materialized += record.nbytes
             elif sid in on_disk:
                 disk += record.nbytes
+                on_hub += record.nbytes * (sid in remote)
         columns["name"].append(path)
         columns["class"].append(type(module).__name__)
         columns["depth"].append(depth_of(path))
@@ -91,4 +95,5 @@ def modules_table(census: Census) -> pd.DataFrame:
         columns["materialized_bytes"].append(materialized)
         columns["materialized"].append(materialized / total if total else math.nan)
         columns["disk_bytes"].append(disk)
+        columns["remote_bytes"].append(on_hub)
     return pd.DataFrame(columns, columns=MODULE_COLUMNS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..naming import format_bytes
-from .census import DISK, FAKE, MATERIALIZED, PARAMETER, REAL
+from .census import DISK, FAKE, MATERIALIZED, PARAMETER, REAL, REMOTE
 from .ops import OP_KINDS
 
 
@@ -31,10 +31,10 @@ def summary_text(
     ]
     by_state = storages.groupby("state")["bytes"].sum()
     states = []
-    for state in (FAKE, DISK, MATERIALIZED, REAL):
+    for state in (FAKE, DISK, REMOTE, MATERIALIZED, REAL):
         amount = int(by_state.get(state, 0))
-        if state == DISK and not amount:
-            continue  # only checkpoint-backed modules have a "disk" share
+        if state in (DISK, REMOTE) and not amount:
+            continue  # only checkpoint-backed modules have a "disk" share, Hub-backed ones a "remote" one
         share = f"{100 * amount / total:.1f}%" if total else "-"
         states.append(f"{state} {format_bytes(amount)} ({share})")
     lines.append("state: " + ", ".join(states))

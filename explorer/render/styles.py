@@ -7,7 +7,7 @@ replay: green; a real one was never fake). Checkpoint reads get their own op sty
 
 from __future__ import annotations
 
-from ..inspection.census import DISK, FAKE, MATERIALIZED, REAL
+from ..inspection.census import DISK, FAKE, MATERIALIZED, REAL, REMOTE
 from ..inspection.ops import COMPUTE, DATA, EXTERNAL_INPUT, FACTORY, INPLACE, RANDOM, VIEW
 
 SUMMARY, FOLDED, MORE, ERROR = "module", "repeated modules", "more", "error"
@@ -37,6 +37,7 @@ STYLES: dict[str, dict[str, str]] = {
     CHECKPOINT_READ: {**_OP, "shape": "cylinder", "style": "filled", "fillcolor": "#e5dbff", "color": "#7048e8"},
     FAKE: {**_TENSOR, "style": "dashed,filled", "fillcolor": "#ffffff", "color": "#495057"},
     DISK: {**_TENSOR, "style": "dashed,filled", "fillcolor": "#f3f0ff", "color": "#7048e8"},
+    REMOTE: {**_TENSOR, "style": "dotted,filled", "fillcolor": "#e3fafc", "color": "#0c8599"},
     MATERIALIZED: {**_TENSOR, "style": "filled", "fillcolor": "#b2f2bb", "color": "#2b8a3e"},
     REAL: {**_TENSOR, "style": "filled", "fillcolor": "#dee2e6", "color": "#495057"},
     SUMMARY: {"shape": "box3d", "style": "filled", "fillcolor": "#e7f5ff", "color": "#1864ab"},

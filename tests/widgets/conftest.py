@@ -143,3 +143,14 @@ def disk_ui(tmp_path) -> widgets.ExplorerWidget:
     return widgets.ExplorerWidget(
         explorer.deferred_init(transformers.LlamaForCausalLM.from_pretrained, tmp_path, dtype=torch.float32)
     )
+
+
+@pytest.fixture
+def hub_ui(local_hub) -> widgets.ExplorerWidget:
+    """The explorer of the local Hub's Llama (tests/conftest.py `local_hub`) opened by from_pretrained
+    of its repo id: every weight "remote" until its bytes are fetched, the rotary buffers "fake"."""
+    import transformers
+
+    from tests.support.hub_server import LLAMA_REPO
+
+    return widgets.explore(transformers.LlamaForCausalLM.from_pretrained, LLAMA_REPO)

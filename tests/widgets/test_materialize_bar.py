@@ -279,3 +279,36 @@ def test_save_checkpoint_without_a_directory_says_so(ui):
     ui.bar.save_button.click()
     assert ui.bar.status.value == "type the directory to save the checkpoint into first"
     assert not ui.bar.running
+
+
+def test_hub_bytes_fetched_show_with_their_rate_and_the_layer_turns_materialized(hub_ui, local_hub):
+    host = local_hub.endpoint.removeprefix("http://")
+    before = local_hub.bytes_served(".safetensors")
+    hub_ui.select("model.layers.3")
+    hub_ui.materialize_selected(wait=True)
+    assert local_hub.bytes_served(".safetensors") - before == 25_694_208
+    assert (hub_ui.bar.fetched_bytes, hub_ui.bar.fetch_bytes) == (25_694_208, 25_694_208)
+    assert re.fullmatch(rf"fetched 24\.5 MiB / 24\.5 MiB from {re.escape(host)} at [\d.]+ [KMG]?i?B/s",
+                        hub_ui.bar.fetch.value)
+    assert state_of(hub_ui, "model.layers.3") == ("materialized", STATE_COLOURS["materialized"])
+    assert state_of(hub_ui, "model.layers.4") == ("remote", STATE_COLOURS["remote"])
+
+
+def test_cancel_stops_a_hub_fetch_between_requests_and_leaves_the_model_deferred(hub_ui, local_hub, monkeypatch):
+    from explorer import hub_fetch
+
+    monkeypatch.setattr(hub_fetch, "_PARALLEL", 1)
+    reports = []
+    report = hub_ui.bar._fetch_progress
+
+    def cancel_at_first(progress):
+        reports.append(progress.done_bytes)
+        hub_ui.bar.cancel()
+        report(progress)
+
+    monkeypatch.setattr(hub_ui.bar, "_fetch_progress", cancel_at_first)
+    before = local_hub.bytes_served(".safetensors")
+    hub_ui.materialize_all(wait=True)
+    assert hub_ui.bar.status.value == "cancelled: whole module left as it was"
+    assert len(reports) == 1 and local_hub.bytes_served(".safetensors") - before == reports[0] < 271_091_712
+    assert all(explorer.is_deferred(p) for p in hub_ui.module.parameters())

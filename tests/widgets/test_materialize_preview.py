@@ -79,3 +79,18 @@ def test_reads_feeding_two_selected_names_are_counted_once():
     assert (result.tensors, result.bytes, result.reads) == (2, 16, (("f.safetensors", 6),))
     assert result.text() == ("selection: 2 tensors, 16 B on meta — reads 6 B from 1 file (f.safetensors: 6 B) — "
                              "no memory (shapes only) — time: known after a first materialization of 16 MiB or more")
+
+
+def test_the_preview_says_how_many_bytes_come_from_which_host_and_counts_cached_ones_apart(hub_ui, local_hub, monkeypatch):
+    monkeypatch.setattr(materialize_preview, "free_bytes", lambda device: 10 << 30)
+    monkeypatch.setattr(MaterializeBar, "throughput", None)
+    host = local_hub.endpoint.removeprefix("http://")  # 127.0.0.1:PORT here, huggingface.co in real use
+    hub_ui.select("model.layers.3")
+    first = hub_ui.bar.update_preview()
+    assert first is not None and first.hub == ((host, 25_694_208, 0),)
+    assert f" — fetches 25,694,208 B (24.5 MiB) from {host}, 0 B cached — fits (10.0 GiB free)" in first.text()
+    hub_ui.materialize_selected(wait=True)
+    hub_ui.release_selected()  # fake again; its bytes stay in the range cache
+    again = hub_ui.bar.update_preview()
+    assert again is not None and again.hub == ((host, 0, 25_694_208),)
+    assert f" — fetches 0 B from {host}, 24.5 MiB cached" in again.text()

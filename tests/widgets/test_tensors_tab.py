@@ -161,3 +161,22 @@ def test_the_tensors_table_groups_rows_by_module_when_asked_until_sorted_by_anot
     assert len(table.row_groups) == 6
     table.sort_by = "bytes"
     assert table.row_groups == []
+
+
+def test_hub_weights_show_remote_with_their_repo_commit_file_key_and_offset(hub_ui):
+    from tests.support.hub_server import LLAMA_REPO
+
+    hub_ui.select("model.layers.3.mlp.up_proj")
+    table = hub_ui.tensors_tab.table
+    assert keys(hub_ui) == ["model.layers.3.mlp.up_proj.weight"]
+    assert table.row_colours == [STATE_COLOURS["remote"]]
+    assert table.rows[0][table.columns.index("state")] == "remote"
+    assert next(n["colour"] for n in hub_ui.tree.nodes if n["path"] == "model.layers.3") == STATE_COLOURS["remote"]
+    hub_ui.show_tensor("model.layers.3.mlp.up_proj.weight")
+    details = hub_ui.details.values
+    commit = hub_ui.inspection.reads["file"].iloc[0].split("@")[1].split("/")[0]
+    assert {field: details[field] for field in ("state", "hub repo", "hub commit", "file in repo", "key")} == {
+        "state": "remote", "hub repo": LLAMA_REPO, "hub commit": commit,
+        "file in repo": "model-00002-of-00003.safetensors", "key": "model.layers.3.mlp.up_proj.weight"}
+    offsets = hub_ui.inspection.reads.set_index("key")["offset"]
+    assert details["file offset"] == f"{offsets['model.layers.3.mlp.up_proj.weight']:,}" and len(commit) == 12

@@ -31,7 +31,7 @@ def rows(frame: pd.DataFrame, columns: list[str]) -> list[tuple]:
 def test_modules_columns_are_the_documented_ones_in_order():
     assert list(inspect(deferred_init(Tiny, table())).modules.columns) == [
         "name", "class", "depth", "own_params", "total_params", "bytes", "bytes_by_dtype", "bytes_by_device",
-        "share", "materialized_bytes", "materialized", "disk_bytes",
+        "share", "materialized_bytes", "materialized", "disk_bytes", "remote_bytes",
     ]
 
 

@@ -283,3 +283,57 @@ def test_the_op_graph_names_a_hub_read_by_repo_commit_and_file(opened, llama_che
     shard = _shard_of(llama_checkpoint, "model.layers.3.mlp.up_proj.weight")
     dot = explorer.op_graph(model.model.layers[3].mlp).source
     assert f"read {LLAMA_REPO}@{'c0ffee' * 2}/{shard}" in dot
+
+
+def _layer_bytes(layer: torch.nn.Module) -> int:
+    return sum(t.numel() * 2 for t in layer.state_dict().values())  # bf16 in the files
+
+
+def test_bytes_to_fetch_counts_a_layer_once_and_cached_ranges_apart(opened, local_hub):
+    from explorer.hub_fetch import HubBytes, bytes_to_fetch
+
+    model, _ = opened
+    host = local_hub.endpoint.split("://", 1)[1]
+    reads = explorer.inspect(model).reads
+    layer3 = reads[reads["key"].str.startswith("model.layers.3.")]
+    wanted = [*zip(layer3["path"], layer3["key"]), *zip(layer3["path"], layer3["key"])]  # each twice
+    assert bytes_to_fetch(wanted) == {host: HubBytes(fetch=25_694_208, cached=0)}
+    materialize_module(model.model.layers[3])
+    assert bytes_to_fetch(wanted) == {host: HubBytes(fetch=0, cached=25_694_208)}
+    assert _layer_bytes(model.model.layers[3]) == 25_694_208
+
+
+def test_the_state_is_remote_until_the_bytes_are_cached(opened):
+    model, _ = opened
+    layer = model.model.layers[3]
+    states = explorer.inspect(model).tensors.set_index("name")["state"]
+    assert states["model.layers.3.mlp.up_proj.weight"] == "remote"
+    assert states["model.rotary_emb.inv_freq"] == "fake"  # computed, in no file
+    materialize_module(layer)
+    explorer.release_module(layer)  # fake again, its bytes in the range cache: a local read now
+    states = explorer.inspect(model).tensors.set_index("name")["state"]
+    assert (states["model.layers.3.mlp.up_proj.weight"], states["model.layers.4.mlp.up_proj.weight"]) == (
+        "disk", "remote")
+    modules = explorer.inspect(model).modules.set_index("name")
+    assert modules.loc["model.layers.3", "remote_bytes"] == 0
+    assert modules.loc["model.layers.4", ["disk_bytes", "remote_bytes"]].tolist() == [25_694_208, 25_694_208]
+
+
+def test_fetch_reports_bytes_and_a_raising_report_cancels_between_requests(opened, local_hub, monkeypatch):
+    from explorer import hub_fetch
+
+    model, _ = opened
+    monkeypatch.setattr(hub_fetch, "_PARALLEL", 1)  # one request at a time: what a cancel drops is exact
+    reports: list[hub_fetch.FetchProgress] = []
+
+    def cancel_after_first(report: hub_fetch.FetchProgress) -> None:
+        reports.append(report)
+        raise KeyboardInterrupt
+
+    before = _shard_bytes(local_hub)
+    with pytest.raises(KeyboardInterrupt), hub_fetch.reporting_fetches(cancel_after_first):
+        materialize_module(model)
+    assert len(reports) == 1 and reports[0].total_bytes == 271_091_712  # every tensor of the 3 shards
+    assert _shard_bytes(local_hub) - before == reports[0].done_bytes < reports[0].total_bytes
+    assert reports[0].hosts == local_hub.endpoint.split("://", 1)[1] and reports[0].bytes_per_second > 0
+    assert all(explorer.is_deferred(p) for p in model.parameters())
