@@ -192,6 +192,20 @@ def test_a_token_is_sent_and_never_shown(opened, local_hub, llama_checkpoint):
     assert secret not in repr([(op.args, op.kwargs) for op in graph.ops])
 
 
+def test_a_token_is_not_in_the_fx_export_nor_an_exported_diagram(local_hub):
+    from explorer.render.export import to_html
+
+    secret = "hf_not_a_real_token_27182"
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, LLAMA_REPO, token=secret)
+    layer = model.model.layers[1]
+    program = explorer.to_fx(layer)
+    assert secret not in program.code and secret not in repr(program.graph)
+    assert any("read_safetensors" in str(node.target) for node in program.graph.nodes)  # the Hub reads are in it
+    page = to_html(explorer.op_graph(layer), title="layer 1")
+    assert secret not in page and "layers.1" in page
+    assert local_hub.authorizations and set(local_hub.authorizations) == {f"Bearer {secret}"}
+
+
 def test_load_and_check_a_hub_checkpoint_by_its_hub_url(local_hub, eager_layer3):
     config = transformers.LlamaConfig.from_pretrained(LLAMA_REPO)
     model = deferred_init(transformers.LlamaForCausalLM, config)
@@ -313,7 +327,9 @@ def test_the_state_is_remote_until_the_bytes_are_cached(opened):
     explorer.release_module(layer)  # fake again, its bytes in the range cache: a local read now
     states = explorer.inspect(model).tensors.set_index("name")["state"]
     assert (states["model.layers.3.mlp.up_proj.weight"], states["model.layers.4.mlp.up_proj.weight"]) == (
-        "disk", "remote")
+        "disk",
+        "remote",
+    )
     modules = explorer.inspect(model).modules.set_index("name")
     assert modules.loc["model.layers.3", "remote_bytes"] == 0
     assert modules.loc["model.layers.4", ["disk_bytes", "remote_bytes"]].tolist() == [25_694_208, 25_694_208]
