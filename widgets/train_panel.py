@@ -1,10 +1,11 @@
 """The Memory tab's "Training step" panel: will this model train on N devices of a given budget?
 
-The user types input shapes, picks an optimizer, a world size and activation checkpointing, and a
-budget per device; "Run training step" calls `explorer.train_step` in the kernel (fake tensors: the
-module is not changed) and shows the verdict ("fits / does not fit on N × budget"), a stacked bar of
-the peak by category (SVG built by `explorer.analysis.train_render`) and the per-module table; beside
-the peak, the end of forward (what is alive when backward starts, activations at their most) with its
+The user types input shapes, picks an optimizer, a world size, activation checkpointing, the loop
+(outputs kept through the optimizer step, micro-batches) and a budget per device; "Run training
+step" calls `explorer.train_step` in the kernel (fake tensors: the module is not changed) and shows
+the verdict ("fits / does not fit on N × budget"), a stacked bar of the peak by category (SVG built
+by `explorer.analysis.train_render`) and the per-module table; beside the peak, the end of forward
+(what is alive when backward starts, activations at their most) with its
 own bar, and a table of those activations by the module whose forward created them.
 """
 
@@ -77,6 +78,14 @@ class TrainPanel(w.VBox):
         )
         self.world_size.add_class("de-train-world-size")
         self.checkpointing = w.Checkbox(value=False, description="activation checkpointing", indent=False)
+        # The loop measured (train_step's keep_outputs, accumulation_steps): `out` and the loss held
+        # through the optimizer step, as `out = model(x); out.loss.backward(); opt.step()` holds them.
+        self.keep_outputs = w.Checkbox(value=True, description="outputs alive through the step", indent=False)
+        self.keep_outputs.add_class("de-train-keep-outputs")
+        self.accumulation = w.BoundedIntText(
+            value=1, min=1, max=1024, description="micro-batches", layout=w.Layout(width="180px")
+        )
+        self.accumulation.add_class("de-train-accumulation")
         self.budget = w.Text(value="80GB", description="budget", layout=w.Layout(width="200px"))
         self.budget.add_class("de-train-budget")
         self.run_button = w.Button(description="Run training step")
@@ -101,7 +110,8 @@ class TrainPanel(w.VBox):
             [
                 w.HTML("<b>Training step</b>"),
                 w.HBox([self.shapes, self.input_dtype, self.optimizer]),
-                w.HBox([self.world_size, self.checkpointing, self.budget, self.run_button]),
+                w.HBox([self.world_size, self.checkpointing, self.keep_outputs, self.accumulation]),
+                w.HBox([self.budget, self.run_button]),
                 self.verdict,
                 w.HBox(
                     [
@@ -129,6 +139,8 @@ class TrainPanel(w.VBox):
                 optimizer=OPTIMIZERS[self.optimizer.value],
                 world_size=self.world_size.value,
                 activation_checkpointing=self.checkpointing.value,
+                keep_outputs=self.keep_outputs.value,
+                accumulation_steps=self.accumulation.value,
                 **labels,
             )
             verdict = step.verdict(self.budget.value)

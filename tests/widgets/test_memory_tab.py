@@ -138,6 +138,21 @@ def test_training_step_panel_shows_the_end_of_forward_beside_the_peak_with_activ
     assert panel.forward_table.columns == ["name", "class", "activation_bytes"]
 
 
+def test_training_step_panel_measures_the_loop_it_is_given():
+    ui, panel = _train_ui()
+    panel.keep_outputs.value = False
+    panel.accumulation.value = 3
+    panel.run_button.click()
+    step = panel.last_step
+    expected = explorer.train_step(ui.module, torch.empty(3, 4), keep_outputs=False, accumulation_steps=3)
+    assert (step.keep_outputs, step.accumulation_steps) == (False, 3)
+    assert step.peak == expected.peak and step.peak_bytes == expected.peak_bytes
+    assert step.peak["activations"] == 0  # nothing of the loop's is held through the optimizer step
+    panel.keep_outputs.value = True
+    panel.run_button.click()
+    assert panel.last_step.peak["activations"] == 28  # the output (24 B) and the loss, held
+
+
 def test_training_step_panel_says_when_it_does_not_fit_on_n_devices():
     ui, panel = _train_ui(world_size=2)
     panel.optimizer.value = "SGD"
