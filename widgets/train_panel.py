@@ -83,7 +83,12 @@ class TrainPanel(w.VBox):
         self.keep_outputs = w.Checkbox(value=True, description="outputs alive through the step", indent=False)
         self.keep_outputs.add_class("de-train-keep-outputs")
         self.accumulation = w.BoundedIntText(
-            value=1, min=1, max=1024, description="micro-batches", layout=w.Layout(width="180px")
+            value=1,
+            min=1,
+            max=1024,
+            description="micro-batches",
+            style={"description_width": "initial"},
+            layout=w.Layout(width="170px"),
         )
         self.accumulation.add_class("de-train-accumulation")
         self.budget = w.Text(value="80GB", description="budget", layout=w.Layout(width="200px"))
