@@ -284,26 +284,6 @@ class StreamIncrements:
             found = self._memo[key] = recorded_increment(self.graph, op, self.device)
             return found
 
-    def of_ops(self, ops: Sequence[OpNode]) -> list[int | None]:
-        """`[self(op) for op in ops]`, in one loop: this runs over every random op before a layer."""
-        if self.device is None:
-            return [None] * len(ops)
-        tensors, memo, special = self.graph.tensors, self._memo, _READS_ARGUMENTS_IDS
-        found: list[int | None] = []
-        append = found.append
-        for op in ops:
-            outputs, func_id = op.output_ids, id(op.func)
-            if not outputs or func_id in special:
-                append(self(op))
-                continue
-            written = tensors[outputs[0]]
-            key = (func_id, written.dtype, written.shape, written.stride, written.device)
-            try:
-                append(memo[key])
-            except KeyError:
-                append(self(op))
-        return found
-
 
 _READS_ARGUMENTS_IDS = frozenset(id(func) for func in _READS_ARGUMENTS)
 

@@ -179,7 +179,8 @@ class RngStreams:
             if key == "cpu":
                 steps.extend([draw_count(self.graph, op) for op in ops])
             elif key.startswith("cuda:"):
-                steps.extend(self._increments(key).of_ops(ops))
+                increments = self._increments(key)
+                steps.extend([increments(op) for op in ops])
             else:
                 steps.extend([None] * len(ops))
         return steps[position]
