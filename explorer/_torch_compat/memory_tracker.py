@@ -23,6 +23,7 @@ from __future__ import annotations
 __all__ = [
     "FastFSDPMemTracker",
     "FastMemTracker",
+    "FastTracker",
     "MemTracker",
     "activations_by_owner",
     "current_snapshot",
@@ -51,6 +52,20 @@ class _FastPeaks:
     _curr_mem_snap: dict[torch.device, dict[str, int]]
     _peak_mem: dict[torch.device, int]
     _peak_mem_snap: dict[torch.device, dict[str, int]]
+    # The peak since `start_window()`: (total, snapshot) per device. A phase's own peak, where the
+    # tracker's is the running peak of everything so far.
+    _window_peaks: dict[torch.device, tuple[int, dict[str, int]]] | None = None
+
+    def start_window(self) -> None:
+        """Start measuring a window's own peak from the bytes alive now (`window_peak()`)."""
+        self._window_peaks = {device: (snap[_TOTAL_KEY], dict(snap)) for device, snap in self._curr_mem_snap.items()}
+
+    def window_peak(self) -> dict[torch.device, dict[str, int]]:
+        """Per device, the snapshot (category → bytes, "Total") at the most bytes alive since
+        `start_window()` (since the tracker started, without one)."""
+        if self._window_peaks is None:
+            return {device: dict(snap) for device, snap in self._peak_mem_snap.items()}
+        return {device: dict(snap) for device, (_, snap) in self._window_peaks.items()}
 
     def _running_stats(self) -> list:
         tracking = self.memory_tracking
@@ -83,6 +98,11 @@ class _FastPeaks:
             if peaks.get(device, 0) < device_snap[_TOTAL_KEY]:
                 peaks[device] = device_snap[_TOTAL_KEY]
                 self._peak_mem_snap[device] = dict(device_snap)
+        window = self._window_peaks
+        if window is not None:
+            for device, device_snap in current.items():
+                if window.get(device, (-1, None))[0] < device_snap[_TOTAL_KEY]:
+                    window[device] = (device_snap[_TOTAL_KEY], dict(device_snap))
 
 
 class _FrozenParameters:
@@ -190,3 +210,6 @@ class FastMemTracker(_FailureSite, _ActivationOwners, _FastPeaks, _FrozenParamet
 
 class FastFSDPMemTracker(_FailureSite, _ActivationOwners, _FastPeaks, FSDPMemTracker):
     """`FSDPMemTracker` with a cheap peak update; same categories and bytes (note [Fast memory trackers])."""
+
+
+FastTracker = FastMemTracker | FastFSDPMemTracker

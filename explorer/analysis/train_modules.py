@@ -63,6 +63,29 @@ def _by_state(stats: object) -> dict[str, list[dict]]:
     return {state.value: snapshots for state, snapshots in stats.snapshots.items()}  # type: ignore[attr-defined]  # torch's private _ModMemStats
 
 
+def block_peak_snapshots(twin: nn.Module, tracker: MemTracker, blocks: list[str]) -> dict[tuple[str, str], dict]:
+    """For each block path in `blocks` and each of "forward" and "backward", the snapshot (category →
+    bytes, "Total") of the device holding most at the block's peak while that pass of it ran; blocks
+    the step did not run are left out. Paths are the twin's, checkpoint wrappers folded."""
+    peak_fw, peak_bw, _, _ = _states(tracker)
+    tracked: dict[str, object] = {}  # the outermost tracked module at each unwrapped path
+    for path, sub in twin.named_modules():
+        stats = tracker.memory_tracking.get(sub)
+        if stats is not None:
+            tracked.setdefault(_unwrapped(path), stats)
+    found: dict[tuple[str, str], dict] = {}
+    for path in blocks:
+        stats = tracked.get(path)
+        if stats is None:
+            continue
+        snapshots = _by_state(stats)
+        for phase, state in (("forward", peak_fw), ("backward", peak_bw)):
+            device_snaps = [snap for per_device in snapshots.get(state, []) for snap in per_device.values()]
+            if device_snaps:
+                found[(path, phase)] = max(device_snaps, key=lambda snap: snap["Total"])
+    return found
+
+
 def module_table(module: nn.Module, twin: nn.Module, tracker: MemTracker) -> pd.DataFrame:
     """One row per module of `twin` the step ran, named by its path in `module` (checkpoint wrappers
     are folded into the block they wrap): calls, the peak bytes while its forward ran and while its

@@ -32,6 +32,7 @@ from .._torch_compat.fake import FakeTensorMode, unset_fake_temporarily
 from .._torch_compat.memory_tracker import (
     FastFSDPMemTracker,
     FastMemTracker,
+    FastTracker,
     MemTracker,
     activations_by_owner,
     current_snapshot,
@@ -47,7 +48,7 @@ from .fake_fsdp import (
     shard_blocks,
 )
 from .train_budget import parse_budget
-from .train_modules import forward_activation_table, module_table
+from .train_modules import block_peak_snapshots, forward_activation_table, module_table
 from .train_render import summary_text, train_step_html, verdict_text
 from .train_twin import fake_twin
 
@@ -124,7 +125,10 @@ class TrainStep:
     (`SINGLE_CATEGORIES`, or `FSDP_CATEGORIES` when sharded); `phase`: the phase the peak was
     reached in; `phase_peaks`: the running peak at the end of each phase (of its last micro-batch);
     `modules`: one row per module that ran (`train_modules.MODULE_COLUMNS`; with FSDP, the sharded
-    modules).
+    modules). `phase_own_peaks`: per phase, the most bytes alive while it alone ran and those bytes
+    by category; `block_peaks`: per (repeated block path, "forward" or "backward"), the most bytes
+    alive while that pass of the block ran, and by category (what `plan_parallel` composes across
+    block counts).
     `end_of_forward_bytes`: the bytes alive when forward (and the loss) is done and backward starts,
     the moment activations are at their most; `end_of_forward`: those bytes by category;
     `end_of_forward_activations`: its activations by the module whose own forward code created them
@@ -151,6 +155,8 @@ class TrainStep:
     blocks: list[str] = field(default_factory=list)
     keep_outputs: bool = True
     accumulation_steps: int = 1
+    phase_own_peaks: dict[str, tuple[int, dict[str, int]]] = field(default_factory=dict)
+    block_peaks: dict[tuple[str, str], tuple[int, dict[str, int]]] = field(default_factory=dict)
 
     def fits(self, budget: float | str) -> bool:
         """Whether the peak fits in `budget` bytes per device: a number of bytes, or a string such as
@@ -234,13 +240,14 @@ class _StepRun:
     micro-batch: the current snapshot of the device holding most (category → bytes, "Total") and
     its activations by the module that created them (`activations_by_owner`)."""
 
-    tracker: MemTracker
+    tracker: FastTracker
     optimizer_name: str
     phase: Phase = "forward"
     peak_phase: Phase = "forward"
     phase_peaks: dict[str, int] = field(default_factory=dict)
     end_of_forward: dict = field(default_factory=dict)
     end_of_forward_owners: dict[str | None, int] = field(default_factory=dict)
+    phase_own_peaks: dict[str, dict] = field(default_factory=dict)
 
     def take_end_of_forward(self) -> None:
         device, snapshot = current_snapshot(self.tracker)
@@ -248,7 +255,12 @@ class _StepRun:
         self.end_of_forward_owners = activations_by_owner(self.tracker, device) if device is not None else {}
 
     def finish(self, phase: Phase, then: Phase | None = None) -> None:
-        """`phase` is done (`then` starts): its running peak, and whether it raised the peak."""
+        """`phase` is done (`then` starts): its running peak, whether it raised the peak, and its own
+        peak (the most bytes alive while it ran: the largest over micro-batches)."""
+        own = max(self.tracker.window_peak().values(), key=lambda snap: snap["Total"], default={})
+        if own and own["Total"] > self.phase_own_peaks.get(phase, {}).get("Total", -1):
+            self.phase_own_peaks[phase] = own
+        self.tracker.start_window()
         peak = _peak_total(self.tracker)
         if peak > max(self.phase_peaks.values(), default=0):
             self.peak_phase = phase
@@ -296,6 +308,7 @@ def _run_loop(
         if micro_batch:  # the trackers refuse a second forward of the root otherwise; the step's peak stays
             run.tracker.reset_mod_stats()
         run.phase = "forward"
+        run.tracker.start_window()
         output = twin(*args, **kwargs)
         value = _scaled(loss(output), loop.accumulation_steps)
         run.take_end_of_forward()
@@ -317,7 +330,7 @@ def run_step(
     kwargs: dict,
     make_optimizer: OptimizerFactory,
     loss: LossFunction,
-    tracker: MemTracker,
+    tracker: FastTracker,
     root_class: str,
     loop: TrainingLoop = TrainingLoop(),
 ) -> _StepRun:
@@ -508,6 +521,10 @@ def _result(
         blocks=blocks,
         keep_outputs=loop.keep_outputs,
         accumulation_steps=loop.accumulation_steps,
+        phase_own_peaks={phase: _by_category(snap, categories) for phase, snap in run.phase_own_peaks.items()},
+        block_peaks={
+            key: _by_category(snap, categories) for key, snap in block_peak_snapshots(twin, tracker, blocks).items()
+        },
     )
 
 
