@@ -129,9 +129,9 @@ def truncated(module: nn.Module, stack: BlockStack, keep: int) -> nn.Module:
         parent._modules[part] = child
         parent = child
     holder = parent._modules[parts[-1]] if parts else parent
-    kept = type(holder)() if isinstance(holder, (nn.ModuleList, nn.Sequential)) else None
-    if kept is None:
+    if not isinstance(holder, (nn.ModuleList, nn.Sequential)):
         raise TypeError(f"cannot cut {stack.container!r}: a {type(holder).__name__}, not a ModuleList or Sequential")
+    kept = type(holder)()
     for name in stack.names[:keep]:
         kept.add_module(name, holder._modules[name])
     if parts:
@@ -160,9 +160,9 @@ def candidates_of(
     for position in _POSITIONS:
         index = range(blocks)[position]
         for phase in ("forward", "backward"):
-            value = block_peaks.get((stack.path(index), phase))
-            if value is not None:
-                values[(f"block:{phase}", position)] = value
+            measured = block_peaks.get((stack.path(index), phase))
+            if measured is not None:
+                values[(f"block:{phase}", position)] = measured
     return PeakCandidates(blocks, values)
 
 
