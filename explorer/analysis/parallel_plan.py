@@ -8,14 +8,22 @@ per step by collective, and a throughput proxy; or, for a layout the model does 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
+import torch
+from torch import nn
 
-from .parallel_layout import Layout
+from .block_composition import BlockStack, block_stack, candidates_of, compose_peak, truncated
+from .fake_fsdp import repeated_blocks
+from .parallel_cost import Hardware, ModelCost, step_cost
+from .parallel_layout import ActivationCheckpointing, Layout, LayoutError, ModelFacts, layout_problems
 from .train_budget import parse_budget
+from .train_step import LossFunction, OptimizerFactory, TrainStep, train_step
 
-__all__ = ["LayoutResult", "ParallelPlan", "RankPeak", "TABLE_COLUMNS"]
+__all__ = ["LayoutResult", "ParallelPlan", "RankPeak", "TABLE_COLUMNS", "plan_parallel"]
 
 TABLE_COLUMNS = (
     "layout",
@@ -36,13 +44,16 @@ TABLE_COLUMNS = (
 class RankPeak:
     """One kind of rank's step: `rank` names it ("every rank", "stage 0"...), `peak_bytes` the
     most bytes alive at once, `peak` those bytes by category (train_step's categories), `phase`
-    the phase of the peak, `modules` the bytes by module (path → peak bytes) where measured."""
+    the phase of the peak, `at` where in the step it falls ("backward of model.layers.79", "the
+    optimizer step"), `measured_blocks` the block counts the fake steps ran (composed from them,
+    note [Composing a step from two block counts]; empty: the whole model ran)."""
 
     rank: str
     peak_bytes: int
     peak: dict[str, int]
     phase: str = "forward"
-    modules: dict[str, int] = field(default_factory=dict)
+    at: str = ""
+    measured_blocks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -130,3 +141,260 @@ class ParallelPlan:
     @staticmethod
     def budget(gpu_memory: float | str) -> int:
         return parse_budget(gpu_memory)
+
+
+# -- the search ------------------------------------------------------------------------------------
+Measure = Callable[[nn.Module, Layout], TrainStep]
+DEFAULT_HARDWARE = Hardware()
+SEARCH_TP = (1, 2, 4, 8)
+SEARCH_PP = (1, 2, 4)
+SEARCH_AC: tuple[ActivationCheckpointing, ...] = ("none", "block")
+
+
+def _powers_of_two(limit: int) -> tuple[int, ...]:
+    return tuple(2**k for k in range(limit.bit_length()) if 2**k <= limit)
+
+
+def candidate_layouts(
+    gpus: int,
+    *,
+    fsdp: Iterable[int] | None = None,
+    tp: Iterable[int] = SEARCH_TP,
+    pp: Iterable[int] = SEARCH_PP,
+    activation_checkpointing: Iterable[ActivationCheckpointing] = SEARCH_AC,
+    micro_batch_size: int = 1,
+    accumulation_steps: int = 1,
+) -> list[Layout]:
+    """Every layout of `gpus` ranks with FSDP degree in `fsdp` (default: the powers of two up to
+    `gpus`), TP in `tp` and PP in `pp` whose product divides `gpus` (the rest are HSDP replicas),
+    each with every checkpointing mode in `activation_checkpointing`. Pipelined layouts run at
+    least `pp` microbatches (`accumulation_steps` raised to it)."""
+    layouts = []
+    for shard in fsdp if fsdp is not None else _powers_of_two(gpus):
+        for tensor in tp:
+            for stages in pp:
+                inner = shard * tensor * stages
+                if gpus % inner:
+                    continue
+                for mode in activation_checkpointing:
+                    layouts.append(
+                        Layout(
+                            dp_shard=shard,
+                            dp_replicate=gpus // inner,
+                            tp=tensor,
+                            pp=stages,
+                            activation_checkpointing=mode,
+                            micro_batch_size=micro_batch_size,
+                            accumulation_steps=max(accumulation_steps, stages) if stages > 1 else accumulation_steps,
+                        )
+                    )
+    return layouts
+
+
+def model_facts(module: nn.Module, tp_plan: Mapping[str, str] | None) -> ModelFacts:
+    """Blocks, heads and key-value heads (from a transformers config, when there is one) and whether a
+    tensor-parallel plan is known (`tp_plan`, or the config's `base_model_tp_plan`)."""
+    config = getattr(module, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    stack = block_stack(module)
+    blocks = stack.count if stack is not None else len(repeated_blocks(module))
+    has_plan = bool(tp_plan) or bool(getattr(config, "base_model_tp_plan", None))
+    return ModelFacts(blocks, heads, kv_heads, has_plan, type(module).__name__)
+
+
+def _batch_of(inputs: tuple, kwargs: dict) -> int:
+    for value in (*inputs, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+        if isinstance(value, (tuple, torch.Size)) and value and all(isinstance(v, int) for v in value):
+            return int(value[0])
+    raise LayoutError("plan_parallel needs one micro-batch of inputs (a tensor or a shape) to read its size from")
+
+
+class _Measurements:
+    """Fake steps, each measured once per distinct configuration (replicas do not change a rank's
+    memory) and composed over the blocks when they are alike."""
+
+    def __init__(self, module: nn.Module, measure: Measure) -> None:
+        self.module, self.measure = module, measure
+        self.stack: BlockStack | None = block_stack(module)
+        self.cache: dict[tuple, RankPeak] = {}
+
+    def rank_peak(self, layout: Layout) -> RankPeak:
+        key = (
+            layout.dp_shard,
+            layout.tp,
+            layout.activation_checkpointing,
+            layout.micro_batch_size,
+            layout.accumulation_steps,
+        )
+        if key not in self.cache:
+            self.cache[key] = self._measured(layout)
+        return self.cache[key]
+
+    def _measured(self, layout: Layout) -> RankPeak:
+        stack = self.stack
+        if stack is None or not stack.alike:
+            step = self.measure(self.module, layout)
+            return RankPeak("every rank", step.peak_bytes, step.peak, step.phase, at=f"the {step.phase}")
+        short_count, long_count = 3, 4
+        short, longer = (
+            candidates_of(count, stack, step.phase_own_peaks, step.block_peaks)
+            for count, step in (
+                (count, self.measure(truncated(self.module, stack, count), layout))
+                for count in (short_count, long_count)
+            )
+        )
+        composed = compose_peak(short, longer, stack.count)
+        return RankPeak(
+            "every rank",
+            composed.peak_bytes,
+            composed.peak,
+            composed.phase,
+            at=_where(composed.candidate, stack),
+            measured_blocks=(short_count, long_count),
+        )
+
+
+def _where(candidate: str, stack: BlockStack) -> str:
+    kind, _, position = candidate.partition("@")
+    what, _, phase = kind.partition(":")
+    if what == "phase":
+        return f"the {phase}"
+    return f"{phase} of {stack.path(range(stack.count)[int(position)])}"
+
+
+def _train_step_measure(
+    inputs: tuple, kwargs: dict, optimizer: OptimizerFactory | None, loss: LossFunction | None
+) -> Measure:
+    def measure(module: nn.Module, layout: Layout) -> TrainStep:
+        if layout.activation_checkpointing == "selective" or layout.tp > 1 or layout.pp > 1:
+            raise LayoutError(f"{layout.label()}: not measurable yet")
+        return train_step(
+            module,
+            *inputs,
+            optimizer=optimizer,
+            loss=loss,
+            world_size=layout.dp_shard,
+            activation_checkpointing=layout.activation_checkpointing == "block",
+            accumulation_steps=layout.accumulation_steps,
+            **kwargs,
+        )
+
+    return measure
+
+
+def _model_cost(module: nn.Module, inputs: tuple, kwargs: dict, stack: BlockStack | None) -> ModelCost:
+    """FLOPs of one micro-batch's forward (a fake forward of the first 3 blocks, composed), parameter
+    bytes per block and elsewhere, and the bytes of the tensor passed between blocks."""
+    from .dry_run import dry_run
+
+    probe = truncated(module, stack, 3) if stack is not None and stack.alike else module
+    run = dry_run(probe, *inputs, **kwargs)
+    rows = run.modules.set_index("name")
+    if stack is not None and stack.alike:
+        first = stack.path(0)
+        block_flops = int(rows.loc[first, "flops"])
+        forward = run.flops + (stack.count - 3) * block_flops
+        block = module.get_submodule(first)
+        block_bytes = sum(p.numel() * p.element_size() for p in block.parameters())
+        shapes = rows.loc[first, "output_shapes"]
+        boundary = (
+            int(torch.Size(shapes[0]).numel()) * _dtype_size(rows.loc[first, "output_dtypes"][0]) if shapes else 0
+        )
+        blocks = stack.count
+    else:
+        block_flops, forward, block_bytes, boundary, blocks = 0, run.flops, 0, 0, 0
+    total = sum(p.numel() * p.element_size() for p in module.parameters())
+    return ModelCost(forward, block_flops, blocks, block_bytes, total - block_bytes * blocks, boundary)
+
+
+def _dtype_size(dtype: Any) -> int:
+    name = str(dtype).removeprefix("torch.")
+    return getattr(torch, name).itemsize if hasattr(torch, name) else 4
+
+
+def plan_parallel(
+    module: nn.Module,
+    *inputs: Any,
+    gpus: int,
+    gpu_memory: float | str = "80GB",
+    optimizer: OptimizerFactory | None = None,
+    loss: LossFunction | None = None,
+    layouts: Sequence[Layout] | None = None,
+    fsdp: Iterable[int] | None = None,
+    tp: Iterable[int] = SEARCH_TP,
+    pp: Iterable[int] = SEARCH_PP,
+    activation_checkpointing: Iterable[ActivationCheckpointing] = SEARCH_AC,
+    accumulation_steps: int = 1,
+    tp_plan: Mapping[str, str] | None = None,
+    hardware: Hardware = DEFAULT_HARDWARE,
+    **forward_kwargs: Any,
+) -> ParallelPlan:
+    """Which layouts of a training step of `module` fit on `gpus` GPUs of `gpu_memory` each.
+
+    `inputs` (and `forward_kwargs`) are one micro-batch on one data-parallel rank, read as
+    `train_step` reads them. `layouts`: the layouts to evaluate (default: `candidate_layouts` over
+    `fsdp`, `tp`, `pp` and `activation_checkpointing`, with `accumulation_steps` micro-batches).
+    Each valid layout's rank peak comes from fake steps of the loop users write (note [The loop as
+    users write it]) under that layout; repeated blocks that are alike are measured at 3 and 4
+    blocks and composed (note [Composing a step from two block counts]). Communication and the
+    throughput proxy follow `parallel_cost`'s stated model (`hardware`). A layout the model does not
+    allow is kept, with its `problems`. `module` is left unchanged.
+    Raises TypeError for a non-module, ValueError for `gpus` < 1 or an unreadable `gpu_memory`.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"plan_parallel expects an nn.Module, got {type(module).__name__}")
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise ValueError(f"gpus must be a positive int, got {gpus!r}")
+    memory = parse_budget(gpu_memory)
+    batch = _batch_of(inputs, forward_kwargs)
+    if layouts is None:
+        layouts = candidate_layouts(
+            gpus,
+            fsdp=fsdp,
+            tp=tp,
+            pp=pp,
+            activation_checkpointing=activation_checkpointing,
+            micro_batch_size=batch,
+            accumulation_steps=accumulation_steps,
+        )
+    facts = model_facts(module, tp_plan)
+    measurements = _Measurements(module, _train_step_measure(inputs, forward_kwargs, optimizer, loss))
+    cost_model = _model_cost(module, inputs, forward_kwargs, measurements.stack)
+    results = [_evaluate(layout, facts, gpus, batch, measurements, cost_model, hardware) for layout in layouts]
+    return ParallelPlan(type(module).__name__, gpus, memory, tuple(results), proxy_note=_PROXY_NOTE)
+
+
+_PROXY_NOTE = "step proxy: compute at the stated FLOP/s + exposed communication + pipeline bubble (parallel_cost)"
+
+
+def _evaluate(
+    layout: Layout,
+    facts: ModelFacts,
+    gpus: int,
+    batch: int,
+    measurements: _Measurements,
+    cost_model: ModelCost,
+    hardware: Hardware,
+) -> LayoutResult:
+    problems = layout_problems(layout, facts, gpus)
+    if layout.micro_batch_size != batch:
+        problems.append(f"its micro-batch is {layout.micro_batch_size} sequences, the inputs hold {batch}")
+    if problems:
+        return LayoutResult(layout, tuple(problems))
+    try:
+        ranks = (measurements.rank_peak(layout),)
+    except LayoutError as error:
+        return LayoutResult(layout, (str(error),))
+    cost = step_cost(layout, cost_model, hardware)
+    return LayoutResult(
+        layout,
+        ranks=ranks,
+        communication=cost.communication,
+        compute_flops=cost.compute_flops,
+        recompute_flops=cost.recompute_flops,
+        exposed_communication_s=cost.exposed_communication_s,
+        step_proxy_s=cost.step_proxy_s,
+    )
