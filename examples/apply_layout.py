@@ -39,8 +39,15 @@ SEQUENCE = 16
 
 
 def config() -> transformers.LlamaConfig:
-    return transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
 
 
 def tp_plan() -> dict[str, str]:
@@ -65,8 +72,13 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: to
 def run_rank(rank: int, world: int, port: int, layout: Layout, source: str) -> None:
     """One rank (the target of a forked process): apply the layout, step once, print loss and peak."""
     torch.set_num_threads(1)  # OpenMP pools do not survive fork; the ranks share the cores anyway
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     try:
         generated: dict = {}
         exec(compile(source, "<apply_layout>", "exec"), generated)  # the text to_python wrote
@@ -101,8 +113,13 @@ def parse_layout(argv: list[str] | None = None) -> tuple[Layout, bool]:
     parser.add_argument("--micro-batch-size", type=int, default=2, help="sequences per rank")
     parser.add_argument("--print-source", action="store_true", help="print the code to_python generated")
     args = parser.parse_args(argv)
-    layout = Layout(dp_shard=args.dp_shard, dp_replicate=args.dp_replicate, tp=args.tp,
-                    activation_checkpointing=args.ac, micro_batch_size=args.micro_batch_size)
+    layout = Layout(
+        dp_shard=args.dp_shard,
+        dp_replicate=args.dp_replicate,
+        tp=args.tp,
+        activation_checkpointing=args.ac,
+        micro_batch_size=args.micro_batch_size,
+    )
     return layout, args.print_source
 
 
@@ -112,8 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     if print_source:
         print(source)
     print(f"{layout.label()}: {layout.gpus} ranks", flush=True)
-    mp.start_processes(run_rank, args=(layout.gpus, free_port(), layout, source), nprocs=layout.gpus,
-                       start_method="fork")
+    mp.start_processes(
+        run_rank, args=(layout.gpus, free_port(), layout, source), nprocs=layout.gpus, start_method="fork"
+    )
 
 
 if __name__ == "__main__":

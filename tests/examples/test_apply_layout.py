@@ -43,8 +43,9 @@ def _example() -> ModuleType:
 def _run(*args: str) -> dict[int, tuple[float, int]]:
     """rank → (loss, peak bytes) as the script printed them; fails with its output if it failed."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return {int(rank): (float(loss), int(peak)) for rank, loss, peak in RANK_LINE.findall(done.stdout)}
 
