@@ -144,10 +144,10 @@ def to_python(layout: Layout, *, blocks: str = "model.model.layers", tp_plan: Ma
     `blocks` names the repeated blocks as an expression on `model` (the root passed to
     `apply_layout`). `tp_plan` maps module paths, relative to the root and with `*` for any block
     index, to HF style strings (`TP_STYLES`), as transformers' `base_model_tp_plan` does (e.g.
-    `{"model.layers.*.self_attn.q_proj": "colwise"}` for a `LlamaForCausalLM`). `apply_layout`
-    works on a regular or a meta-device model (so it can be `fully_shard_deferred`'s `shard=`),
-    and returns it. Raises `LayoutError` when `blocks` is not on `model`, when `tp > 1` has no
-    plan, or a style is unknown.
+    `{"model.layers.*.self_attn.q_proj": "colwise"}` for a `LlamaForCausalLM`); it is read only
+    when `layout.tp > 1`. `apply_layout` works on a regular or a meta-device model (so it can be
+    `fully_shard_deferred`'s `shard=`), and returns it. Raises `LayoutError` when `blocks` does not
+    start at `model.`, when `tp > 1` has no plan, or when a style is unknown.
     """
     if not re.fullmatch(r"model(\.\w+)+", blocks):
         raise LayoutError(f"blocks={blocks!r} must name the blocks on the root, as 'model.<path>'")
