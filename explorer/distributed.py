@@ -31,7 +31,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate
 
-from ._torch_compat.dtensor import compute_local_shape_and_global_offset
+from ._torch_compat.dtensor import compute_local_shape_and_global_offset, is_strided_shard
 from .errors import DistributedMaterializationError, MaterializationError
 from .replay.materialize import TensorSlot, deferred_slots, materialize_fakes
 from .replay.rng import RngMode
@@ -181,7 +181,7 @@ class ParameterSource:
 
 def _row_range(fake: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement]) -> tuple[int, int] | None:
     """Rows [start, stop) of dim 0 that make this rank's part, when no other dim is split."""
-    if fake.dim() == 0 or any(not (p.is_shard() or p.is_replicate()) for p in placements):
+    if fake.dim() == 0 or not _one_block(placements):
         return None
     shape, offset = compute_local_shape_and_global_offset(fake.shape, mesh, placements)
     if tuple(shape[1:]) != tuple(fake.shape[1:]):
@@ -264,10 +264,25 @@ def _copy_into_local(slot: TensorSlot, fake: torch.Tensor, source: ParameterSour
         param.copy_(source.whole())
 
 
+def _one_block(placements: Sequence[Placement]) -> bool:
+    """Whether this rank's part is one block of the global tensor, so (shape, offset) find it: true of
+    Shard and Replicate, and of FSDP2's strided shard over a later Shard of the same dim (FSDP over
+    TP splits each TP part into consecutive rows, e.g. (_StridedShard(0, sf=2), Shard(0)))."""
+    for index, placement in enumerate(placements):
+        if placement.is_shard() or placement.is_replicate():
+            continue
+        dim = getattr(placement, "dim", None)
+        if not (is_strided_shard(placement) and any(p.is_shard(dim) for p in placements[index + 1 :])):
+            return False
+    return True
+
+
 def _local_slice(full: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement]) -> torch.Tensor:
     """This rank's part of `full` under `placements`, as a view (nothing copied)."""
-    if any(not (p.is_shard() or p.is_replicate()) for p in placements):
-        raise MaterializationError(f"only Shard and Replicate placements can be materialized, got {placements}")
+    if not _one_block(placements):
+        raise MaterializationError(
+            f"only Shard, Replicate and FSDP2-over-TP placements can be materialized, got {placements}"
+        )
     shape, offset = compute_local_shape_and_global_offset(full.shape, mesh, placements)
     part = full
     for dim, (size, start) in enumerate(zip(shape, offset)):

@@ -245,3 +245,17 @@ def test_fsdp_refuses_a_module_with_materialized_tensors(one_rank: Launch) -> No
         "deferred (materialize nothing before it, or shard this module with "
         "torch.distributed.fsdp.fully_shard directly)"
     )
+
+
+# -- placements (no ranks needed) ------------------------------------------------------------------
+def test_fsdp_over_tp_placement_is_one_block_of_rows_but_tp_over_fsdp_is_not() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from explorer.distributed import _one_block
+
+    assert _one_block((_StridedShard(0, split_factor=2), Shard(0)))  # what fully_shard makes of ColwiseParallel
+    assert _one_block((Shard(0), Shard(1), Replicate()))
+    assert not _one_block((Shard(0), _StridedShard(0, split_factor=2)))  # rows interleave: no (shape, offset)
+    assert not _one_block((_StridedShard(0, split_factor=2), Shard(1)))
+    assert not _one_block((Partial(),))
