@@ -9,7 +9,7 @@ per step by collective, and a throughput proxy; or, for a layout the model does 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -265,21 +265,37 @@ def _where(candidate: str, stack: BlockStack) -> str:
     return f"{phase} of {stack.path(range(stack.count)[int(position)])}"
 
 
+def _resized(value: Any, batch: int, size: int, made: dict[int, torch.Tensor]) -> Any:
+    """`value` with a leading batch dimension of `batch` resized to `size` (tensors and shapes);
+    `made` keeps one resized tensor per tensor, so that inputs passed twice stay one storage."""
+    if size == batch:
+        return value
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
+        if id(value) not in made:
+            made[id(value)] = value.new_zeros((size, *value.shape[1:]))
+        return made[id(value)]
+    if isinstance(value, (tuple, torch.Size)) and value and all(isinstance(v, int) for v in value):
+        return (size, *value[1:]) if value[0] == batch else value
+    return value
+
+
 def _train_step_measure(
-    inputs: tuple, kwargs: dict, optimizer: OptimizerFactory | None, loss: LossFunction | None
+    inputs: tuple, kwargs: dict, batch: int, optimizer: OptimizerFactory | None, loss: LossFunction | None
 ) -> Measure:
     def measure(module: nn.Module, layout: Layout) -> TrainStep:
         if layout.activation_checkpointing == "selective" or layout.tp > 1 or layout.pp > 1:
             raise LayoutError(f"{layout.label()}: not measurable yet")
+        size = layout.micro_batch_size
+        made: dict[int, torch.Tensor] = {}
         return train_step(
             module,
-            *inputs,
+            *(_resized(value, batch, size, made) for value in inputs),
             optimizer=optimizer,
             loss=loss,
             world_size=layout.dp_shard,
             activation_checkpointing=layout.activation_checkpointing == "block",
             accumulation_steps=layout.accumulation_steps,
-            **kwargs,
+            **{key: _resized(value, batch, size, made) for key, value in kwargs.items()},
         )
 
     return measure
@@ -335,8 +351,10 @@ def plan_parallel(
     """Which layouts of a training step of `module` fit on `gpus` GPUs of `gpu_memory` each.
 
     `inputs` (and `forward_kwargs`) are one micro-batch on one data-parallel rank, read as
-    `train_step` reads them. `layouts`: the layouts to evaluate (default: `candidate_layouts` over
-    `fsdp`, `tp`, `pp` and `activation_checkpointing`, with `accumulation_steps` micro-batches).
+    `train_step` reads them; a layout with another `micro_batch_size` runs them resized along their
+    first dimension (tensors and shapes whose first size is the inputs' batch; one tensor passed twice
+    stays one). `layouts`: the layouts to evaluate (default: `candidate_layouts` over `fsdp`, `tp`,
+    `pp` and `activation_checkpointing`, with `accumulation_steps` micro-batches).
     Each valid layout's rank peak comes from fake steps of the loop users write (note [The loop as
     users write it]) under that layout; repeated blocks that are alike are measured at 3 and 4
     blocks and composed (note [Composing a step from two block counts]). Communication and the
@@ -361,7 +379,7 @@ def plan_parallel(
             accumulation_steps=accumulation_steps,
         )
     facts = model_facts(module, tp_plan)
-    measurements = _Measurements(module, _train_step_measure(inputs, forward_kwargs, optimizer, loss))
+    measurements = _Measurements(module, _train_step_measure(inputs, forward_kwargs, batch, optimizer, loss))
     cost_model = _model_cost(module, inputs, forward_kwargs, measurements.stack)
     results = [_evaluate(layout, facts, gpus, batch, measurements, cost_model, hardware) for layout in layouts]
     return ParallelPlan(type(module).__name__, gpus, memory, tuple(results), proxy_note=_PROXY_NOTE)
@@ -380,15 +398,23 @@ def _evaluate(
     hardware: Hardware,
 ) -> LayoutResult:
     problems = layout_problems(layout, facts, gpus)
-    if layout.micro_batch_size != batch:
-        problems.append(f"its micro-batch is {layout.micro_batch_size} sequences, the inputs hold {batch}")
     if problems:
         return LayoutResult(layout, tuple(problems))
     try:
         ranks = (measurements.rank_peak(layout),)
     except LayoutError as error:
         return LayoutResult(layout, (str(error),))
-    cost = step_cost(layout, cost_model, hardware)
+    scale = layout.micro_batch_size / batch
+    cost = step_cost(
+        layout,
+        replace(
+            cost_model,
+            forward_flops=round(cost_model.forward_flops * scale),
+            block_forward_flops=round(cost_model.block_forward_flops * scale),
+            boundary_activation_bytes=round(cost_model.boundary_activation_bytes * scale),
+        ),
+        hardware,
+    )
     return LayoutResult(
         layout,
         ranks=ranks,

@@ -1,0 +1,115 @@
+"""plan_parallel: layouts, why a layout cannot run, and each rank's peak equal to the whole step's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import explorer
+from explorer.analysis.parallel_cost import ModelCost, step_cost
+from explorer.analysis.parallel_layout import Layout, LayoutError, ModelFacts, layout_problems
+from explorer.analysis.parallel_plan import candidate_layouts, plan_parallel
+
+IDS = torch.zeros(2, 32, dtype=torch.long)
+
+
+@pytest.fixture(scope="module")
+def llama5() -> torch.nn.Module:
+    config = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=500,
+    )
+    torch.manual_seed(0)
+    return explorer.deferred_init(LlamaForCausalLM, config)
+
+
+def test_a_layout_names_why_it_cannot_run() -> None:
+    facts = ModelFacts(blocks=80, heads=64, kv_heads=8, has_tp_plan=False, root_class="LlamaForCausalLM")
+    layout = Layout(dp_shard=2, tp=16, pp=3, accumulation_steps=2)
+    assert layout_problems(layout, facts, gpus=64) == [
+        "uses 96 GPUs, not 64",
+        "LlamaForCausalLM has no tensor-parallel plan (pass tp_plan=)",
+        "8 key-value heads are not divisible by TP 16",
+        "80 blocks are not divisible into 3 pipeline stages",
+        "2 microbatches cannot keep 3 pipeline stages busy (1F1B needs at least 3)",
+    ]
+    assert layout_problems(Layout(dp_shard=8, tp=8), ModelFacts(80, 64, 8, True), gpus=64) == []
+
+
+def test_a_layout_refuses_a_degree_that_is_not_a_positive_int() -> None:
+    with pytest.raises(LayoutError, match=r"Layout.tp must be a positive int, got 0"):
+        Layout(tp=0)
+    with pytest.raises(LayoutError, match=r"stages_per_rank=2 needs pp_schedule='Interleaved1F1B'"):
+        Layout(pp=2, stages_per_rank=2)
+
+
+def test_the_search_space_of_the_70b_benchmark_has_19_degree_combinations() -> None:
+    layouts = candidate_layouts(64, fsdp=(8, 16, 32, 64), tp=(1, 2, 4, 8), pp=(1, 2, 4))
+    assert len(layouts) == 38  # 19 combinations of degrees dividing 64, each with and without checkpointing
+    assert all(layout.gpus == 64 for layout in layouts)
+    assert Layout(dp_shard=8, dp_replicate=2, tp=2, pp=2, accumulation_steps=2, activation_checkpointing="block") in (
+        layouts
+    )
+
+
+def test_each_rank_peak_equals_the_whole_models_step(llama5: torch.nn.Module) -> None:
+    plan = plan_parallel(llama5, IDS, labels=IDS, gpus=2, gpu_memory="8MB", fsdp=(1, 2), tp=(1,), pp=(1,))
+    assert len(plan.results) == 4
+    for result in plan.results:
+        layout = result.layout
+        whole = explorer.train_step(
+            llama5,
+            IDS,
+            labels=IDS,
+            world_size=layout.dp_shard,
+            activation_checkpointing=layout.activation_checkpointing == "block",
+        )
+        (rank,) = result.ranks
+        assert (rank.peak_bytes, rank.peak, rank.phase) == (whole.peak_bytes, whole.peak, whole.phase)
+        assert rank.measured_blocks == (3, 4)
+    table = plan.table()
+    fits = [plan.fits(result) for result in plan.ordered()]
+    assert fits == sorted(fits, reverse=True)
+    assert table["fits"].tolist() == fits
+    assert table["peak_bytes"].tolist() == [result.peak_bytes for result in plan.ordered()]
+    assert len(llama5.model.layers) == 5
+
+
+def test_a_layout_the_model_does_not_allow_is_listed_last_with_its_reason(llama5: torch.nn.Module) -> None:
+    plan = plan_parallel(
+        llama5,
+        IDS,
+        labels=IDS,
+        gpus=8,
+        layouts=[Layout(dp_shard=8), Layout(dp_shard=1, tp=8)],
+    )
+    table = plan.table()
+    assert table["layout"].tolist()[-1] == "FSDP 1 · TP 8 · PP 1 · AC none · mb 1 × 1"
+    assert table["problems"].tolist()[-1] == (
+        "4 attention heads are not divisible by TP 8; 2 key-value heads are not divisible by TP 8"
+    )
+    assert not table["fits"].tolist()[-1]
+
+
+def test_communication_follows_the_ring_formulas() -> None:
+    model = ModelCost(
+        forward_flops=10**12,
+        block_forward_flops=10**11,
+        blocks=8,
+        block_parameter_bytes=1000,
+        other_parameter_bytes=2000,
+        boundary_activation_bytes=64,
+    )
+    cost = step_cost(Layout(dp_shard=4, dp_replicate=2, tp=2, accumulation_steps=3), model)
+    rank_blocks, rank_root = 8 * 1000 / 2, 2000 / 2
+    assert cost.communication == {
+        "all_gather": round(3 * (2 * rank_blocks + rank_root) * 3 / 4),
+        "reduce_scatter": round(3 * (rank_blocks + rank_root) * 3 / 4),
+        "all_reduce": round(2 * (rank_blocks + rank_root) / 4 * 1 / 2 + 3 * 8 * 4 * 2 * 64 * 1 / 2),
+    }
+    assert cost.compute_flops == 3 * 10**12 * 3 // 2
