@@ -37,7 +37,7 @@ import fill_bench  # noqa: E402  (the recording rows: issue 25's topic)
 from harness import MARKER, MB, ChildError, Report, Row, log, run_child, seconds, verdict  # noqa: E402
 
 # Topic modules (benchmarks/<name>.py): each has TOPIC, CASES and bench(report, quick, timeout).
-TOPICS = ("save_bench", "init_bench", "forward_bench", "fill_bench", "train_bench", "import_bench", "paint_bench", "hub_bench")
+TOPICS = ("save_bench", "init_bench", "forward_bench", "fill_bench", "train_bench", "import_bench", "paint_bench", "hub_bench", "plan_bench")
 
 
 def topic_modules() -> list[Any]:

@@ -36,6 +36,12 @@ _LAZY: dict[str, str] = {
     "InitProgram": ".analysis.fx_export",
     "to_fx": ".analysis.fx_export",
     "init_report": ".analysis.init_report",
+    "Layout": ".analysis.parallel_layout",
+    "LayoutError": ".analysis.parallel_layout",
+    "ParallelPlan": ".analysis.parallel_plan",
+    "plan_parallel": ".analysis.parallel_plan",
+    "to_python": ".analysis.layout_export",
+    "to_torchtitan": ".analysis.layout_export",
     "DevicePlanError": ".analysis.memory_plan",
     "MemoryPlan": ".analysis.memory_plan",
     "plan_devices": ".analysis.memory_plan",
@@ -55,7 +61,10 @@ if TYPE_CHECKING:
     from .analysis.forward_graph import ForwardGraph, ForwardGraphError, forward_graph
     from .analysis.fx_export import InitProgram, to_fx
     from .analysis.init_report import init_report
+    from .analysis.layout_export import to_python, to_torchtitan
     from .analysis.memory_plan import DevicePlanError, MemoryPlan, plan_devices
+    from .analysis.parallel_layout import Layout, LayoutError
+    from .analysis.parallel_plan import ParallelPlan, plan_parallel
     from .analysis.train_step import TrainStep, TrainStepError, train_step
     from .inspection import Inspection, inspect
     from .render import module_graph, node_kind, op_graph
@@ -104,6 +113,8 @@ __all__ = [
     "inspect",
     "is_deferred",
     "is_fake",
+    "Layout",
+    "LayoutError",
     "load_checkpoint",
     "materialize_module",
     "materialize_tensor",
@@ -113,10 +124,14 @@ __all__ = [
     "module_graph",
     "node_kind",
     "op_graph",
+    "ParallelPlan",
     "plan_devices",
+    "plan_parallel",
     "release_module",
     "save_checkpoint",
     "to_fx",
+    "to_python",
+    "to_torchtitan",
     "TrainStep",
     "TrainStepError",
     "train_step",
