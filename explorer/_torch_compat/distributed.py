@@ -155,4 +155,4 @@ def dtensor_meta_propagation_hidden() -> Iterator[None]:
     try:
         yield
     finally:
-        propagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
+        propagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]  # the original, put back
