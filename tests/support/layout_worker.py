@@ -57,7 +57,7 @@ SCENARIOS: dict[int, dict[str, Layout]] = {
         "tp2": Layout(tp=2),
         "fsdp2-ac-block": Layout(dp_shard=2, activation_checkpointing="block"),
     },
-    4: {"fsdp2-tp2": Layout(dp_shard=2, tp=2)},
+    4: {"fsdp2-tp2": Layout(dp_shard=2, tp=2), "hsdp2x2": Layout(dp_replicate=2, dp_shard=2)},
 }
 
 
@@ -73,7 +73,8 @@ def named(snapshot: dict) -> dict[str, int]:
 
 
 def parallelize_by_hand(model: torch.nn.Module, mesh: DeviceMesh, layout: Layout) -> None:
-    """TP, then activation checkpointing of every decoder layer, then FSDP2 per layer and root."""
+    """TP, then activation checkpointing of every decoder layer, then FSDP2 (HSDP with replicas) per
+    layer and root."""
     if layout.tp > 1:
         parallelize_module(model, mesh["tp"], EAGER_TP_PLAN)
     layers = model.model.layers
@@ -81,9 +82,10 @@ def parallelize_by_hand(model: torch.nn.Module, mesh: DeviceMesh, layout: Layout
         for index, layer in enumerate(layers):
             layers[index] = checkpoint_wrapper(layer)
     if layout.dp_shard > 1:
+        dp_mesh = mesh["dp_shard"] if layout.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
         for layer in layers:
-            fully_shard(layer, mesh=mesh["dp_shard"])
-        fully_shard(model, mesh=mesh["dp_shard"])
+            fully_shard(layer, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
 
 
 def measured_step(model: torch.nn.Module, batch: dict) -> dict[str, Any]:

@@ -7,13 +7,13 @@ one fork per world size) join a gloo group on 127.0.0.1, parallelize the eager t
 root), and run the loop users write under `MemTracker` (TP only) or `FSDPMemTracker` (with FSDP).
 Rank 0 then runs the same step on fakes: the deferred model's twin parallelized by layout_step's own
 `parallelize_twin` under the same tracker code (every module-boundary snapshot), and `layout_step`.
-Layouts: TP 2 and FSDP 2 with block checkpointing on 2 ranks, FSDP 2 × TP 2 on 4 ranks.
+Layouts: TP 2 and FSDP 2 with block checkpointing on 2 ranks; FSDP 2 × TP 2 and HSDP 2 × 2 on 4.
 
 What is equal to the byte: the forward peak, the snapshot at the end of forward, every boundary
 snapshot before backward, and layout_step's forward peak and end of forward. One named difference,
 FSDP only: gloo's CPU reduce-scatter stages a copy of its input (the module's padded unsharded
-parameters: 37,120 bytes for a decoder layer at FSDP 2, 18,688 at FSDP 2 × TP 2, 24,704 / 12,416
-for the root) inside the backend, which the tracker sees for that call and which NCCL and the fake
+parameters: 37,120 bytes for a decoder layer at FSDP 2 and HSDP 2 × 2, 18,688 at FSDP 2 × TP 2,
+24,704 / 12,416 for the root) inside the backend, which the tracker sees for that call and which NCCL and the fake
 backend do not (test_train_fsdp.py's docstring); gloo runs it on its own thread, so the copy may still
 be alive at the next backward boundary. So: at backward boundaries a snapshot of eager may hold, as
 Temp, exactly one module's reduce-scatter input more; the backward and step peaks of eager lie
@@ -143,25 +143,31 @@ def test_tp_and_checkpointed_fsdp_on_two_fake_ranks_equal_pytorchs_trackers_on_t
 
 
 @pytest.mark.slow
-def test_fsdp_by_tp_on_four_fake_ranks_equals_fsdp_memtracker_on_four_gloo_ranks(tmp_path):
-    result = _run_ranks(4, tmp_path)["fsdp2-tp2"]
-    staging = result["eager"]["reduce_scatter_bytes"]
-    assert staging == result["fake"]["reduce_scatter_bytes"] == {
-        "": 12416, "model.layers.0": 18688, "model.layers.1": 18688,
-    }  # fmt: skip
-    for moment in ("forward_peak", "end_of_forward"):
-        assert result["fake"][moment] == result["eager"][moment], moment
-    _assert_boundaries_equal_up_to_gloo_staging(result["fake"]["boundaries"], result["eager"]["boundaries"], staging)
-    _assert_layout_step_matches(result, staged_at_most=max(staging.values()))
-    layers = staging["model.layers.0"] + staging["model.layers.1"]
+def test_fsdp_by_tp_and_hsdp_on_four_fake_ranks_equal_fsdp_memtracker_on_four_gloo_ranks(tmp_path):
+    results = _run_ranks(4, tmp_path)
+    for name, staged in (
+        ("fsdp2-tp2", {"": 12416, "model.layers.0": 18688, "model.layers.1": 18688}),
+        ("hsdp2x2", {"": 24704, "model.layers.0": 37120, "model.layers.1": 37120}),
+    ):
+        result = results[name]
+        assert result["eager"]["reduce_scatter_bytes"] == result["fake"]["reduce_scatter_bytes"] == staged, name
+        for moment in ("forward_peak", "end_of_forward"):
+            assert result["fake"][moment] == result["eager"][moment], (name, moment)
+        _assert_boundaries_equal_up_to_gloo_staging(result["fake"]["boundaries"], result["eager"]["boundaries"], staged)
+        _assert_layout_step_matches(result, staged_at_most=max(staged.values()))
+
+    staged = results["fsdp2-tp2"]["eager"]["reduce_scatter_bytes"]
+    layers = staged["model.layers.0"] + staged["model.layers.1"]
     logits = 2 * 8 * 96 * 4  # the head's output gathered over TP: batch × sequence × vocabulary floats
-    assert result["layout_step"]["communication"] == {
-        "all_gather": sum(staging.values()) + layers + logits,  # each layer gathered again for backward
-        "reduce_scatter": sum(staging.values()),
-        "all_reduce": 32768,
+    assert results["fsdp2-tp2"]["layout_step"]["communication"] == {
+        "all_gather": sum(staged.values()) + layers + logits,  # each layer gathered again for backward
+        "reduce_scatter": sum(staged.values()),
+        "all_reduce": 32768,  # TP: 5 forward + 11 backward all-reduces of 2 × 8 × 32 floats
         "all_to_all": 0,
         "broadcast": 0,
     }
+    hsdp = results["hsdp2x2"]["layout_step"]["communication"]
+    assert hsdp["all_reduce"] == sum(results["hsdp2x2"]["eager"]["reduce_scatter_bytes"].values()) // 2  # shards
 
 
 # -- the plan -------------------------------------------------------------------------------------
@@ -279,3 +285,17 @@ def test_selective_checkpointing_wraps_every_other_block_from_the_second():
     step = layout_step(deferred_init(LLAMA.cls, config), input_ids=IDS, layout=selective)
     assert step.blocks == ["model.layers.0", "model.layers.1", "model.layers.2", "model.layers.3"]
     assert step.checkpointed == ["model.layers.1", "model.layers.3"]
+
+
+def test_accumulated_micro_batches_are_measured_as_train_step_measures_them():
+    model = deferred_init(LLAMA.cls, LLAMA.config())
+    ids = LLAMA.inputs()["input_ids"]
+    accumulated = Layout(dp_shard=2, accumulation_steps=2)
+    step = layout_step(model, input_ids=ids, labels=ids, layout=accumulated, keep_outputs=False)
+    expected = train_step(model, input_ids=ids, labels=ids, world_size=2, accumulation_steps=2, keep_outputs=False)
+    assert (step.peak_bytes, step.peak, step.phase_peaks) == (expected.peak_bytes, expected.peak, expected.phase_peaks)
+    assert (step.accumulation_steps, step.keep_outputs, step.world_size) == (2, False, 2)
+    # FSDP2 gathers and reduce-scatters for each micro-batch (no gradient-sync skipping)
+    assert step.communication.calls == {
+        "all_gather": 10, "reduce_scatter": 6, "all_reduce": 0, "all_to_all": 0, "broadcast": 0,
+    }  # fmt: skip
