@@ -95,11 +95,18 @@ def parallel_style(style: str, path: str) -> ParallelStyle | None:
 def apply_tp_plan(module: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[str, str]) -> None:
     """`parallelize_module` of `module` over `tp_mesh` with `plan` (module-path globs, `*` one path
     part, → style names). Raises TensorParallelPlanError for an unsupported style or a key that
-    names no module (a parameter path, or a typo), naming the key."""
+    names no module (a parameter path, or a typo), naming the key. Tied parameters stay tied
+    (`_tie_again`)."""
     paths = [path for path, _ in module.named_modules() if path]
+    parameters = [path for path, _ in module.named_parameters()]
     styles: dict[str, ParallelStyle] = {}
     for key, name in plan.items():
         matched = [path for path in paths if _matches(key, path)]
+        if not matched and any(_matches(key, path) for path in parameters):
+            raise TensorParallelPlanError(
+                f"tensor-parallel plan key {key!r} ({name!r}) names a parameter of {type(module).__name__}, not a "
+                "module: parameter styles (packed or expert weights) are not supported; pass tp_plan= without it"
+            )
         if not matched:
             raise TensorParallelPlanError(
                 f"tensor-parallel plan key {key!r} ({name!r}) names no module of {type(module).__name__}"
@@ -107,7 +114,37 @@ def apply_tp_plan(module: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[str, str
         style = parallel_style(name, matched[0])
         if style is not None:
             styles[key] = style
+    tied = _tied_names(module)
     parallelize_module(module, tp_mesh, styles)
+    _tie_again(module, tied)
+
+
+def _tied_names(module: nn.Module) -> list[list[str]]:
+    """The names of each parameter held under several names (an embedding tied to its head)."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def _tie_again(module: nn.Module, tied: list[list[str]]) -> None:
+    """`parallelize_module` replaces each module's parameters by DTensors one module at a time, which
+    unties them; tie each group again to its first name's, as transformers' `tie_weights` does after
+    sharding. Raises TensorParallelPlanError when the plan sharded two tied names differently."""
+    for first, *others in tied:
+        kept = module.get_parameter(first)
+        for name in others:
+            replaced = module.get_parameter(name)
+            if replaced is kept:
+                continue
+            layouts = [(tuple(p.shape), getattr(p, "placements", None)) for p in (kept, replaced)]
+            if layouts[0] != layouts[1]:
+                raise TensorParallelPlanError(
+                    f"tied parameters {first!r} and {name!r} are sharded differently by the tensor-parallel plan "
+                    f"({layouts[0][1]} and {layouts[1][1]}): give their modules styles that shard the same dim"
+                )
+            owner, _, attribute = name.rpartition(".")
+            setattr(module.get_submodule(owner), attribute, kept)
 
 
 def _matches(key: str, path: str) -> bool:

@@ -40,7 +40,7 @@ from explorer import deferred_init
 from explorer._torch_compat.fake import FakeTensorMode
 from explorer.analysis.comm_count import CollectiveCounter
 from explorer.analysis.fake_fsdp import fake_process_group
-from explorer.analysis.layout_step import layout_step
+from explorer.analysis.layout_step import MESH_DIMS, layout_step, parallelize_twin
 from explorer.analysis.parallel_layout import Layout, LayoutError
 from explorer.analysis.tp_plans import TensorParallelPlanError, parallel_style, tp_plan_of
 from explorer.analysis.train_step import train_step
@@ -212,6 +212,17 @@ def test_each_hugging_face_style_maps_to_the_dtensor_style_with_its_layouts(name
     assert (style.input_layouts, style.output_layouts) == (input_layouts, output_layouts)
 
 
+def test_tied_embedding_and_head_stay_one_parameter_under_tp():
+    qwen2 = HF_BY_NAME["qwen2"]  # tie_word_embeddings=True; embedding_rowwise and the head both shard the vocabulary
+    module = deferred_init(qwen2.cls, qwen2.config())
+    twin = fake_twin(module, FakeTensorMode(allow_non_fake_inputs=True))
+    with fake_process_group(2, "cpu", (1, 1, 2), MESH_DIMS) as mesh:
+        parallelize_twin(twin, mesh, Layout(tp=2), tp_plan_of(module))
+        assert twin.lm_head.weight is twin.model.embed_tokens.weight
+        assert twin.lm_head.weight.to_local().shape == (48, 32)
+    assert len(list(twin.parameters())) == len(list(module.parameters())) == 26
+
+
 def test_replicate_style_leaves_the_module_alone():
     assert parallel_style("replicate", "layers.0.scale") is None
 
@@ -231,6 +242,17 @@ def test_layout_step_refuses_a_plan_key_that_names_no_module():
     message = r"^tensor-parallel plan key 'model\.layer\.\*\.mlp' \('colwise'\) names no module of LlamaForCausalLM$"
     with pytest.raises(TensorParallelPlanError, match=message):
         layout_step(model, input_ids=IDS, layout=Layout(tp=2), tp_plan={"model.layer.*.mlp": "colwise"})
+
+
+def test_layout_step_refuses_a_plan_key_that_names_a_parameter():
+    mixtral = HF_BY_NAME["mixtral"]
+    message = (
+        r"^tensor-parallel plan key 'model\.layers\.\*\.mlp\.experts\.gate_up_proj' \('packed_colwise'\) names a "
+        r"parameter of MixtralForCausalLM, not a module: parameter styles \(packed or expert weights\) are not "
+        r"supported; pass tp_plan= without it$"
+    )
+    with pytest.raises(TensorParallelPlanError, match=message):
+        layout_step(deferred_init(mixtral.cls, mixtral.config()), input_ids=IDS, layout=Layout(tp=2))
 
 
 def test_layout_step_refuses_tp_on_a_model_without_a_plan():
