@@ -29,7 +29,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from explorer import deferred_init
@@ -176,14 +176,31 @@ def layout_step_numbers(layout: Layout) -> dict[str, Any]:
     }
 
 
+def tracker_counts_dtensor_meta_fakes(world: int) -> int:
+    """The bytes PyTorch's MemTracker counts, in eager, beyond the real allocations of one DTensor op
+    (`sqrt` of a 64 × 32 float tensor sharded by rows): DTensor runs each op on global-shape fakes
+    for its output metadata, and some releases' trackers count those (8,192 bytes here), others not
+    (0). A collective: every rank calls it."""
+    sharded = distribute_tensor(torch.ones(64, 32), init_device_mesh("cpu", (world,)), [Shard(0)])
+    local_bytes = sharded.to_local().numel() * 4
+    tracker = MemTracker()
+    tracker.track_external(sharded)
+    with tracker:
+        root = sharded.sqrt()
+    peak = named(tracker.get_tracker_snapshot("peak"))["Total"]
+    del root
+    return peak - 2 * local_bytes
+
+
 def run_rank(rank: int, world: int, port: int, out: Path) -> None:
     """Rank `rank` of `world`: every scenario of SCENARIOS[world], one JSON file each."""
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
+        probe = tracker_counts_dtensor_meta_fakes(world)
         for name, layout in SCENARIOS[world].items():
-            result: dict[str, Any] = {}
+            result: dict[str, Any] = {"tracker_counts_dtensor_meta_fakes": probe}
             try:
                 mesh = init_device_mesh(
                     "cpu", (layout.dp_replicate, layout.dp_shard, layout.tp), mesh_dim_names=MESH_DIMS

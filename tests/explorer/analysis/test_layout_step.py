@@ -19,6 +19,14 @@ be alive at the next backward boundary. So: at backward boundaries a snapshot of
 Temp, exactly one module's reduce-scatter input more; the backward and step peaks of eager lie
 between layout_step's and layout_step's plus the largest reduce-scatter input. TP's all-reduces and
 all-gathers on gloo stage nothing the tracker sees: the TP-only layout is equal everywhere.
+
+One named difference of some releases: DTensor runs each op on fakes of the *global* shapes to learn
+its output's metadata, and on torch 2.11 PyTorch's MemTracker counts those fakes in eager as
+allocations (they allocate nothing): 8,192 bytes for a 64 × 32 float op, measured by
+`layout_worker.tracker_counts_dtensor_meta_fakes` on each run (0 on 2.13 and later). layout_step
+does not count them (note [DTensor's meta propagation under our fake mode]). Where the probe is not
+0, PyTorch's peaks (which fall inside an op) are only an upper bound on ours; the module-boundary
+snapshots and the end of forward, taken between ops, stay equal to the byte.
 """
 
 from __future__ import annotations
@@ -108,22 +116,46 @@ def _assert_boundaries_equal_up_to_gloo_staging(fake: dict, eager: dict, staging
                 assert snapshot == expected, (path, state, index)
 
 
+def _assert_peak(eager: int, ours: int, result: dict, staged_at_most: int = 0) -> None:
+    """Equal, but for gloo's staged copy (up to `staged_at_most`) and, where this release's tracker
+    counts DTensor's metadata fakes, anything above ours (module docstring)."""
+    if result["tracker_counts_dtensor_meta_fakes"]:
+        assert eager >= ours
+    else:
+        assert 0 <= eager - ours <= staged_at_most
+
+
 def _assert_layout_step_matches(result: dict, staged_at_most: int) -> None:
     eager, step = result["eager"], result["layout_step"]
-    assert step["phase_peaks"]["forward"] == eager["forward_peak"]["Total"]
+    _assert_peak(eager["forward_peak"]["Total"], step["phase_peaks"]["forward"], result)
     assert step["end_of_forward"] == _ours(eager["end_of_forward"])
     assert step["end_of_forward_bytes"] == eager["end_of_forward"]["Total"]
     for phase, eager_peak in (("backward", eager["backward_peak"]), ("optimizer", eager["step_peak"])):
-        assert 0 <= eager_peak["Total"] - step["phase_peaks"][phase] <= staged_at_most, phase
-    if staged_at_most == 0:
+        _assert_peak(eager_peak["Total"], step["phase_peaks"][phase], result, staged_at_most)
+    if staged_at_most == 0 and not result["tracker_counts_dtensor_meta_fakes"]:
         assert step["peak"] == _ours(eager["step_peak"])
+
+
+def _assert_fake_matches(result: dict) -> None:
+    """The fake twin under PyTorch's tracker: the end of forward equal, the forward peak equal but
+    for DTensor's metadata fakes where this release's tracker counts them."""
+    fake, eager = result["fake"], result["eager"]
+    assert fake["end_of_forward"] == eager["end_of_forward"]
+    if result["tracker_counts_dtensor_meta_fakes"]:
+        assert eager["forward_peak"]["Total"] >= fake["forward_peak"]["Total"]
+    else:
+        assert fake["forward_peak"] == eager["forward_peak"]
 
 
 @pytest.mark.slow
 def test_tp_and_checkpointed_fsdp_on_two_fake_ranks_equal_pytorchs_trackers_on_two_gloo_ranks(tmp_path):
     results = _run_ranks(2, tmp_path)
     tp = results["tp2"]
-    assert tp["fake"] == tp["eager"]  # every snapshot, every boundary of every module: no exception
+    if tp["tracker_counts_dtensor_meta_fakes"]:
+        assert tp["fake"]["boundaries"] == tp["eager"]["boundaries"]
+        _assert_fake_matches(tp)
+    else:
+        assert tp["fake"] == tp["eager"]  # every snapshot, every boundary of every module: no exception
     _assert_layout_step_matches(tp, staged_at_most=0)
     assert tp["layout_step"]["calls"] == {
         "all_gather": 1, "reduce_scatter": 0, "all_reduce": 16, "all_to_all": 0, "broadcast": 0,
@@ -134,8 +166,7 @@ def test_tp_and_checkpointed_fsdp_on_two_fake_ranks_equal_pytorchs_trackers_on_t
     assert staging == checkpointed["fake"]["reduce_scatter_bytes"] == {
         "": 24704, "model.layers.0": 37120, "model.layers.1": 37120,
     }  # fmt: skip
-    for moment in ("forward_peak", "end_of_forward"):
-        assert checkpointed["fake"][moment] == checkpointed["eager"][moment], moment
+    _assert_fake_matches(checkpointed)
     _assert_boundaries_equal_up_to_gloo_staging(
         checkpointed["fake"]["boundaries"], checkpointed["eager"]["boundaries"], staging
     )
@@ -151,8 +182,7 @@ def test_fsdp_by_tp_and_hsdp_on_four_fake_ranks_equal_fsdp_memtracker_on_four_gl
     ):
         result = results[name]
         assert result["eager"]["reduce_scatter_bytes"] == result["fake"]["reduce_scatter_bytes"] == staged, name
-        for moment in ("forward_peak", "end_of_forward"):
-            assert result["fake"][moment] == result["eager"][moment], (name, moment)
+        _assert_fake_matches(result)
         _assert_boundaries_equal_up_to_gloo_staging(result["fake"]["boundaries"], result["eager"]["boundaries"], staged)
         _assert_layout_step_matches(result, staged_at_most=max(staged.values()))
 
