@@ -41,8 +41,9 @@ __all__ = [
 
 
 @contextmanager
-def fake_process_group(world_size: int, device_type: str = "cpu") -> Iterator[DeviceMesh]:
-    """A default process group of `world_size` fake ranks (this process is rank 0) and its 1-d mesh.
+def fake_process_group(world_size: int, device_type: str = "cpu", rank: int = 0) -> Iterator[DeviceMesh]:
+    """A default process group of `world_size` fake ranks (this process is `rank`, by default 0) and
+    its 1-d mesh. Its sends and receives, like its collectives, move nothing.
 
     The global process-group state is restored on every exit (note [Process-group state]), and
     DTensor's sharding caches are emptied on entry and on every exit, so that no mesh of ours (rank 0)
@@ -51,7 +52,7 @@ def fake_process_group(world_size: int, device_type: str = "cpu") -> Iterator[De
     """
     with caller_groups_set_aside():
         clear_dtensor_caches()
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         try:
             yield init_device_mesh(device_type, (world_size,))
         finally:
