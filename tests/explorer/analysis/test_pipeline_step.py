@@ -1,27 +1,33 @@
-"""pipeline_step's fake stage ranks equal PyTorch's MemTracker on a real two-process gloo pipeline.
+"""pipeline_step's fake stage ranks equal PyTorch's MemTracker on real two-process gloo pipelines.
 
 Two ranks are spawned (gloo on 127.0.0.1, as test_train_fsdp.py sets it up). Each builds the eager
-Llama of tests/support/hf_configs.py with 4 decoder layers, splits it into 2 stages with
-`pipeline_split` (stage 0: embedding and layers 0-1; stage 1: layers 2-3, norm, head), wraps its
-stage in PyTorch's own `PipelineStage` (boundary shapes given, so no metadata is exchanged) and runs
-`Schedule1F1B` over 4 microbatches under `PipelineMemTracker` (PyTorch's MemTracker, but that the
-stage's root may run once per microbatch, note [A root that runs once per microbatch]):
-`schedule.step(...)`, `optimizer.step()`, `optimizer.zero_grad(set_to_none=True)`, the step's
-output kept until then. The test process runs `pipeline_step` for both ranks on the deferred model.
+Llama of tests/support/hf_configs.py with 4 decoder layers, splits it with `pipeline_split` (1F1B:
+2 stages, stage 0 = embedding + layers 0-1, stage 1 = layers 2-3 + norm + head; interleaved 1F1B:
+4 stages of one layer, rank r running stages r and r + 2), wraps its stages in PyTorch's own
+`PipelineStage` (boundary shapes given, so no metadata is exchanged) and runs `Schedule1F1B` /
+`ScheduleInterleaved1F1B` over 4 microbatches of 2 × 32 tokens under `PipelineMemTracker` (PyTorch's
+MemTracker, but that a stage's root may run once per microbatch, note [A root that runs once per
+microbatch]): `output = schedule.step(...)`, `optimizer.step()`, `optimizer.zero_grad(set_to_none=True)`,
+`del output`. Then each rank runs the same eager step again on the fake backend (real tensors; the
+stage votes locally, note [The pipeline vote on a fake rank]). The test process runs `pipeline_step`
+for both ranks on the deferred model, meanwhile.
 
-What is compared, per rank: the peak at the end of `schedule.step` (total) and the peak of the whole
-step, total and every category, to the byte; the microbatches in flight (1F1B: stage 0 holds 2,
-stage 1 holds 1); the P2P bytes, from the boundary shapes (2 × 32 × 32 float32 = 8,192 bytes a
-microbatch each way).
-
-One difference, exact and named: rank 0's real peak holds one more activation of 8,192 bytes (one
-boundary output). Gloo keeps a tensor sent with `isend` alive inside the backend after the send has
-completed (checked apart: a weak reference to a sent tensor stays alive after `wait()`, after the
-Work is dropped, after a barrier; no Python object refers to it, and c10d's work registry is
-empty). So microbatch 0's output, which its backward frees from stage 0's forward cache, is still
-held at rank 0's peak. The fake backend holds nothing it sends. Gloo copies nothing: every storage
-the real ranks allocate, the fake ones allocate, op for op (compared by op, phase and size). Rank 1
-(the last stage, which sends only gradients, freed after the peak) is equal to the byte.
+What is compared, per schedule and rank:
+1. `pipeline_step` against the eager step on the fake backend: the step's peak, total and every
+   category, and the peak at the end of `schedule.step`, equal to the byte. Fakes change nothing.
+2. `pipeline_step` against the eager step on gloo: equal in every category but two, activations and
+   temporaries, where gloo's peak holds whole boundary tensors more (2 × 32 × 32 float32 = 8,192
+   bytes each), pinned per rank in GLOO_HELD: 1F1B rank 0 one activation, rank 1 none; interleaved
+   rank 0 three activations and two gradients, rank 1 two and five; each no more than that rank sent.
+   Why: gloo keeps a tensor sent with `isend` alive inside the backend after the send completed
+   (checked apart: a weak reference to a sent tensor stays alive after `wait()`, after the Work is
+   dropped, after a barrier; no Python object refers to it, and c10d's work registry is empty). So a
+   boundary output its backward freed from the forward cache, or a gradient sent back (a temporary),
+   can still be alive at gloo's peak. The fake backend, like the eager run on it, holds nothing it
+   sends. Gloo copies nothing: every storage the gloo ranks allocate, the fake ones allocate, op for
+   op (compared by op, phase and size while writing this test).
+3. 1F1B's microbatches in flight (stage 0 holds 2, stage 1 holds 1) and the P2P bytes (8,192 a
+   microbatch each way).
 """
 
 from __future__ import annotations
@@ -38,10 +44,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
 from explorer import deferred_init
 from explorer._torch_compat.memory_tracker import PipelineMemTracker
+from explorer._torch_compat.pipelining import LocallyVotedStage
+from explorer.analysis.fake_fsdp import fake_process_group
 from explorer.analysis.parallel_layout import Layout, LayoutError
 from explorer.analysis.pipeline_split import PipelineSplitError, split_stages
 from explorer.analysis.pipeline_step import pipeline_step
@@ -52,6 +60,7 @@ WORLD = 2
 LAYERS = 4
 MICROBATCHES = 4
 MICRO_BATCH, SEQ = 2, 32
+SCHEDULES = ("1F1B", "Interleaved1F1B")
 TIMEOUT_S = 300  # both ranks together: a guard against hangs on a loaded machine, not a timing check
 
 
@@ -70,24 +79,37 @@ def _named(snapshot: dict) -> dict[str, int]:
     return {getattr(key, "value", key): value for key, value in device_snap.items()}
 
 
-def _real_stage_step(rank: int) -> dict:
-    """Rank `rank`'s stage of the eager model under Schedule1F1B on the gloo group, measured."""
+def _real_stage_step(rank: int, schedule_name: str, stage_class: type = PipelineStage) -> dict:
+    """Rank `rank`'s stages of the eager model under `schedule_name` on the default group, measured."""
     torch.manual_seed(0)
     model = LLAMA.cls(_config()).train()
-    (stage_module,) = split_stages(model, WORLD, [rank])
+    per_rank = 2 if schedule_name == "Interleaved1F1B" else 1
+    count = WORLD * per_rank
+    indices = [rank + k * WORLD for k in range(per_rank)]
+    modules = split_stages(model, count, indices)
     hidden = torch.zeros(MICRO_BATCH, SEQ, _config().hidden_size, requires_grad=True)
     logits = torch.zeros(MICRO_BATCH, SEQ, VOCAB, requires_grad=True)
-    stage = PipelineStage(
-        stage_module, rank, WORLD, torch.device("cpu"),
-        input_args=(_tokens(MICRO_BATCH) if rank == 0 else hidden,),
-        output_args=(hidden if rank == 0 else logits,),
-    )  # fmt: skip
+    stages = [
+        stage_class(
+            module, index, count, torch.device("cpu"),
+            input_args=(_tokens(MICRO_BATCH) if index == 0 else hidden,),
+            output_args=(logits if index == count - 1 else hidden,),
+        )
+        for module, index in zip(modules, indices, strict=True)
+    ]  # fmt: skip
     vocab = model.config.vocab_size
-    schedule = Schedule1F1B(stage, MICROBATCHES, loss_fn=lambda out, target: model.loss_function(out, target, vocab))
-    optimizer = torch.optim.AdamW(stage_module.parameters())
+
+    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return model.loss_function(out, target, vocab)
+
+    if per_rank > 1:
+        schedule = ScheduleInterleaved1F1B(stages, MICROBATCHES, loss_fn=loss)
+    else:
+        schedule = Schedule1F1B(stages[0], MICROBATCHES, loss_fn=loss)
+    optimizer = torch.optim.AdamW([p for module in modules for p in module.parameters()])
     batch = _tokens(MICRO_BATCH * MICROBATCHES)
     tracker = PipelineMemTracker()
-    tracker.track_external(stage_module, optimizer, batch, batch)
+    tracker.track_external(*modules, optimizer, batch, batch)
     with tracker:
         output = schedule.step(batch) if rank == 0 else schedule.step(target=batch)
         schedule_peak = _named(tracker.get_tracker_snapshot("peak"))
@@ -103,8 +125,10 @@ def _rank(rank: int, port: int, out: Path) -> None:
         torch.set_num_threads(1)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-        result = _real_stage_step(rank)
+        result["gloo"] = {name: _real_stage_step(rank, name) for name in SCHEDULES}
         dist.destroy_process_group()
+        with fake_process_group(WORLD, rank=rank):  # the same eager run, on the backend that moves nothing
+            result["fake_backend"] = {name: _real_stage_step(rank, name, LocallyVotedStage) for name in SCHEDULES}
     except BaseException:
         result["error"] = traceback.format_exc()
     (out / f"rank{rank}.json").write_text(json.dumps(result))
@@ -116,12 +140,16 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _real_run(tmp_path: Path) -> list[dict]:
+def _start_ranks(tmp_path: Path) -> list:
     port = _free_port()
     context = multiprocessing.get_context("spawn")
     ranks = [context.Process(target=_rank, args=(rank, port, tmp_path), daemon=True) for rank in range(WORLD)]
     for process in ranks:
         process.start()
+    return ranks
+
+
+def _results(ranks: list, tmp_path: Path) -> list[dict]:
     deadline = time.monotonic() + TIMEOUT_S
     for process in ranks:
         process.join(timeout=max(1.0, deadline - time.monotonic()))
@@ -132,41 +160,51 @@ def _real_run(tmp_path: Path) -> list[dict]:
     return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
 
 
-def test_fake_stage_ranks_equal_memtracker_on_a_real_gloo_1f1b_pipeline(tmp_path):
-    real = _real_run(tmp_path)
-    torch.manual_seed(0)
-    layout = Layout(pp=WORLD, pp_schedule="1F1B", micro_batch_size=MICRO_BATCH, accumulation_steps=MICROBATCHES)
-    fake = pipeline_step(deferred_init(LLAMA.cls, _config()), _tokens(MICRO_BATCH), layout=layout)
-    hidden_bytes = MICRO_BATCH * SEQ * _config().hidden_size * 4
-    for rank, (eager, step) in enumerate(zip(real, fake, strict=True)):
-        assert "error" not in eager, eager["error"]
-        assert step.rank == rank
-        kept_by_gloo = hidden_bytes if rank == 0 else 0  # see the module docstring
-        assert (
-            max(step.phase_peaks["forward"], step.phase_peaks["backward"]) + kept_by_gloo
-            == eager["schedule_peak"]["Total"]
+_OURS = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients", "Optstate": "optimizer_state",
+         "Activation": "activations", "Temp": "temporaries", "Other": "inputs"}  # fmt: skip
+# (schedule, rank) → boundary tensors gloo still holds at the real peak: (activations, gradients) it sent
+GLOO_HELD = {("1F1B", 0): (1, 0), ("1F1B", 1): (0, 0), ("Interleaved1F1B", 0): (3, 2), ("Interleaved1F1B", 1): (2, 5)}
+
+
+def _by_our_category(snapshot: dict) -> dict[str, int]:
+    return {_OURS[key]: value for key, value in snapshot.items() if key != "Total" and value}
+
+
+def test_fake_stage_ranks_equal_memtracker_on_real_gloo_pipelines(tmp_path):
+    ranks = _start_ranks(tmp_path)  # the fake steps run while the ranks start
+    fakes = {
+        name: pipeline_step(
+            deferred_init(LLAMA.cls, _config()), _tokens(MICRO_BATCH),
+            layout=Layout(pp=WORLD, pp_schedule=name, stages_per_rank=per_rank, micro_batch_size=MICRO_BATCH,
+                          accumulation_steps=MICROBATCHES),
         )
-        assert step.peak_bytes + kept_by_gloo == eager["step_peak"]["Total"]
-        ours = {
-            name: step.peak[name] + (kept_by_gloo if name == "activations" else 0)
-            for name in step.peak
-            if step.peak[name]
-        }
-        theirs = {
-            {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients", "Optstate": "optimizer_state",
-             "Activation": "activations", "Temp": "temporaries", "Other": "inputs"}[key]: value
-            for key, value in eager["step_peak"].items()
-            if key != "Total" and value
-        }  # fmt: skip
-        assert ours == theirs, rank
-    assert [step.in_flight for step in fake] == [{0: 2}, {1: 1}]
+        for name, per_rank in (("1F1B", 1), ("Interleaved1F1B", 2))
+    }  # fmt: skip
+    real = _results(ranks, tmp_path)
+    assert [result.get("error") for result in real] == [None, None], real
+    hidden_bytes = MICRO_BATCH * SEQ * _config().hidden_size * 4
+    for name, fake in fakes.items():
+        for rank, step in enumerate(fake):
+            ours = {category: value for category, value in step.peak.items() if value}
+            schedule_peak = max(step.phase_peaks["forward"], step.phase_peaks["backward"])
+            # 1. fakes equal the eager tensors, on the same (fake) backend: every category, to the byte
+            eager = real[rank]["fake_backend"][name]
+            assert (step.peak_bytes, ours) == (eager["step_peak"]["Total"], _by_our_category(eager["step_peak"]))
+            assert schedule_peak == eager["schedule_peak"]["Total"]
+            # 2. gloo holds on to what it sent: whole boundary tensors, no more than were sent, nothing else
+            gloo = _by_our_category(real[rank]["gloo"][name]["step_peak"])
+            activations, gradients = GLOO_HELD[name, rank]
+            held = {"activations": activations * hidden_bytes, "temporaries": gradients * hidden_bytes}
+            assert gloo == {category: value + held.get(category, 0) for category, value in ours.items()}, (name, rank)
+            assert held["activations"] <= step.p2p_bytes["activations_sent"]
+            assert held["temporaries"] <= step.p2p_bytes["gradients_sent"]
     sent = MICROBATCHES * hidden_bytes
-    assert fake[0].p2p_bytes == {
-        "activations_sent": sent, "activations_received": 0, "gradients_sent": 0, "gradients_received": sent,
-    }  # fmt: skip
-    assert fake[1].p2p_bytes == {
-        "activations_sent": 0, "activations_received": sent, "gradients_sent": sent, "gradients_received": 0,
-    }  # fmt: skip
+    one_f_one_b = fakes["1F1B"]
+    assert [step.in_flight for step in one_f_one_b] == [{0: 2}, {1: 1}]
+    assert [step.p2p_bytes for step in one_f_one_b] == [
+        {"activations_sent": sent, "activations_received": 0, "gradients_sent": 0, "gradients_received": sent},
+        {"activations_sent": 0, "activations_received": sent, "gradients_sent": sent, "gradients_received": 0},
+    ]
 
 
 # -- fast tests: one process, fake ranks only -------------------------------------------------------
