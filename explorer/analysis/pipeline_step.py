@@ -232,7 +232,13 @@ class _RankRun:
         ]
         schedule_class = SCHEDULES[layout.pp_schedule]
         stage_argument: Any = pipeline if layout.pp_schedule == "Interleaved1F1B" else pipeline[0]
-        schedule = schedule_class(stage_argument, n_microbatches=layout.accumulation_steps, loss_fn=self.loss)
+        try:
+            schedule = schedule_class(stage_argument, n_microbatches=layout.accumulation_steps, loss_fn=self.loss)
+        except ValueError as error:  # the schedule's own rule on microbatches and stages
+            raise LayoutError(
+                f"{layout.pp_schedule} cannot run {layout.accumulation_steps} microbatches (Layout.accumulation_steps) "
+                f"over {count} stages: {error}"
+            ) from error
         modules = [self.stages[i] for i in indices]
         optimizer = self.make_optimizer([p for m in modules for p in m.parameters()])
         batch = torch.cat([self.ids] * layout.accumulation_steps)

@@ -281,3 +281,21 @@ def test_a_model_without_a_pipeline_split_is_refused_by_name():
 def test_a_rank_outside_the_pipeline_is_refused():
     with pytest.raises(ValueError, match=r"rank must be in 0\.\.1 for Layout\.pp=2, got 2"):
         pipeline_step(_tiny_llama(), (1, 8), layout=Layout(pp=2, accumulation_steps=4), rank=2)
+
+
+def test_too_few_microbatches_for_the_schedule_are_refused_naming_the_layout_field():
+    with pytest.raises(
+        LayoutError, match=r"1F1B cannot run 1 microbatches \(Layout\.accumulation_steps\) over 2 stages"
+    ):
+        pipeline_step(_tiny_llama(), (1, 8), layout=Layout(pp=2, accumulation_steps=1), rank=0)
+
+
+def test_the_module_and_the_global_rng_are_left_as_they_were():
+    model = _tiny_llama()
+    before = {name: (tensor.shape, tensor.requires_grad) for name, tensor in model.named_parameters()}
+    rng = torch.get_rng_state()
+    pipeline_step(model, (1, 8), layout=Layout(pp=2, accumulation_steps=2, activation_checkpointing="block"), rank=0)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert {name: (t.shape, t.requires_grad) for name, t in model.named_parameters()} == before
+    assert all(p.grad is None for p in model.parameters())
+    assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"  # not checkpoint-wrapped
