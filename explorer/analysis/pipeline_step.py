@@ -112,6 +112,16 @@ def _checkpointed(twin: nn.Module, plans: list[StagePlan], mode: str) -> None:
     checkpoint_blocks(twin, [(path, twin.get_submodule(path)) for path in chosen])
 
 
+def _check_on_cpu(twin: nn.Module, root_class: str) -> None:
+    """The stages run on CPU fakes (a schedule on a CUDA stage forks the CUDA RNG, which needs a GPU)."""
+    devices = sorted({str(p.device) for p in twin.parameters()} - {"cpu"})
+    if devices:
+        raise TrainStepError(
+            f"pipeline_step runs the stages on CPU fakes; {root_class}'s parameters are on {', '.join(devices)}: "
+            "defer it on the CPU (on CUDA, PyTorch's trackers would round each storage up to 512 bytes)"
+        )
+
+
 def _stage_batch(args: tuple, kwargs: dict, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
     """One microbatch's token ids and target (`labels=`, else the ids themselves), checked against
     the layout's micro-batch size."""
@@ -188,6 +198,7 @@ def pipeline_step(
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         twin = fake_twin(module, mode).train()
+        _check_on_cpu(twin, type(module).__name__)
         _checkpointed(twin, plans, layout.activation_checkpointing)
         args, kwargs = fake_forward_arguments(module, mode, torch.device("cpu"), inputs, forward_kwargs)
         ids, target = _stage_batch(args, kwargs, layout)

@@ -53,6 +53,7 @@ from explorer.analysis.fake_fsdp import fake_process_group
 from explorer.analysis.parallel_layout import Layout, LayoutError
 from explorer.analysis.pipeline_split import PipelineSplitError, split_stages
 from explorer.analysis.pipeline_step import pipeline_step
+from explorer.analysis.train_step import TrainStepError
 from tests.support.hf_configs import HF_BY_NAME, VOCAB
 
 LLAMA = HF_BY_NAME["llama"]
@@ -299,3 +300,10 @@ def test_the_module_and_the_global_rng_are_left_as_they_were():
     assert {name: (t.shape, t.requires_grad) for name, t in model.named_parameters()} == before
     assert all(p.grad is None for p in model.parameters())
     assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"  # not checkpoint-wrapped
+
+
+def test_a_model_off_the_cpu_is_refused_naming_its_device():
+    with torch.device("meta"):
+        model = LLAMA.cls(_config())
+    with pytest.raises(TrainStepError, match="LlamaForCausalLM's parameters are on meta: defer it on the CPU"):
+        pipeline_step(model, (1, 8), layout=Layout(pp=2, accumulation_steps=2))
