@@ -223,3 +223,30 @@ def test_dtensor_meta_propagation_is_hidden_from_a_tracker_under_our_fake_mode()
         assert ShardingPropagator._propagate_tensor_meta_non_cached is not original
     assert ShardingPropagator._propagate_tensor_meta_non_cached is original
     assert _sharded_adamw_step_peak() == 84244
+def test_a_pipeline_root_may_run_forward_once_per_microbatch_under_the_pipeline_tracker() -> None:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from explorer._torch_compat.memory_tracker import PipelineMemTracker
+
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(NotImplementedError, match="multiple iterative calls"), MemTracker():
+        model(torch.ones(1, 4))
+        model(torch.ones(1, 4))
+    tracker, microbatch = PipelineMemTracker(), torch.ones(1, 4)  # made outside: not tracked
+    with tracker:
+        kept = [model(microbatch) for _ in range(2)]  # two microbatches' outputs, 16 bytes each
+    assert tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Activation"] == 2 * 16 and len(kept) == 2
+
+
+def test_a_locally_voted_stage_runs_pytorchs_1f1b_as_rank_1_of_a_fake_group_on_fakes() -> None:
+    from torch.distributed.pipelining import Schedule1F1B
+
+    from explorer._torch_compat.pipelining import LocallyVotedStage
+    from explorer.analysis.fake_fsdp import fake_process_group
+
+    with fake_process_group(2, rank=1), FakeTensorMode():
+        model = torch.nn.Linear(4, 4)
+        example = torch.empty(2, 4, requires_grad=True)
+        stage = LocallyVotedStage(model, 1, 2, torch.device("cpu"), input_args=(example,), output_args=(example,))
+        Schedule1F1B(stage, 2, loss_fn=lambda output, target: output.sum()).step(target=torch.empty(4, 4))
+        assert model.weight.grad is not None and model.weight.grad.shape == (4, 4)
