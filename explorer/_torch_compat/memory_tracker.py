@@ -249,6 +249,8 @@ class FastFSDPMemTracker(_FailureSite, _ActivationOwners, _FastPeaks, FSDPMemTra
 
 
 FastTracker = FastMemTracker | FastFSDPMemTracker
+
+
 class FastPipelineMemTracker(_RepeatedRootForwards, FastMemTracker):
     """`FastMemTracker` for a pipeline stage: its root runs once per microbatch (note [A root that runs
     once per microbatch])."""

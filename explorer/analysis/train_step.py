@@ -518,10 +518,6 @@ def _result(
         blocks=blocks,
         keep_outputs=loop.keep_outputs,
         accumulation_steps=loop.accumulation_steps,
-        phase_own_peaks={phase: _by_category(snap, categories) for phase, snap in run.phase_own_peaks.items()},
-        block_peaks={
-            key: _by_category(snap, categories) for key, snap in block_peak_snapshots(twin, tracker, blocks).items()
-        },
     )
 
 
@@ -529,8 +525,10 @@ def step_measurements(
     module: nn.Module, twin: nn.Module, tracker: MemTracker, run: _StepRun, categories: tuple[Category, ...]
 ) -> dict[str, Any]:
     """What a finished run measured, as `TrainStep` fields (every subclass shares them): the root's
-    class, the optimizer, the peak and the end of forward by `categories`, the per-module tables."""
+    class, the optimizer, the peak and the end of forward by `categories`, the per-module tables,
+    each phase's own peak and each repeated block's pass peaks."""
     peak_bytes, peak = _peak_categories(tracker, categories)
+    blocks = [path for path, _ in repeated_blocks(module)]
     end_of_forward_bytes, end_of_forward = _by_category(run.end_of_forward, categories)
     return {
         "root_class": type(module).__name__,
@@ -543,6 +541,10 @@ def step_measurements(
         "end_of_forward_bytes": end_of_forward_bytes,
         "end_of_forward": end_of_forward,
         "end_of_forward_activations": forward_activation_table(module, twin, run.end_of_forward_owners),
+        "phase_own_peaks": {phase: _by_category(snap, categories) for phase, snap in run.phase_own_peaks.items()},
+        "block_peaks": {
+            key: _by_category(snap, categories) for key, snap in block_peak_snapshots(twin, tracker, blocks).items()
+        },
     }
 
 
