@@ -5,7 +5,7 @@ package: FakeTensor's layout (`fake`), dispatch guards and storage identity (`di
 the CPU generator's state layout (`generators`), FLOP formulas that count attention alike on every
 release (`flops`), DTensor's rows rule (`dtensor`), PyTorch's memory trackers made fast
 (`memory_tracker`) and the distributed internals of the training analyses (`distributed`,
-imported only where a training step needs it). Each entry tests for
+`pipelining`, imported only where a training step needs them). Each entry tests for
 the feature it needs rather than for a version string, so a release that keeps the feature keeps
 working and one that drops it fails here, at one named place, instead of deep in a recording.
 `docs/internals.md` ("Torch releases") lists each entry with the releases it was checked on;

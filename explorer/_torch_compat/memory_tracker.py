@@ -16,6 +16,15 @@ where PyTorch's tracker raises trying to register them (`_FrozenParameters`); an
 storage remembers the innermost module running when the op that created it ran
 (`_ActivationOwners`), so the activations alive at a moment can be split by module.
 This mirrors private PyTorch internals (2.13): re-check `_update_peak_stats` on upgrades.
+
+Note: [A root that runs once per microbatch]
+`MemTracker._pre_fw_hook` refuses a second forward of the root module while no other module runs
+("does not support memory tracking for multiple iterative calls"), to catch a tracker left open
+over two training iterations. A pipeline stage runs its root once per microbatch within one step.
+`_RepeatedRootForwards` lets it: for a module already tracked, entered again in forward, it marks
+a placeholder module as running for the length of PyTorch's own hook, which then takes its path for
+a submodule called twice (the module's input bytes and a fresh forward snapshot; no storage is
+categorized differently). Re-check `_pre_fw_hook`'s condition on upgrades.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ __all__ = [
     "FastFSDPMemTracker",
     "FastMemTracker",
     "FastTracker",
+    "FastPipelineMemTracker",
+    "PipelineMemTracker",
     "MemTracker",
     "activations_by_owner",
     "current_snapshot",
@@ -204,6 +215,31 @@ def innermost_module(mod_tracker: ModTracker) -> str | None:
     return names[-1] if names else None
 
 
+class _RepeatedRootForwards:
+    """Mixin: the root module may run forward again within one tracked step (note [A root that runs
+    once per microbatch])."""
+
+    _PLACEHOLDER = "<microbatch>"
+    memory_tracking: WeakIdKeyDictionary  # MemTracker's, after this mixin in the MRO
+    _mod_tracker: ModTracker
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        again = module in self.memory_tracking and not self._mod_tracker.is_bw
+        parents = self._mod_tracker.parents
+        if again:
+            parents.add(self._PLACEHOLDER)
+        try:
+            super()._pre_fw_hook(module, inputs)  # type: ignore[misc]  # MemTracker's, next in the MRO
+        finally:
+            if again:
+                parents.discard(self._PLACEHOLDER)
+
+
+class PipelineMemTracker(_RepeatedRootForwards, MemTracker):
+    """PyTorch's `MemTracker`, but that a stage's root may run once per microbatch (note [A root that
+    runs once per microbatch]); what a real pipeline run is measured with."""
+
+
 class FastMemTracker(_FailureSite, _ActivationOwners, _FastPeaks, _FrozenParameters, MemTracker):
     """`MemTracker` with a cheap peak update; same categories and bytes (note [Fast memory trackers])."""
 
@@ -213,3 +249,8 @@ class FastFSDPMemTracker(_FailureSite, _ActivationOwners, _FastPeaks, FSDPMemTra
 
 
 FastTracker = FastMemTracker | FastFSDPMemTracker
+
+
+class FastPipelineMemTracker(_RepeatedRootForwards, FastMemTracker):
+    """`FastMemTracker` for a pipeline stage: its root runs once per microbatch (note [A root that runs
+    once per microbatch])."""

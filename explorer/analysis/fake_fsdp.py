@@ -26,6 +26,7 @@ from .._torch_compat.distributed import (
     caller_groups_set_aside,
     checkpoint_wrapper,
     clear_dtensor_caches,
+    dtensor_meta_propagation_hidden,
     fsdp_chunks_replaced,
 )
 
@@ -41,19 +42,31 @@ __all__ = [
 
 
 @contextmanager
-def fake_process_group(world_size: int, device_type: str = "cpu") -> Iterator[DeviceMesh]:
-    """A default process group of `world_size` fake ranks (this process is rank 0) and its 1-d mesh.
+def fake_process_group(
+    world_size: int,
+    device_type: str = "cpu",
+    mesh_shape: tuple[int, ...] | None = None,
+    mesh_dim_names: tuple[str, ...] | None = None,
+    rank: int = 0,
+) -> Iterator[DeviceMesh]:
+    """A default process group of `world_size` fake ranks (this process is `rank`, by default 0) and
+    its mesh: 1-d by default, or `mesh_shape` (whose product is `world_size`) with `mesh_dim_names`,
+    the outermost dim first, as `init_device_mesh` takes them (`layout_step` names its dims
+    ("dp_replicate", "dp_shard", "tp"), as torchtitan does). Its sends and receives, like its
+    collectives, move nothing.
 
     The global process-group state is restored on every exit (note [Process-group state]), and
     DTensor's sharding caches are emptied on entry and on every exit, so that no mesh of ours (rank 0)
     is handed later to a real job of this process or of one forked from it (note [DTensor caches
-    hold the fake rank]).
+    hold the fake rank]). While it is up, DTensor's metadata propagation is hidden from the dispatch
+    modes (a tracker, our fake mode), as it is in eager (note [DTensor's meta propagation under our
+    fake mode]).
     """
-    with caller_groups_set_aside():
+    with caller_groups_set_aside(), dtensor_meta_propagation_hidden():
         clear_dtensor_caches()
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         try:
-            yield init_device_mesh(device_type, (world_size,))
+            yield init_device_mesh(device_type, mesh_shape or (world_size,), mesh_dim_names=mesh_dim_names)
         finally:
             try:
                 dist.destroy_process_group()

@@ -19,6 +19,7 @@ fragmentation, CUDA context or kernel workspaces.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -333,10 +334,12 @@ def run_step(
     tracker: FastTracker,
     root_class: str,
     loop: TrainingLoop = TrainingLoop(),
+    inner: AbstractContextManager | None = None,
 ) -> _StepRun:
     """`loop` (note [The loop as users write it]) of `twin` under `tracker` (created by the caller:
     `FastMemTracker()` or `FastFSDPMemTracker(twin, optimizer)`), exactly as one would write it in
-    eager; inputs are tracked as "inputs". Raises TrainStepError naming phase and module."""
+    eager; inputs are tracked as "inputs". `inner`: a context entered inside the tracker for the
+    loop (a `CollectiveCounter`). Raises TrainStepError naming phase and module."""
     optimizer = getattr(tracker, "_optm", None) or make_optimizer(twin.parameters())
     run = _StepRun(tracker, type(optimizer).__name__)
     if isinstance(tracker, FastFSDPMemTracker):
@@ -345,7 +348,7 @@ def run_step(
         tracker.track_external(twin, optimizer, *tensor_leaves((args, kwargs)))
     running = "no module"
     try:
-        with tracker:
+        with tracker, inner or nullcontext():
             try:
                 _run_loop(run, twin, args, kwargs, optimizer, loss, loop)
             except Exception:
@@ -403,6 +406,11 @@ def _check_arguments(module: Any, world_size: int, shard: Any, loop: TrainingLoo
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if shard is not None and world_size == 1:
         raise ValueError("shard= applies fully_shard under world_size > 1; with world_size=1 nothing is sharded")
+    check_loop(loop)
+
+
+def check_loop(loop: TrainingLoop) -> None:
+    """Raises TypeError for a non-bool `keep_outputs`, ValueError for a bad `accumulation_steps`."""
     if not isinstance(loop.keep_outputs, bool):
         raise TypeError(f"keep_outputs must be True or False, got {loop.keep_outputs!r}")
     steps = loop.accumulation_steps
@@ -502,30 +510,42 @@ def _result(
 ) -> TrainStep:
     """The TrainStep of a finished run: the peak and the end of forward by category, by module."""
     categories = SINGLE_CATEGORIES if world_size == 1 else FSDP_CATEGORIES
-    peak_bytes, peak = _peak_categories(tracker, categories)
-    end_of_forward_bytes, end_of_forward = _by_category(run.end_of_forward, categories)
     return TrainStep(
-        root_class=type(module).__name__,
+        **step_measurements(module, twin, tracker, run, categories),
         world_size=world_size,
-        optimizer=run.optimizer_name,
         activation_checkpointing=activation_checkpointing,
-        peak_bytes=peak_bytes,
-        peak=peak,
-        phase=run.peak_phase,
-        phase_peaks=run.phase_peaks,
-        modules=module_table(module, twin, tracker),
-        end_of_forward_bytes=end_of_forward_bytes,
-        end_of_forward=end_of_forward,
-        end_of_forward_activations=forward_activation_table(module, twin, run.end_of_forward_owners),
         device=device,
         blocks=blocks,
         keep_outputs=loop.keep_outputs,
         accumulation_steps=loop.accumulation_steps,
-        phase_own_peaks={phase: _by_category(snap, categories) for phase, snap in run.phase_own_peaks.items()},
-        block_peaks={
+    )
+
+
+def step_measurements(
+    module: nn.Module, twin: nn.Module, tracker: MemTracker, run: _StepRun, categories: tuple[Category, ...]
+) -> dict[str, Any]:
+    """What a finished run measured, as `TrainStep` fields (every subclass shares them): the root's
+    class, the optimizer, the peak and the end of forward by `categories`, the per-module tables,
+    each phase's own peak and each repeated block's pass peaks."""
+    peak_bytes, peak = _peak_categories(tracker, categories)
+    blocks = [path for path, _ in repeated_blocks(module)]
+    end_of_forward_bytes, end_of_forward = _by_category(run.end_of_forward, categories)
+    return {
+        "root_class": type(module).__name__,
+        "optimizer": run.optimizer_name,
+        "peak_bytes": peak_bytes,
+        "peak": peak,
+        "phase": run.peak_phase,
+        "phase_peaks": run.phase_peaks,
+        "modules": module_table(module, twin, tracker),
+        "end_of_forward_bytes": end_of_forward_bytes,
+        "end_of_forward": end_of_forward,
+        "end_of_forward_activations": forward_activation_table(module, twin, run.end_of_forward_owners),
+        "phase_own_peaks": {phase: _by_category(snap, categories) for phase, snap in run.phase_own_peaks.items()},
+        "block_peaks": {
             key: _by_category(snap, categories) for key, snap in block_peak_snapshots(twin, tracker, blocks).items()
         },
-    )
+    }
 
 
 def _single(

@@ -1,0 +1,299 @@
+"""`pipeline_step`: the memory of one stage rank's training step under pipeline parallelism, on fakes.
+
+The model is split into stages (`pipeline_split`: its blocks evenly, embedding on the first stage,
+norm and head on the last) and rank r's stages (r, r + pp, ... with the interleaved schedule) are
+run by torch.distributed.pipelining's own schedule (`Schedule1F1B`, `ScheduleGPipe`,
+`ScheduleInterleaved1F1B`), as rank r of a fake process group of `pp` ranks, on fake tensors, under
+`FastPipelineMemTracker`: the same code a real pipeline runs, the same receive buffers (one per
+microbatch, made up front), the same forward cache holding each microbatch's boundary tensors until
+its backward, the same sends and receives (which on the fake backend move nothing). Nothing is
+replayed by hand: the one change is the schedule's P2P warm-up vote, answered locally
+(note [The pipeline vote on a fake rank]), so every stage is given its boundary shapes up front
+(static metadata), found by one forward of the chained stages on fakes.
+
+The loop measured, per rank (the loop of torchtitan's pipelined train step):
+
+    output = schedule.step(batch, target=labels)     # first stage gets the batch, last the target
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    del output                                       # the last stage's merged outputs, kept so far
+
+with `keep_outputs=False` as `schedule.step(..., return_outputs=False)`: the last stage neither keeps
+each microbatch's output nor merges them. The numbers are those PyTorch's `MemTracker` reports for
+the same step of the eager model (tests/explorer/analysis/test_pipeline_step.py runs the real thing
+on two gloo ranks): tensor storages only.
+
+Covered: pp with 1F1B, GPipe and interleaved 1F1B; activation checkpointing ("block", "selective");
+`dp_replicate` (replicas hold what one holds; gradient all-reduce buffers are not counted). Not
+covered: FSDP or TP inside a stage (`dp_shard > 1` or `tp > 1` raise LayoutError).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from .._torch_compat.fake import FakeTensorMode
+from .._torch_compat.memory_tracker import FastPipelineMemTracker
+from .._torch_compat.pipelining import SCHEDULES
+from ..record.scope import recording_graph
+from .dry_run import CpuGroupedMm, fake_forward_arguments
+from .fake_fsdp import checkpoint_blocks, fake_process_group
+from .parallel_layout import Layout, LayoutError
+from .pipeline_monitor import StepMonitor, monitored_stage
+from .pipeline_split import DecoderStage, StagePlan, plan_stages
+from .train_step import CATEGORY_OF, SINGLE_CATEGORIES, OptimizerFactory, TrainStepError
+from .train_twin import fake_twin
+
+__all__ = ["PipelineLoss", "PipelineStageStep", "pipeline_step"]
+
+PipelineLoss = Callable[[Any, torch.Tensor], torch.Tensor]
+P2PKind = Literal["activations_sent", "activations_received", "gradients_sent", "gradients_received"]
+
+
+@dataclass(frozen=True)
+class PipelineStageStep:
+    """One stage rank's training step under pipeline parallelism (what one GPU of the pipeline holds).
+
+    `rank` of `pp`; `stages`: the stage indices it runs (one, or `stages_per_rank` with the
+    interleaved schedule); `blocks`: their repeated blocks; `embedding` / `head`: whether it holds
+    the first stage's embedding / the last stage's norm and head. `peak_bytes`: the most bytes alive
+    at once; `peak`: those bytes by category (`train_step.SINGLE_CATEGORIES`; "inputs" is the batch
+    and the target); `phase`: the phase the peak was reached in ("forward": a forward microbatch,
+    the loss, the merged outputs; "backward"; "optimizer"); `phase_peaks`: the running peak at the
+    end of each phase's last action. `in_flight`: per stage, the most microbatches whose forward had
+    run and whose backward had not (what the stage holds activations for). `p2p_bytes`: the bytes
+    this rank sends and receives in one step (activations forward, gradients backward), summed
+    over the tensors the schedule actually passes to send and receive.
+    """
+
+    rank: int
+    pp: int
+    schedule: str
+    microbatches: int
+    stages: tuple[int, ...]
+    blocks: tuple[str, ...]
+    embedding: bool
+    head: bool
+    peak_bytes: int
+    peak: dict[str, int]
+    phase: str
+    phase_peaks: dict[str, int]
+    in_flight: dict[int, int]
+    p2p_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def p2p_total(self) -> int:
+        """Bytes sent and received by this rank in one step."""
+        return sum(self.p2p_bytes.values())
+
+
+def _check_layout(layout: Any) -> None:
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be an explorer Layout, got {type(layout).__name__}")
+    for name in ("dp_shard", "tp"):
+        if getattr(layout, name) > 1:
+            raise LayoutError(
+                f"pipeline_step measures pipeline stages without FSDP or TP inside them: Layout.{name}="
+                f"{getattr(layout, name)} is not covered (use train_step for FSDP, or {name}=1)"
+            )
+
+
+def _checkpointed(twin: nn.Module, plans: list[StagePlan], mode: str) -> None:
+    """Activation checkpointing on the twin's blocks: every block ("block"), or the second, fourth...
+    of each stage ("selective", as torchtitan's `selective_ac_option="2"` counts a stage's layers)."""
+    if mode == "none":
+        return
+    chosen = [path for plan in plans for k, path in enumerate(plan.blocks) if mode == "block" or k % 2 == 1]
+    checkpoint_blocks(twin, [(path, twin.get_submodule(path)) for path in chosen])
+
+
+def _check_on_cpu(twin: nn.Module, root_class: str) -> None:
+    """The stages run on CPU fakes (a schedule on a CUDA stage forks the CUDA RNG, which needs a GPU)."""
+    devices = sorted({str(p.device) for p in twin.parameters()} - {"cpu"})
+    if devices:
+        raise TrainStepError(
+            f"pipeline_step runs the stages on CPU fakes; {root_class}'s parameters are on {', '.join(devices)}: "
+            "defer it on the CPU (on CUDA, PyTorch's trackers would round each storage up to 512 bytes)"
+        )
+
+
+def _stage_batch(args: tuple, kwargs: dict, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """One microbatch's token ids and target (`labels=`, else the ids themselves), checked against
+    the layout's micro-batch size."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if not isinstance(ids, torch.Tensor) or len(args) > 1 or set(kwargs) - {"input_ids", "labels"}:
+        raise TypeError(
+            "pipeline_step takes one microbatch's token ids (a tensor or shape, or input_ids=) and optionally "
+            f"labels=; got {len(args)} positional and keyword {sorted(kwargs)}"
+        )
+    target = kwargs.get("labels", ids)
+    if ids.shape[0] != layout.micro_batch_size:
+        raise LayoutError(
+            f"the inputs hold a microbatch of {ids.shape[0]} sequences, Layout.micro_batch_size is "
+            f"{layout.micro_batch_size}: pass one microbatch's inputs"
+        )
+    return ids, target
+
+
+def _boundaries(stages: list[DecoderStage], ids: torch.Tensor) -> list[torch.Tensor]:
+    """What crosses each stage boundary, found by running the chained stages once (fakes): entry i is
+    stage i's input, the last entry the last stage's output."""
+    found = [ids]
+    for stage in stages:
+        found.append(stage(found[-1]).detach().requires_grad_(True))
+    return found
+
+
+def _causal_lm_loss(twin: nn.Module) -> PipelineLoss:
+    loss_function = getattr(twin, "loss_function", None)
+    if loss_function is None:
+        raise TrainStepError(f"{type(twin).__name__} has no loss_function: pass loss=(output, target) -> loss")
+    vocab = getattr(twin, "config").vocab_size  # noqa: B009 - a transformers config, untyped here
+    return lambda logits, target: loss_function(logits=logits, labels=target, vocab_size=vocab)
+
+
+def pipeline_step(
+    module: nn.Module,
+    *inputs: Any,
+    layout: Layout,
+    optimizer: OptimizerFactory | None = None,
+    loss: PipelineLoss | None = None,
+    rank: int | None = None,
+    keep_outputs: bool = True,
+    **forward_kwargs: Any,
+) -> list[PipelineStageStep]:
+    """The memory of one training step of each pipeline stage rank (of `rank` only, when given), on fakes.
+
+    `module`: a decoder-only causal LM with the Llama layout (deferred, partly materialized or eager;
+    left unchanged, nothing recorded, the global RNG restored). `inputs`: one microbatch's token
+    ids (a tensor or a shape, or `input_ids=`), optionally `labels=` (default: the ids); the batch
+    the schedule splits is `layout.accumulation_steps` of them. `layout`: pp, pp_schedule,
+    stages_per_rank, activation_checkpointing, micro_batch_size, accumulation_steps (the schedule's
+    microbatches). `optimizer`: parameters → optimizer (default AdamW); `loss(output, target)`:
+    the schedule's loss function (default: the model's own `loss_function`). `keep_outputs`: the
+    schedule's `return_outputs`.
+
+    Returns one `PipelineStageStep` per rank, by rank. Raises TypeError for a non-module or
+    unreadable inputs, LayoutError for a layout it does not cover, PipelineSplitError for a model it
+    cannot split, TrainStepError when a step cannot run on fakes.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"explorer.pipeline_step expects an nn.Module, got {type(module).__name__}")
+    if recording_graph() is not None:
+        raise TrainStepError(
+            "pipeline_step cannot run inside deferred_init: call it on the module deferred_init returned"
+        )
+    _check_layout(layout)
+    stage_count = layout.pp * layout.stages_per_rank
+    plans = plan_stages(module, stage_count)
+    ranks = range(layout.pp) if rank is None else [rank]
+    if rank is not None and not 0 <= rank < layout.pp:
+        raise ValueError(f"rank must be in 0..{layout.pp - 1} for Layout.pp={layout.pp}, got {rank!r}")
+    rng_state = torch.get_rng_state()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        twin = fake_twin(module, mode).train()
+        _check_on_cpu(twin, type(module).__name__)
+        _checkpointed(twin, plans, layout.activation_checkpointing)
+        args, kwargs = fake_forward_arguments(module, mode, torch.device("cpu"), inputs, forward_kwargs)
+        ids, target = _stage_batch(args, kwargs, layout)
+        stages = [DecoderStage(twin, plan) for plan in plans]
+        with mode, CpuGroupedMm(), torch.enable_grad():
+            boundaries = _boundaries(stages, ids)
+        run = _RankRun(layout, stages, boundaries, ids, target, optimizer or torch.optim.AdamW,
+                       loss or _causal_lm_loss(twin), keep_outputs, mode)  # fmt: skip
+        return [run.measure(r) for r in ranks]
+    finally:
+        torch.set_rng_state(rng_state)
+
+
+@dataclass
+class _RankRun:
+    """What every rank's run shares: the stages, their boundaries, the batch, the loop's choices."""
+
+    layout: Layout
+    stages: list[DecoderStage]
+    boundaries: list[torch.Tensor]
+    ids: torch.Tensor
+    target: torch.Tensor
+    make_optimizer: OptimizerFactory
+    loss: PipelineLoss
+    keep_outputs: bool
+    mode: FakeTensorMode
+
+    def measure(self, rank: int) -> PipelineStageStep:
+        """Rank `rank`'s step as rank `rank` of a fake group of pp ranks, measured."""
+        layout = self.layout
+        indices = [rank + k * layout.pp for k in range(layout.stages_per_rank)]
+        monitor = StepMonitor()
+        with fake_process_group(layout.pp, "cpu", rank=rank), self.mode, CpuGroupedMm(), torch.enable_grad():
+            self._run(indices, monitor)
+        return self._result(rank, indices, monitor)
+
+    def _run(self, indices: list[int], monitor: StepMonitor) -> None:
+        layout, count = self.layout, len(self.stages)
+        pipeline = [
+            monitored_stage(self.stages[i], i, count, self.boundaries[i], self.boundaries[i + 1], monitor)
+            for i in indices
+        ]
+        schedule_class = SCHEDULES[layout.pp_schedule]
+        stage_argument: Any = pipeline if layout.pp_schedule == "Interleaved1F1B" else pipeline[0]
+        try:
+            schedule = schedule_class(stage_argument, n_microbatches=layout.accumulation_steps, loss_fn=self.loss)
+        except ValueError as error:  # the schedule's own rule on microbatches and stages
+            raise LayoutError(
+                f"{layout.pp_schedule} cannot run {layout.accumulation_steps} microbatches (Layout.accumulation_steps) "
+                f"over {count} stages: {error}"
+            ) from error
+        modules = [self.stages[i] for i in indices]
+        optimizer = self.make_optimizer([p for m in modules for p in m.parameters()])
+        batch = torch.cat([self.ids] * layout.accumulation_steps)
+        # the ids themselves when no labels were given: one tensor, as `schedule.step(ids, target=ids)` passes
+        target = batch if self.target is self.ids else torch.cat([self.target] * layout.accumulation_steps)
+        tracker = FastPipelineMemTracker()
+        tracker.track_external(*modules, optimizer, batch, target)
+        monitor.tracker = tracker
+        args = (batch,) if 0 in indices else ()
+        kwargs = {"target": target} if count - 1 in indices else {}
+        try:
+            with tracker:
+                output = schedule.step(*args, return_outputs=self.keep_outputs, **kwargs)
+                monitor.between_actions()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                monitor.finish("optimizer")
+                del output
+        except Exception as error:
+            raise TrainStepError(
+                f"the pipeline step of stages {indices} cannot run on fake tensors, in the {monitor.phase}: "
+                f"{type(error).__name__}: {error}"
+            ) from error
+
+    def _result(self, rank: int, indices: list[int], monitor: StepMonitor) -> PipelineStageStep:
+        snapshot = monitor.peak_snapshot()
+        peak: dict[str, int] = dict.fromkeys(SINGLE_CATEGORIES, 0)
+        for key, value in snapshot.items():
+            if key != "Total":
+                peak[CATEGORY_OF[getattr(key, "value", key)]] += value
+        plans = [self.stages[i].plan for i in indices]
+        return PipelineStageStep(
+            rank=rank,
+            pp=self.layout.pp,
+            schedule=self.layout.pp_schedule,
+            microbatches=self.layout.accumulation_steps,
+            stages=tuple(indices),
+            blocks=tuple(path for plan in plans for path in plan.blocks),
+            embedding=any(plan.embedding for plan in plans),
+            head=any(plan.head for plan in plans),
+            peak_bytes=snapshot.get("Total", 0),
+            peak=peak,
+            phase=monitor.peak_phase,
+            phase_peaks=dict(monitor.phase_peaks),
+            in_flight=dict(monitor.most_in_flight),
+            p2p_bytes=dict(monitor.p2p_bytes),
+        )

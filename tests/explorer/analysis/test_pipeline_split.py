@@ -1,0 +1,69 @@
+"""The stage split: blocks evenly and in order, embedding on the first stage, norm and head on the last,
+the chained stages computing the model's own logits; unsplittable models refused by name."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from explorer.analysis.pipeline_split import PipelineSplitError, StagePlan, plan_stages, split_stages
+from tests.support.hf_configs import HF_BY_NAME
+
+
+def _model(name: str, layers: int = 4) -> nn.Module:
+    arch = HF_BY_NAME[name]
+    config = arch.config()
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[i % len(config.layer_types)] for i in range(layers)]
+    torch.manual_seed(0)
+    return arch.cls(config).eval()
+
+
+def test_four_blocks_over_two_stages_go_in_order_embedding_first_head_last():
+    assert plan_stages(_model("llama"), 2) == [
+        StagePlan(0, 2, ("model.layers.0", "model.layers.1"), embedding=True, head=False),
+        StagePlan(1, 2, ("model.layers.2", "model.layers.3"), embedding=False, head=True),
+    ]
+
+
+def test_a_middle_stage_owns_neither_embedding_nor_head_and_keeps_block_names():
+    model = _model("llama")
+    first, middle, last = (split_stages(model, 4, [i])[0] for i in (0, 1, 3))
+    assert (first.embed_tokens is model.model.embed_tokens, first.norm, first.lm_head) == (True, None, None)
+    assert (middle.embed_tokens, middle.norm, middle.lm_head) == (None, None, None)
+    assert (last.embed_tokens, last.norm is model.model.norm, last.lm_head is model.lm_head) == (None, True, True)
+    assert (
+        list(dict(middle.named_parameters()))
+        == [f"layers.1.{name}" for name, _ in model.model.layers[1].named_parameters()]
+        and middle.layers["1"] is model.model.layers[1]
+    )
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gemma"])
+def test_the_chained_stages_compute_the_models_logits(name):
+    model = _model(name)
+    ids = HF_BY_NAME[name].inputs()["input_ids"]
+    with torch.no_grad():
+        hidden = ids
+        for stage in split_stages(model, 2):
+            hidden = stage(hidden)
+        assert torch.equal(hidden, model(ids).logits)
+
+
+def test_a_model_without_the_llama_layout_is_refused_naming_what_is_missing():
+    message = (
+        "no pipeline split for Sequential: it has no `model.embed_tokens` (a stage split is known for decoder-only "
+        "transformers laid out as Llama: model.embed_tokens, model.layers, model.norm, model.rotary_emb, lm_head)"
+    )
+    with pytest.raises(PipelineSplitError, match=re.escape(message)):
+        plan_stages(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), 2)
+
+
+def test_blocks_not_divisible_by_the_stages_are_refused_with_both_counts():
+    message = "LlamaForCausalLM has 4 blocks (model.layers), not divisible into 3 pipeline stages"
+    with pytest.raises(PipelineSplitError, match=re.escape(message)):
+        plan_stages(_model("llama"), 3)

@@ -1,0 +1,309 @@
+"""pipeline_step's fake stage ranks equal PyTorch's MemTracker on real two-process gloo pipelines.
+
+Two ranks are spawned (gloo on 127.0.0.1, as test_train_fsdp.py sets it up). Each builds the eager
+Llama of tests/support/hf_configs.py with 4 decoder layers, splits it with `pipeline_split` (1F1B:
+2 stages, stage 0 = embedding + layers 0-1, stage 1 = layers 2-3 + norm + head; interleaved 1F1B:
+4 stages of one layer, rank r running stages r and r + 2), wraps its stages in PyTorch's own
+`PipelineStage` (boundary shapes given, so no metadata is exchanged) and runs `Schedule1F1B` /
+`ScheduleInterleaved1F1B` over 4 microbatches of 2 × 32 tokens under `PipelineMemTracker` (PyTorch's
+MemTracker, but that a stage's root may run once per microbatch, note [A root that runs once per
+microbatch]): `output = schedule.step(...)`, `optimizer.step()`, `optimizer.zero_grad(set_to_none=True)`,
+`del output`. Then each rank runs the same eager step again on the fake backend (real tensors; the
+stage votes locally, note [The pipeline vote on a fake rank]). The test process runs `pipeline_step`
+for both ranks on the deferred model, meanwhile.
+
+What is compared, per schedule and rank:
+1. `pipeline_step` against the eager step on the fake backend: the step's peak, total and every
+   category, and the peak at the end of `schedule.step`, equal to the byte. Fakes change nothing.
+2. `pipeline_step` against the eager step on gloo: equal in every category but two, activations and
+   temporaries, where gloo's peak holds whole boundary tensors more (2 × 32 × 32 float32 = 8,192
+   bytes each), pinned per rank in GLOO_HELD: 1F1B rank 0 one activation, rank 1 none; interleaved
+   rank 0 three activations and two gradients, rank 1 two and five; each no more than that rank sent.
+   Why: gloo keeps a tensor sent with `isend` alive inside the backend after the send completed
+   (checked apart: a weak reference to a sent tensor stays alive after `wait()`, after the Work is
+   dropped, after a barrier; no Python object refers to it, and c10d's work registry is empty). So a
+   boundary output its backward freed from the forward cache, or a gradient sent back (a temporary),
+   can still be alive at gloo's peak. The fake backend, like the eager run on it, holds nothing it
+   sends. Gloo copies nothing: every storage the gloo ranks allocate, the fake ones allocate, op for
+   op (compared by op, phase and size while writing this test).
+3. 1F1B's microbatches in flight (stage 0 holds 2, stage 1 holds 1) and the P2P bytes (8,192 a
+   microbatch each way).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import multiprocessing
+import os
+import socket
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+
+from explorer import deferred_init
+from explorer._torch_compat.memory_tracker import PipelineMemTracker
+from explorer._torch_compat.pipelining import LocallyVotedStage
+from explorer.analysis.fake_fsdp import fake_process_group
+from explorer.analysis.parallel_layout import Layout, LayoutError
+from explorer.analysis.pipeline_split import PipelineSplitError, split_stages
+from explorer.analysis.pipeline_step import pipeline_step
+from explorer.analysis.train_step import TrainStepError
+from tests.support.hf_configs import HF_BY_NAME, VOCAB
+
+LLAMA = HF_BY_NAME["llama"]
+WORLD = 2
+LAYERS = 4
+MICROBATCHES = 4
+MICRO_BATCH, SEQ = 2, 32
+SCHEDULES = ("1F1B", "Interleaved1F1B")
+TIMEOUT_S = 300  # both ranks together: a guard against hangs on a loaded machine, not a timing check
+
+
+def _config():
+    config = LLAMA.config()
+    config.num_hidden_layers = LAYERS
+    return config
+
+
+def _tokens(batch: int) -> torch.Tensor:
+    return (torch.arange(batch * SEQ).reshape(batch, SEQ) * 7 + 3) % (VOCAB - 3) + 3
+
+
+def _named(snapshot: dict) -> dict[str, int]:
+    (device_snap,) = snapshot.values() or [{}]
+    return {getattr(key, "value", key): value for key, value in device_snap.items()}
+
+
+def _real_stage_step(rank: int, schedule_name: str, stage_class: type = PipelineStage) -> dict:
+    """Rank `rank`'s stages of the eager model under `schedule_name` on the default group, measured."""
+    torch.manual_seed(0)
+    model = LLAMA.cls(_config()).train()
+    per_rank = 2 if schedule_name == "Interleaved1F1B" else 1
+    count = WORLD * per_rank
+    indices = [rank + k * WORLD for k in range(per_rank)]
+    modules = split_stages(model, count, indices)
+    hidden = torch.zeros(MICRO_BATCH, SEQ, _config().hidden_size, requires_grad=True)
+    logits = torch.zeros(MICRO_BATCH, SEQ, VOCAB, requires_grad=True)
+    stages = [
+        stage_class(
+            module, index, count, torch.device("cpu"),
+            input_args=(_tokens(MICRO_BATCH) if index == 0 else hidden,),
+            output_args=(logits if index == count - 1 else hidden,),
+        )
+        for module, index in zip(modules, indices, strict=True)
+    ]  # fmt: skip
+    vocab = model.config.vocab_size
+
+    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return model.loss_function(out, target, vocab)
+
+    if per_rank > 1:
+        schedule = ScheduleInterleaved1F1B(stages, MICROBATCHES, loss_fn=loss)
+    else:
+        schedule = Schedule1F1B(stages[0], MICROBATCHES, loss_fn=loss)
+    optimizer = torch.optim.AdamW([p for module in modules for p in module.parameters()])
+    batch = _tokens(MICRO_BATCH * MICROBATCHES)
+    tracker = PipelineMemTracker()
+    tracker.track_external(*modules, optimizer, batch, batch)
+    with tracker:
+        output = schedule.step(batch) if rank == 0 else schedule.step(target=batch)
+        schedule_peak = _named(tracker.get_tracker_snapshot("peak"))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del output
+    return {"schedule_peak": schedule_peak, "step_peak": _named(tracker.get_tracker_snapshot("peak"))}
+
+
+def _rank(rank: int, port: int, out: Path) -> None:
+    result: dict = {}
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+        result["gloo"] = {name: _real_stage_step(rank, name) for name in SCHEDULES}
+        dist.destroy_process_group()
+        with fake_process_group(WORLD, rank=rank):  # the same eager run, on the backend that moves nothing
+            result["fake_backend"] = {name: _real_stage_step(rank, name, LocallyVotedStage) for name in SCHEDULES}
+    except BaseException:
+        result["error"] = traceback.format_exc()
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start_ranks(tmp_path: Path) -> list:
+    port = _free_port()
+    context = multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=_rank, args=(rank, port, tmp_path), daemon=True) for rank in range(WORLD)]
+    for process in ranks:
+        process.start()
+    return ranks
+
+
+def _results(ranks: list, tmp_path: Path) -> list[dict]:
+    deadline = time.monotonic() + TIMEOUT_S
+    for process in ranks:
+        process.join(timeout=max(1.0, deadline - time.monotonic()))
+    for process in ranks:
+        if process.is_alive():
+            process.kill()
+            process.join()
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+
+
+_OURS = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients", "Optstate": "optimizer_state",
+         "Activation": "activations", "Temp": "temporaries", "Other": "inputs"}  # fmt: skip
+# (schedule, rank) → boundary tensors gloo still holds at the real peak: (activations, gradients) it sent
+GLOO_HELD = {("1F1B", 0): (1, 0), ("1F1B", 1): (0, 0), ("Interleaved1F1B", 0): (3, 2), ("Interleaved1F1B", 1): (2, 5)}
+
+
+def _by_our_category(snapshot: dict) -> dict[str, int]:
+    return {_OURS[key]: value for key, value in snapshot.items() if key != "Total" and value}
+
+
+def test_fake_stage_ranks_equal_memtracker_on_real_gloo_pipelines(tmp_path):
+    ranks = _start_ranks(tmp_path)  # the fake steps run while the ranks start
+    fakes = {
+        name: pipeline_step(
+            deferred_init(LLAMA.cls, _config()), _tokens(MICRO_BATCH),
+            layout=Layout(pp=WORLD, pp_schedule=name, stages_per_rank=per_rank, micro_batch_size=MICRO_BATCH,
+                          accumulation_steps=MICROBATCHES),
+        )
+        for name, per_rank in (("1F1B", 1), ("Interleaved1F1B", 2))
+    }  # fmt: skip
+    real = _results(ranks, tmp_path)
+    assert [result.get("error") for result in real] == [None, None], real
+    hidden_bytes = MICRO_BATCH * SEQ * _config().hidden_size * 4
+    for name, fake in fakes.items():
+        for rank, step in enumerate(fake):
+            ours = {category: value for category, value in step.peak.items() if value}
+            schedule_peak = max(step.phase_peaks["forward"], step.phase_peaks["backward"])
+            # 1. fakes equal the eager tensors, on the same (fake) backend: every category, to the byte
+            eager = real[rank]["fake_backend"][name]
+            assert (step.peak_bytes, ours) == (eager["step_peak"]["Total"], _by_our_category(eager["step_peak"]))
+            assert schedule_peak == eager["schedule_peak"]["Total"]
+            # 2. gloo holds on to what it sent: whole boundary tensors, no more than were sent, nothing else
+            gloo = _by_our_category(real[rank]["gloo"][name]["step_peak"])
+            activations, gradients = GLOO_HELD[name, rank]
+            held = {"activations": activations * hidden_bytes, "temporaries": gradients * hidden_bytes}
+            assert gloo == {category: value + held.get(category, 0) for category, value in ours.items()}, (name, rank)
+            assert held["activations"] <= step.p2p_bytes["activations_sent"]
+            assert held["temporaries"] <= step.p2p_bytes["gradients_sent"]
+    sent = MICROBATCHES * hidden_bytes
+    one_f_one_b = fakes["1F1B"]
+    assert [step.in_flight for step in one_f_one_b] == [{0: 2}, {1: 1}]
+    assert [step.p2p_bytes for step in one_f_one_b] == [
+        {"activations_sent": sent, "activations_received": 0, "gradients_sent": 0, "gradients_received": sent},
+        {"activations_sent": 0, "activations_received": sent, "gradients_sent": sent, "gradients_received": 0},
+    ]
+
+
+# -- fast tests: one process, fake ranks only -------------------------------------------------------
+TINY_HIDDEN_BYTES = 1 * 8 * 32 * 4  # a (1, 8) microbatch's hidden states, float32
+
+
+def _tiny_llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return deferred_init(LLAMA.cls, _config())
+
+
+@pytest.fixture(scope="module")
+def one_f_one_b() -> list:
+    """Both ranks of the tiny Llama (4 blocks) over 2 stages, 1F1B, 3 microbatches of (1, 8)."""
+    return pipeline_step(_tiny_llama(), (1, 8), layout=Layout(pp=2, accumulation_steps=3))
+
+
+def test_1f1b_stages_hold_pp_minus_their_index_microbatches_in_flight(one_f_one_b):
+    assert [step.in_flight for step in one_f_one_b] == [{0: 2}, {1: 1}]
+    assert [(step.stages, step.embedding, step.head) for step in one_f_one_b] == [
+        ((0,), True, False),
+        ((1,), False, True),
+    ]
+
+
+def test_gpipe_stages_hold_every_microbatch_in_flight():
+    steps = pipeline_step(_tiny_llama(), (1, 8), layout=Layout(pp=2, pp_schedule="GPipe", accumulation_steps=3))
+    assert [step.in_flight for step in steps] == [{0: 3}, {1: 3}]
+
+
+def test_interleaved_ranks_run_looped_stages_and_pass_each_boundary_once_per_microbatch():
+    layout = Layout(pp=2, pp_schedule="Interleaved1F1B", stages_per_rank=2, accumulation_steps=4)
+    first, second = pipeline_step(_tiny_llama(), (1, 8), layout=layout)
+    assert (first.stages, first.blocks, first.embedding, first.head) == (
+        (0, 2), ("model.layers.0", "model.layers.2"), True, False,
+    )  # fmt: skip
+    assert (second.stages, second.embedding, second.head) == ((1, 3), False, True)
+    per_boundary = 4 * TINY_HIDDEN_BYTES
+    # rank 0: stage 0 sends to 1; stage 2 receives from 1 and sends to 3 (gradients the other way)
+    assert first.p2p_bytes == {
+        "activations_sent": 2 * per_boundary, "activations_received": per_boundary,
+        "gradients_sent": per_boundary, "gradients_received": 2 * per_boundary,
+    }  # fmt: skip
+    assert second.p2p_total == first.p2p_total
+
+
+def test_one_rank_is_measured_alone_and_equals_its_row_of_all_ranks(one_f_one_b):
+    (alone,) = pipeline_step(_tiny_llama(), (1, 8), layout=Layout(pp=2, accumulation_steps=3), rank=1)
+    assert alone == one_f_one_b[1]
+
+
+def test_checkpointing_every_block_lowers_the_stages_forward_peak(one_f_one_b):
+    layout = Layout(pp=2, accumulation_steps=3, activation_checkpointing="block")
+    (checkpointed,) = pipeline_step(_tiny_llama(), (1, 8), layout=layout, rank=1)
+    assert checkpointed.phase_peaks["forward"] < one_f_one_b[1].phase_peaks["forward"]
+
+
+def test_fsdp_or_tp_inside_a_stage_is_refused_naming_the_degree():
+    with pytest.raises(LayoutError, match=r"Layout\.dp_shard=2 is not covered"):
+        pipeline_step(_tiny_llama(), (1, 8), layout=Layout(pp=2, dp_shard=2, accumulation_steps=4))
+
+
+def test_inputs_of_another_micro_batch_size_are_refused_with_both_sizes():
+    message = "the inputs hold a microbatch of 2 sequences, Layout.micro_batch_size is 1"
+    with pytest.raises(LayoutError, match=message):
+        pipeline_step(_tiny_llama(), (2, 8), layout=Layout(pp=2, accumulation_steps=4))
+
+
+def test_a_model_without_a_pipeline_split_is_refused_by_name():
+    with pytest.raises(PipelineSplitError, match="no pipeline split for Sequential"):
+        pipeline_step(torch.nn.Sequential(torch.nn.Linear(2, 2)), (1, 2), layout=Layout(pp=2, accumulation_steps=2))
+
+
+def test_a_rank_outside_the_pipeline_is_refused():
+    with pytest.raises(ValueError, match=r"rank must be in 0\.\.1 for Layout\.pp=2, got 2"):
+        pipeline_step(_tiny_llama(), (1, 8), layout=Layout(pp=2, accumulation_steps=4), rank=2)
+
+
+def test_too_few_microbatches_for_the_schedule_are_refused_naming_the_layout_field():
+    with pytest.raises(
+        LayoutError, match=r"1F1B cannot run 1 microbatches \(Layout\.accumulation_steps\) over 2 stages"
+    ):
+        pipeline_step(_tiny_llama(), (1, 8), layout=Layout(pp=2, accumulation_steps=1), rank=0)
+
+
+def test_the_module_and_the_global_rng_are_left_as_they_were():
+    model = _tiny_llama()
+    before = {name: (tensor.shape, tensor.requires_grad) for name, tensor in model.named_parameters()}
+    rng = torch.get_rng_state()
+    pipeline_step(model, (1, 8), layout=Layout(pp=2, accumulation_steps=2, activation_checkpointing="block"), rank=0)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert {name: (t.shape, t.requires_grad) for name, t in model.named_parameters()} == before
+    assert all(p.grad is None for p in model.parameters())
+    assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"  # not checkpoint-wrapped
+
+
+def test_a_model_off_the_cpu_is_refused_naming_its_device():
+    with torch.device("meta"):
+        model = LLAMA.cls(_config())
+    with pytest.raises(TrainStepError, match="LlamaForCausalLM's parameters are on meta: defer it on the CPU"):
+        pipeline_step(model, (1, 8), layout=Layout(pp=2, accumulation_steps=2))
