@@ -8,7 +8,7 @@ per step by collective, and a throughput proxy; or, for a layout the model does 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -16,12 +16,16 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .block_composition import BlockStack, block_stack, candidates_of, compose_peak, truncated
+from .block_composition import SHORT_BLOCKS, BlockStack, block_stack, candidates_of, compose_peak, truncated
 from .fake_fsdp import repeated_blocks
+from .layout_step import LayoutStep, layout_step
 from .parallel_cost import Hardware, ModelCost, step_cost
 from .parallel_layout import ActivationCheckpointing, Layout, LayoutError, ModelFacts, layout_problems
+from .pipeline_split import PipelineSplitError
+from .pipeline_step import pipeline_step
+from .tp_plans import TensorParallelPlanError, tp_plan_of
 from .train_budget import parse_budget
-from .train_step import LossFunction, OptimizerFactory, TrainStep, train_step
+from .train_step import LossFunction, OptimizerFactory
 
 __all__ = ["LayoutResult", "ParallelPlan", "RankPeak", "TABLE_COLUMNS", "plan_parallel"]
 
@@ -144,7 +148,6 @@ class ParallelPlan:
 
 
 # -- the search ------------------------------------------------------------------------------------
-Measure = Callable[[nn.Module, Layout], TrainStep]
 DEFAULT_HARDWARE = Hardware()
 SEARCH_TP = (1, 2, 4, 8)
 SEARCH_PP = (1, 2, 4)
@@ -199,7 +202,7 @@ def model_facts(module: nn.Module, tp_plan: Mapping[str, str] | None) -> ModelFa
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     stack = block_stack(module)
     blocks = stack.count if stack is not None else len(repeated_blocks(module))
-    has_plan = bool(tp_plan) or bool(getattr(config, "base_model_tp_plan", None))
+    has_plan = bool(tp_plan) or tp_plan_of(module) is not None
     return ModelFacts(blocks, heads, kv_heads, has_plan, type(module).__name__)
 
 
@@ -214,47 +217,93 @@ def _batch_of(inputs: tuple, kwargs: dict) -> int:
 
 class _Measurements:
     """Fake steps, each measured once per distinct configuration (replicas do not change a rank's
-    memory) and composed over the blocks when they are alike."""
+    memory) and, without pipelining, composed over the blocks when they are alike."""
 
-    def __init__(self, module: nn.Module, measure: Measure) -> None:
-        self.module, self.measure = module, measure
+    def __init__(
+        self,
+        module: nn.Module,
+        inputs: tuple,
+        kwargs: dict,
+        batch: int,
+        tp_plan: Mapping[str, str] | None,
+        optimizer: OptimizerFactory | None,
+        loss: LossFunction | None,
+    ) -> None:
+        self.module, self.inputs, self.kwargs, self.batch = module, inputs, kwargs, batch
+        self.tp_plan, self.optimizer, self.loss = tp_plan, optimizer, loss
         self.stack: BlockStack | None = block_stack(module)
-        self.cache: dict[tuple, RankPeak] = {}
+        self.cache: dict[tuple, tuple[tuple[RankPeak, ...], dict[str, int]]] = {}
 
-    def rank_peak(self, layout: Layout) -> RankPeak:
+    def ranks(self, layout: Layout) -> tuple[tuple[RankPeak, ...], dict[str, int]]:
+        """Each kind of rank's peak under `layout`, and one rank's collectives by kind (bytes)."""
         key = (
             layout.dp_shard,
+            layout.data_parallel > 1,
             layout.tp,
+            layout.pp,
+            layout.pp_schedule,
+            layout.stages_per_rank,
             layout.activation_checkpointing,
             layout.micro_batch_size,
             layout.accumulation_steps,
         )
         if key not in self.cache:
-            self.cache[key] = self._measured(layout)
+            self.cache[key] = self._pipelined(layout) if layout.pp > 1 else self._measured(layout)
         return self.cache[key]
 
-    def _measured(self, layout: Layout) -> RankPeak:
+    def _arguments(self, layout: Layout) -> tuple[tuple, dict]:
+        size = layout.micro_batch_size
+        made: dict[int, torch.Tensor] = {}
+        inputs = tuple(_resized(value, self.batch, size, made) for value in self.inputs)
+        return inputs, {key: _resized(value, self.batch, size, made) for key, value in self.kwargs.items()}
+
+    def _step(self, module: nn.Module, layout: Layout) -> LayoutStep:
+        inputs, kwargs = self._arguments(layout)
+        return layout_step(
+            module, *inputs, layout=layout, tp_plan=self.tp_plan, optimizer=self.optimizer, loss=self.loss, **kwargs
+        )
+
+    def _measured(self, layout: Layout) -> tuple[tuple[RankPeak, ...], dict[str, int]]:
         stack = self.stack
         if stack is None or not stack.alike:
-            step = self.measure(self.module, layout)
-            return RankPeak("every rank", step.peak_bytes, step.peak, step.phase, at=f"the {step.phase}")
-        short_count, long_count = 3, 4
+            step = self._step(self.module, layout)
+            rank = RankPeak("every rank", step.peak_bytes, step.peak, step.phase, at=f"the {step.phase}")
+            return (rank,), dict(step.communication.bytes)
+        counts = (SHORT_BLOCKS, SHORT_BLOCKS + 1)
+        steps = [self._step(truncated(self.module, stack, count), layout) for count in counts]
         short, longer = (
-            candidates_of(count, stack, step.phase_own_peaks, step.block_peaks)
-            for count, step in (
-                (count, self.measure(truncated(self.module, stack, count), layout))
-                for count in (short_count, long_count)
-            )
+            candidates_of(count, stack, step.phase_own_peaks, step.block_peaks) for count, step in zip(counts, steps)
         )
         composed = compose_peak(short, longer, stack.count)
-        return RankPeak(
+        extra = stack.count - counts[0]
+        first, second = (step.communication.bytes for step in steps)
+        communication = {kind: first[kind] + extra * (second[kind] - first[kind]) for kind in first}
+        rank = RankPeak(
             "every rank",
             composed.peak_bytes,
             composed.peak,
             composed.phase,
             at=_where(composed.candidate, stack),
-            measured_blocks=(short_count, long_count),
+            measured_blocks=counts,
         )
+        return (rank,), communication
+
+    def _pipelined(self, layout: Layout) -> tuple[tuple[RankPeak, ...], dict[str, int]]:
+        if layout.dp_shard > 1 or layout.tp > 1:
+            raise LayoutError("FSDP or TP inside pipeline stages is not measured yet")
+        inputs, kwargs = self._arguments(layout)
+        steps = pipeline_step(self.module, *inputs, layout=layout, optimizer=self.optimizer, **kwargs)
+        ranks = tuple(
+            RankPeak(
+                f"stage {', '.join(map(str, step.stages))}",
+                step.peak_bytes,
+                step.peak,
+                step.phase,
+                at=f"the {step.phase}, {max(step.in_flight.values(), default=0)} microbatches in flight",
+            )
+            for step in steps
+        )
+        return ranks, {"send_recv": max((step.p2p_total for step in steps), default=0)}
 
 
 def _where(candidate: str, stack: BlockStack) -> str:
@@ -277,28 +326,6 @@ def _resized(value: Any, batch: int, size: int, made: dict[int, torch.Tensor]) -
     if isinstance(value, (tuple, torch.Size)) and value and all(isinstance(v, int) for v in value):
         return (size, *value[1:]) if value[0] == batch else value
     return value
-
-
-def _train_step_measure(
-    inputs: tuple, kwargs: dict, batch: int, optimizer: OptimizerFactory | None, loss: LossFunction | None
-) -> Measure:
-    def measure(module: nn.Module, layout: Layout) -> TrainStep:
-        if layout.activation_checkpointing == "selective" or layout.tp > 1 or layout.pp > 1:
-            raise LayoutError(f"{layout.label()}: not measurable yet")
-        size = layout.micro_batch_size
-        made: dict[int, torch.Tensor] = {}
-        return train_step(
-            module,
-            *(_resized(value, batch, size, made) for value in inputs),
-            optimizer=optimizer,
-            loss=loss,
-            world_size=layout.dp_shard,
-            activation_checkpointing=layout.activation_checkpointing == "block",
-            accumulation_steps=layout.accumulation_steps,
-            **{key: _resized(value, batch, size, made) for key, value in kwargs.items()},
-        )
-
-    return measure
 
 
 def _model_cost(module: nn.Module, inputs: tuple, kwargs: dict, stack: BlockStack | None) -> ModelCost:
@@ -379,7 +406,7 @@ def plan_parallel(
             accumulation_steps=accumulation_steps,
         )
     facts = model_facts(module, tp_plan)
-    measurements = _Measurements(module, _train_step_measure(inputs, forward_kwargs, batch, optimizer, loss))
+    measurements = _Measurements(module, inputs, forward_kwargs, batch, tp_plan, optimizer, loss)
     cost_model = _model_cost(module, inputs, forward_kwargs, measurements.stack)
     results = [_evaluate(layout, facts, gpus, batch, measurements, cost_model, hardware) for layout in layouts]
     return ParallelPlan(type(module).__name__, gpus, memory, tuple(results), proxy_note=_PROXY_NOTE)
@@ -401,8 +428,8 @@ def _evaluate(
     if problems:
         return LayoutResult(layout, tuple(problems))
     try:
-        ranks = (measurements.rank_peak(layout),)
-    except LayoutError as error:
+        ranks, communication = measurements.ranks(layout)
+    except (LayoutError, TensorParallelPlanError, PipelineSplitError) as error:
         return LayoutResult(layout, (str(error),))
     scale = layout.micro_batch_size / batch
     cost = step_cost(
@@ -418,7 +445,7 @@ def _evaluate(
     return LayoutResult(
         layout,
         ranks=ranks,
-        communication=cost.communication,
+        communication={kind: count for kind, count in communication.items() if count},
         compute_flops=cost.compute_flops,
         recompute_flops=cost.recompute_flops,
         exposed_communication_s=cost.exposed_communication_s,

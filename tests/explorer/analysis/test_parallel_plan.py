@@ -9,7 +9,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import explorer
 from explorer.analysis.parallel_cost import ModelCost, step_cost
 from explorer.analysis.parallel_layout import Layout, LayoutError, ModelFacts, layout_problems
+from explorer.analysis.layout_step import layout_step
 from explorer.analysis.parallel_plan import candidate_layouts, plan_parallel
+from explorer.analysis.pipeline_step import pipeline_step
 
 IDS = torch.zeros(2, 32, dtype=torch.long)
 
@@ -58,26 +60,36 @@ def test_the_search_space_of_the_70b_benchmark_has_19_degree_combinations() -> N
 
 
 def test_each_rank_peak_equals_the_whole_models_step(llama5: torch.nn.Module) -> None:
-    plan = plan_parallel(llama5, IDS, labels=IDS, gpus=2, gpu_memory="8MB", fsdp=(1, 2), tp=(1,), pp=(1,))
-    assert len(plan.results) == 4
+    plan = plan_parallel(llama5, IDS, labels=IDS, gpus=4, gpu_memory="8MB", fsdp=(1, 2), tp=(1, 2), pp=(1,))
+    assert len(plan.results) == 8
     for result in plan.results:
-        layout = result.layout
-        whole = explorer.train_step(
-            llama5,
-            IDS,
-            labels=IDS,
-            world_size=layout.dp_shard,
-            activation_checkpointing=layout.activation_checkpointing == "block",
-        )
+        whole = layout_step(llama5, IDS, labels=IDS, layout=result.layout)
         (rank,) = result.ranks
         assert (rank.peak_bytes, rank.peak, rank.phase) == (whole.peak_bytes, whole.peak, whole.phase)
         assert rank.measured_blocks == (3, 4)
+        assert result.communication == {kind: count for kind, count in whole.communication.bytes.items() if count}
     table = plan.table()
     fits = [plan.fits(result) for result in plan.ordered()]
     assert fits == sorted(fits, reverse=True)
     assert table["fits"].tolist() == fits
     assert table["peak_bytes"].tolist() == [result.peak_bytes for result in plan.ordered()]
     assert len(llama5.model.layers) == 5
+
+
+def test_pipeline_stages_are_each_a_rank_of_the_plan() -> None:
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2
+    )
+    config.vocab_size = 256
+    llama6 = explorer.deferred_init(LlamaForCausalLM, config)
+    layout = Layout(pp=2, accumulation_steps=2, micro_batch_size=2)
+    plan = plan_parallel(llama6, IDS, labels=IDS, gpus=2, layouts=[layout, Layout(pp=4, accumulation_steps=4)])
+    stages = pipeline_step(llama6, IDS, labels=IDS, layout=layout)
+    assert [(rank.rank, rank.peak_bytes, rank.peak) for rank in plan.results[0].ranks] == [
+        (f"stage {step.rank}", step.peak_bytes, step.peak) for step in stages
+    ]
+    assert plan.results[0].peak_bytes == max(step.peak_bytes for step in stages)
+    assert plan.results[1].problems == ("uses 4 GPUs, not 2", "6 blocks are not divisible into 4 pipeline stages")
 
 
 def test_a_layout_the_model_does_not_allow_is_listed_last_with_its_reason(llama5: torch.nn.Module) -> None:
