@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, get_args
 
 import ipywidgets as w
@@ -36,8 +37,9 @@ if TYPE_CHECKING:
 
 BAR_WIDTH = 560
 BUDGET_COLOUR = "#222"
-# Row colours by verdict: fits, does not fit, cannot run (the table's `verdict` column, not shown).
-VERDICT_COLOURS = {"fits": "#e3f1df", "does not fit": "#fbe3e1", "cannot run": "#eeeeee"}
+# Row colours (the row's left edge) by verdict: fits, over budget, cannot run (a `verdict` column added
+# to the plan's table, not shown).
+VERDICT_COLOURS = {"fits": "#3fa34d", "does not fit": "#e15759", "cannot run": "#9aa5b1"}
 FORMATS = {
     "peak_bytes": bytes_text,
     "headroom_bytes": bytes_text,
@@ -56,6 +58,13 @@ LABELS = {
     "step_proxy_s": "step proxy",
     "global_batch": "global batch",
 }
+
+
+def shown_columns(columns: Sequence[str]) -> list[str]:
+    """The plan's table columns with `problems` moved next to `fits`: the numbers run wider than the
+    Memory tab, and an invalid layout's reason must show without scrolling (style.css wraps it)."""
+    rest = [column for column in columns if column not in ("layout", "fits", "problems")]
+    return ["layout", "fits", "problems", *rest]
 
 
 # -- reading the fields ----------------------------------------------------------------------------
@@ -171,6 +180,12 @@ def verdict_of(plan: ParallelPlan, result: LayoutResult) -> str:
     return "cannot run" if not result.valid else "fits" if plan.fits(result) else "does not fit"
 
 
+def _text_field(value: str, description: str, width: int, css_class: str, placeholder: str = "") -> w.Text:
+    field = w.Text(value=value, placeholder=placeholder, description=description, layout=w.Layout(width=f"{width}px"))
+    field.add_class(css_class)
+    return field
+
+
 def _export_area(css_class: str) -> w.Textarea:
     area = w.Textarea(value="", rows=14, layout=w.Layout(width="48%"))
     area.add_class(css_class)
@@ -190,8 +205,8 @@ class PlanPanel(w.VBox):
         super().__init__(
             [
                 w.HTML("<b>Parallel layouts</b>"),
-                w.HBox([self.gpus, self.gpu_memory, self.shapes, self.input_dtype, self.optimizer]),
-                w.HBox([self.fsdp, self.tp, self.pp, self.checkpointing]),
+                w.HBox([self.gpus, self.gpu_memory, self.shapes, self.input_dtype]),
+                w.HBox([self.optimizer, self.fsdp, self.tp, self.pp, self.checkpointing]),
                 w.HBox([self.run_button, self.status]),
                 self.table,
                 self.proxy_note,
@@ -203,26 +218,25 @@ class PlanPanel(w.VBox):
         self.add_class("de-parallel-panel")
 
     def _build_fields(self) -> None:
-        short = w.Layout(width="180px")
-        self.gpus = w.Text(value="8", description="GPUs", layout=w.Layout(width="140px"))
-        self.gpus.add_class("de-parallel-gpus")
-        self.gpu_memory = w.Text(value="80GB", description="per GPU", layout=w.Layout(width="200px"))
-        self.gpu_memory.add_class("de-parallel-memory")
-        self.shapes = w.Text(placeholder="micro-batch, e.g. 1x512", description="inputs")
-        self.shapes.add_class("de-parallel-shapes")
+        self.gpus = _text_field("8", "GPUs", 140, "de-parallel-gpus")
+        self.gpu_memory = _text_field("80GB", "per GPU", 200, "de-parallel-memory")
+        self.shapes = _text_field("", "inputs", 260, "de-parallel-shapes", placeholder="micro-batch, e.g. 1x512")
         self.input_dtype = w.Dropdown(
-            options=["int64", "float32", "bfloat16", "float16"], value="int64", description="dtype", layout=short
+            options=["int64", "float32", "bfloat16", "float16"],
+            value="int64",
+            description="dtype",
+            layout=w.Layout(width="180px"),
         )
-        self.optimizer = w.Dropdown(options=list(get_args(OptimizerName)), value="AdamW", description="optimizer")
-        wide = w.Layout(width="240px")
-        self.fsdp = w.Text(value="", placeholder="powers of 2 ≤ GPUs", description="FSDP", layout=wide)
-        self.fsdp.add_class("de-parallel-fsdp")
-        self.tp = w.Text(value="1, 2, 4, 8", description="TP", layout=short)
-        self.tp.add_class("de-parallel-tp")
-        self.pp = w.Text(value="1, 2, 4", description="PP", layout=short)
-        self.pp.add_class("de-parallel-pp")
-        self.checkpointing = w.Text(value="none, block", description="AC", layout=wide)
-        self.checkpointing.add_class("de-parallel-ac")
+        self.optimizer = w.Dropdown(
+            options=list(get_args(OptimizerName)),
+            value="AdamW",
+            description="optimizer",
+            layout=w.Layout(width="210px"),
+        )
+        self.fsdp = _text_field("", "FSDP", 210, "de-parallel-fsdp", placeholder="powers of 2 ≤ GPUs")
+        self.tp = _text_field("1, 2, 4, 8", "TP", 170, "de-parallel-tp")
+        self.pp = _text_field("1, 2, 4", "PP", 150, "de-parallel-pp")
+        self.checkpointing = _text_field("none, block", "AC", 210, "de-parallel-ac")
 
     def _build_outputs(self) -> None:
         self.run_button = w.Button(description="Plan layouts")
@@ -289,13 +303,13 @@ class PlanPanel(w.VBox):
         counts = frame["verdict"].value_counts()
         self.status.value = (
             f"{counts.get('fits', 0)} of {len(frame)} layouts fit on {plan.gpus} × {bytes_text(plan.gpu_memory)}; "
-            f"{counts.get('does not fit', 0)} do not fit, {counts.get('cannot run', 0)} cannot run (see problems)"
+            f"{counts.get('does not fit', 0)} over budget, {counts.get('cannot run', 0)} cannot run (see problems)"
         )
         self.proxy_note.value = plan.proxy_note
         self.table.selected = ""
         self.table.show(
             frame,
-            list(TABLE_COLUMNS),
+            shown_columns(TABLE_COLUMNS),
             key="layout",
             formats=FORMATS,
             colour=VERDICT_COLOURS,

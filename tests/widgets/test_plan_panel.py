@@ -61,27 +61,33 @@ def test_the_table_is_the_plans_rows_fitting_layouts_first_with_bytes_formatted(
     formats = {"peak_bytes": bytes_text, "headroom_bytes": bytes_text, "communication_bytes": bytes_text,
                "exposed_communication_s": seconds_text, "step_proxy_s": seconds_text, "recompute_flops": count_text}
     expected = direct.table()
-    assert table.columns == list(TABLE_COLUMNS)
+    # the plan's columns, `problems` next to `fits` so an invalid layout's reason shows without scrolling
+    assert table.columns == ["layout", "fits", "problems", "peak_bytes", "headroom_bytes", "slowest_rank",
+                             "communication_bytes", "exposed_communication_s", "recompute_flops", "step_proxy_s",
+                             "global_batch"]
+    assert sorted(table.columns) == sorted(TABLE_COLUMNS)
     assert table.row_keys == expected["layout"].tolist()
-    assert table.rows == frame_rows(expected, TABLE_COLUMNS, formats)
+    assert table.rows == frame_rows(expected, table.columns, formats)
     assert table.row_keys[:2] == ["FSDP 4 · TP 1 · PP 1 · AC none · mb 2 × 1", "FSDP 4 · TP 1 · PP 1 · AC block · mb 2 × 1"]
     assert [row[1] for row in table.rows] == ["yes", "yes", "no", "no", "no", "no", "no", "no"]
-    assert table.rows[2][3] == f"-{bytes_text(direct.ordered()[2].peak_bytes - BUDGET)}"  # the shortfall
+    assert table.rows[2][4] == f"-{bytes_text(direct.ordered()[2].peak_bytes - BUDGET)}"  # the shortfall
     assert explorer.is_deferred(planned.module)  # nothing was materialized
 
 
 def test_the_status_counts_layouts_that_fit_do_not_and_cannot_run(planned):
     panel = planned.memory_tab.plan_panel
-    assert panel.status.value == "2 of 8 layouts fit on 4 × 2.0 MiB; 2 do not fit, 4 cannot run (see problems)"
+    assert panel.status.value == "2 of 8 layouts fit on 4 × 2.0 MiB; 2 over budget, 4 cannot run (see problems)"
     assert panel.run_button.disabled is False
-    assert panel.table.row_colours == ["#e3f1df"] * 2 + ["#fbe3e1"] * 2 + ["#eeeeee"] * 4
+    assert panel.table.row_colours == ["#3fa34d"] * 2 + ["#e15759"] * 2 + ["#9aa5b1"] * 4
 
 
-def test_an_invalid_layout_shows_its_problems_in_the_table(planned):
+def test_an_invalid_layout_shows_its_problems_in_the_table(planned, direct):
     table = planned.memory_tab.plan_panel.table
-    problems = dict(zip(table.row_keys, (row[-1] for row in table.rows)))
+    problems = dict(zip(table.row_keys, (row[2] for row in table.rows)))
     assert problems["FSDP 4 · TP 1 · PP 1 · AC none · mb 2 × 1"] == ""
-    assert problems["FSDP 2 · TP 1 · PP 2 (1F1B) · AC none · mb 2 × 2"] != ""
+    invalid = [result for result in direct.results if not result.valid]
+    assert len(invalid) == 4 and all(result.problems for result in invalid)
+    assert {result.layout.label(): "; ".join(result.problems) for result in invalid}.items() <= problems.items()
 
 
 def test_selecting_a_row_shows_a_bar_per_rank_with_the_categories_and_the_budget_line(planned, direct):
