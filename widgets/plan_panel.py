@@ -180,8 +180,13 @@ def verdict_of(plan: ParallelPlan, result: LayoutResult) -> str:
     return "cannot run" if not result.valid else "fits" if plan.fits(result) else "does not fit"
 
 
+def _compact(width: int) -> dict[str, Any]:
+    """A field `width` pixels wide whose label takes only its text's width (two rows of fields fit the tab)."""
+    return {"layout": w.Layout(width=f"{width}px"), "style": {"description_width": "initial"}}
+
+
 def _text_field(value: str, description: str, width: int, css_class: str, placeholder: str = "") -> w.Text:
-    field = w.Text(value=value, placeholder=placeholder, description=description, layout=w.Layout(width=f"{width}px"))
+    field = w.Text(value=value, placeholder=placeholder, description=description, **_compact(width))
     field.add_class(css_class)
     return field
 
@@ -218,25 +223,19 @@ class PlanPanel(w.VBox):
         self.add_class("de-parallel-panel")
 
     def _build_fields(self) -> None:
-        self.gpus = _text_field("8", "GPUs", 140, "de-parallel-gpus")
-        self.gpu_memory = _text_field("80GB", "per GPU", 200, "de-parallel-memory")
-        self.shapes = _text_field("", "inputs", 260, "de-parallel-shapes", placeholder="micro-batch, e.g. 1x512")
+        self.gpus = _text_field("8", "GPUs", 100, "de-parallel-gpus")
+        self.gpu_memory = _text_field("80GB", "per GPU", 150, "de-parallel-memory")
+        self.shapes = _text_field("", "inputs", 220, "de-parallel-shapes", placeholder="micro-batch, e.g. 1x512")
         self.input_dtype = w.Dropdown(
-            options=["int64", "float32", "bfloat16", "float16"],
-            value="int64",
-            description="dtype",
-            layout=w.Layout(width="180px"),
+            options=["int64", "float32", "bfloat16", "float16"], value="int64", description="dtype", **_compact(140)
         )
         self.optimizer = w.Dropdown(
-            options=list(get_args(OptimizerName)),
-            value="AdamW",
-            description="optimizer",
-            layout=w.Layout(width="210px"),
+            options=list(get_args(OptimizerName)), value="AdamW", description="optimizer", **_compact(220)
         )
-        self.fsdp = _text_field("", "FSDP", 210, "de-parallel-fsdp", placeholder="powers of 2 ≤ GPUs")
-        self.tp = _text_field("1, 2, 4, 8", "TP", 170, "de-parallel-tp")
-        self.pp = _text_field("1, 2, 4", "PP", 150, "de-parallel-pp")
-        self.checkpointing = _text_field("none, block", "AC", 210, "de-parallel-ac")
+        self.fsdp = _text_field("", "FSDP", 170, "de-parallel-fsdp", placeholder="powers of 2 ≤ GPUs")
+        self.tp = _text_field("1, 2, 4, 8", "TP", 120, "de-parallel-tp")
+        self.pp = _text_field("1, 2, 4", "PP", 110, "de-parallel-pp")
+        self.checkpointing = _text_field("none, block", "AC", 170, "de-parallel-ac")
 
     def _build_outputs(self) -> None:
         self.run_button = w.Button(description="Plan layouts")
@@ -334,7 +333,9 @@ class PlanPanel(w.VBox):
             return
         self.layout_line.value = layout_text(result, plan)
         scale = bar_scale(plan)
-        self.bars.value = "".join(rank_html(rank, plan.gpu_memory, scale) for rank in result.ranks)
+        key = f'<div class="de-parallel-bar-key">dashed line: the budget, {bytes_text(plan.gpu_memory)} per GPU</div>'
+        ranks = "".join(rank_html(rank, plan.gpu_memory, scale) for rank in result.ranks)
+        self.bars.value = key + ranks if ranks else ""
         self._set_exports(*export_texts(result.layout, self.module))
 
     def _set_exports(self, titan: str, source: str) -> None:
