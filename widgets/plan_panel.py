@@ -260,7 +260,7 @@ class PlanPanel(w.VBox):
         """`plan_parallel` with the panel's fields, the button disabled meanwhile; a failure is shown
         in the status line and leaves the last plan on screen."""
         self.run_button.disabled = True
-        self.status.value = "planning: a fake training step per layout kind (seconds to a minute)…"
+        self.status.value = "planning: fake training steps for the layouts (seconds to a minute)…"
         try:
             plan = self._plan()
         except Exception as error:  # shown to the user; the widget stays usable

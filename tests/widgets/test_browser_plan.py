@@ -44,7 +44,10 @@ def test_parallel_layouts_panel_plans_a_small_llama_on_4_gpus(notebook_page: Pag
             field = panel.locator(f".de-parallel-{name} input")
             field.fill(text)
             field.press("Enter")
-        panel.locator(".de-parallel-button").click()
+        button = panel.locator(".de-parallel-button")
+        button.click()
+        expect(button).to_be_disabled()  # busy while the kernel plans; the status line says so
+        expect(panel.locator(".de-parallel-status")).to_have_text(re.compile(r"^planning: "))
         expect(panel.locator(".de-parallel-status")).to_have_text(
             "1 of 4 layouts fit on 4 × 2.0 MiB; 1 over budget, 2 cannot run (see problems)", timeout=PLAN_TIMEOUT_MS
         )

@@ -183,3 +183,22 @@ def test_parse_gpus_and_modes():
                                          (8.5e-7, "850 ns"), (None, "")])
 def test_seconds_text(value, text):
     assert seconds_text(value) == text
+
+
+def test_the_button_is_disabled_with_a_busy_line_while_planning(monkeypatch):
+    import explorer.analysis.parallel_plan as parallel_plan
+
+    seen = []
+
+    def stand_in(*args, **kwargs):
+        seen.append((panel.run_button.disabled, panel.status.value, kwargs["gpus"], kwargs["fsdp"], kwargs["tp"]))
+        raise RuntimeError("stopped by the test")
+
+    monkeypatch.setattr(parallel_plan, "plan_parallel", stand_in)
+    torch.manual_seed(0)
+    panel = widgets.ExplorerWidget(_llama()).memory_tab.plan_panel
+    panel.gpus.value, panel.shapes.value, panel.tp.value = "16", "1x8", "1 2 4"
+    panel.run_button.click()
+    assert seen == [(True, "planning: fake training steps for the layouts (seconds to a minute)…", 16, None, (1, 2, 4))]
+    assert panel.status.value == "planning failed: RuntimeError: stopped by the test"
+    assert panel.run_button.disabled is False
