@@ -19,7 +19,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import ipywidgets as w
 from torch import nn
@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 
 BAR_WIDTH = 560
 BUDGET_COLOUR = "#222"
-# Row colours (the row's left edge) by verdict: fits, over budget, cannot run (a `verdict` column added
-# to the plan's table, not shown).
-VERDICT_COLOURS = {"fits": "#3fa34d", "does not fit": "#e15759", "cannot run": "#9aa5b1"}
+# A layout's verdict: it fits the budget, it runs but needs more, or the model does not allow it.
+Verdict = Literal["fits", "over budget", "cannot run"]
+# Row colours (the row's left edge) by verdict (a `verdict` column added to the plan's table, not shown).
+VERDICT_COLOURS: dict[str, str] = {"fits": "#3fa34d", "over budget": "#e15759", "cannot run": "#9aa5b1"}
 FORMATS = {
     "peak_bytes": bytes_text,
     "headroom_bytes": bytes_text,
@@ -175,9 +176,21 @@ def layout_text(result: LayoutResult, plan: ParallelPlan) -> str:
     return f"{name}: {verdict} on {plan.gpus} × {bytes_text(plan.gpu_memory)}"
 
 
-def verdict_of(plan: ParallelPlan, result: LayoutResult) -> str:
-    """ "fits", "does not fit" or "cannot run" (the key of `VERDICT_COLOURS`)."""
-    return "cannot run" if not result.valid else "fits" if plan.fits(result) else "does not fit"
+def verdict_of(plan: ParallelPlan, result: LayoutResult) -> Verdict:
+    """Whether `result`'s layout fits `plan`'s budget, needs more, or cannot run."""
+    return "cannot run" if not result.valid else "fits" if plan.fits(result) else "over budget"
+
+
+def plan_summary(plan: ParallelPlan, verdicts: Sequence[Verdict]) -> str:
+    """The status line after a plan: how many layouts fit, are over budget, cannot run; or that the
+    degrees typed make no layout of exactly `plan.gpus` GPUs."""
+    if not verdicts:
+        return f"no layout: no product of the FSDP, TP and PP degrees typed divides {plan.gpus} GPUs"
+    count = {verdict: list(verdicts).count(verdict) for verdict in get_args(Verdict)}
+    return (
+        f"{count['fits']} of {len(verdicts)} layouts fit on {plan.gpus} × {bytes_text(plan.gpu_memory)}; "
+        f"{count['over budget']} over budget, {count['cannot run']} cannot run (see problems)"
+    )
 
 
 def _compact(width: int) -> dict[str, Any]:
@@ -299,11 +312,7 @@ class PlanPanel(w.VBox):
 
         frame = plan.table()
         frame["verdict"] = [verdict_of(plan, result) for result in plan.ordered()]
-        counts = frame["verdict"].value_counts()
-        self.status.value = (
-            f"{counts.get('fits', 0)} of {len(frame)} layouts fit on {plan.gpus} × {bytes_text(plan.gpu_memory)}; "
-            f"{counts.get('does not fit', 0)} over budget, {counts.get('cannot run', 0)} cannot run (see problems)"
-        )
+        self.status.value = plan_summary(plan, frame["verdict"].tolist())
         self.proxy_note.value = plan.proxy_note
         self.table.selected = ""
         self.table.show(

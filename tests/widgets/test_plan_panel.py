@@ -202,3 +202,12 @@ def test_the_button_is_disabled_with_a_busy_line_while_planning(monkeypatch):
     assert seen == [(True, "planning: fake training steps for the layouts (seconds to a minute)…", 16, None, (1, 2, 4))]
     assert panel.status.value == "planning failed: RuntimeError: stopped by the test"
     assert panel.run_button.disabled is False
+
+
+def test_degrees_that_make_no_layout_of_the_gpus_say_so():
+    torch.manual_seed(0)
+    panel = widgets.ExplorerWidget(_llama()).memory_tab.plan_panel
+    panel.gpus.value, panel.shapes.value, panel.fsdp.value, panel.tp.value, panel.pp.value = "4", "2x16", "3", "1", "1"
+    panel.run_button.click()
+    assert panel.status.value == "no layout: no product of the FSDP, TP and PP degrees typed divides 4 GPUs"
+    assert panel.table.rows == [] and panel.last_plan is not None and panel.last_plan.results == ()
