@@ -179,12 +179,6 @@ def test_parse_gpus_and_modes():
     assert parse_modes("none block") == ("none", "block") and parse_modes("") is None
 
 
-@pytest.mark.parametrize("value, text", [(0, "0 s"), (4.6e-6, "4.6 µs"), (0.0125, "12.5 ms"), (3.2, "3.2 s"),
-                                         (8.5e-7, "850 ns"), (None, "")])
-def test_seconds_text(value, text):
-    assert seconds_text(value) == text
-
-
 def test_the_button_is_disabled_with_a_busy_line_while_planning(monkeypatch):
     import explorer.analysis.parallel_plan as parallel_plan
 
