@@ -87,7 +87,8 @@ test: install lint
 # (`make test` saves them under build/screenshots/ and leaves the tree as it was).
 screenshots: install
 	EXPLORER_DOC_SCREENSHOTS=1 $(PY) -m pytest -q -p no:cacheprovider \
-		tests/widgets/test_browser_forward.py tests/widgets/test_browser_init.py tests/widgets/test_browser_train.py
+		tests/widgets/test_browser_forward.py tests/widgets/test_browser_init.py tests/widgets/test_browser_train.py \
+		tests/widgets/test_browser_plan.py
 
 # Differential fuzzing beyond the CI budget: FUZZ_EXAMPLES programs from FUZZ_SEED. Without
 # FUZZ_SEED a new seed is drawn and printed, before and after the run, so a failure can be replayed

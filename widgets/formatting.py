@@ -14,6 +14,7 @@ from explorer.naming import format_bytes
 Formatter = Callable[[Any], str]
 
 _COUNT_UNITS = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K"))
+_SECOND_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
 
 
 def is_missing(value: Any) -> bool:
@@ -45,8 +46,11 @@ def cell_text(value: Any) -> str:
 
 
 def bytes_text(value: Any) -> str:
-    """Binary units, as the inspection summary writes them (1.5 KiB)."""
-    return "" if is_missing(value) else format_bytes(int(value))
+    """Binary units, as the inspection summary writes them (1.5 KiB); a shortfall with a minus (-247.0 KiB)."""
+    if is_missing(value):
+        return ""
+    count = int(value)
+    return format_bytes(count) if count >= 0 else "-" + format_bytes(-count)
 
 
 def exact_bytes_text(value: Any) -> str:
@@ -66,6 +70,17 @@ def count_text(value: Any) -> str:
         if count >= scale:
             return f"{count / scale:.3g}{unit}"
     return str(count)
+
+
+def seconds_text(value: Any) -> str:
+    """Durations in the unit that keeps them readable: 0 s, 850 ns, 4.6 µs, 12.5 ms, 3.2 s."""
+    if is_missing(value):
+        return ""
+    seconds = float(value)
+    for scale, unit in _SECOND_UNITS:
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return "0 s" if seconds == 0 else f"{seconds * 1e9:.3g} ns"
 
 
 def percent_text(value: Any) -> str:

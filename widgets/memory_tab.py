@@ -1,9 +1,11 @@
-"""Memory tab: bytes of the selection by module, device and state; dry run, device plan, training step.
+"""Memory tab: bytes of the selection by module, device and state; dry run, device plan, training step,
+parallel layouts.
 
 Sizes are read from the inspection tables (each storage counted once). The dry run
 (`explorer.dry_run`) runs on inputs of the shapes the user types; the device plan
 (`explorer.plan_devices`) on the budgets they type, by default every present device's memory; the
-training step (`explorer.train_step`, in `train_panel.py`) on inputs, optimizer, devices and budget.
+training step (`explorer.train_step`, in `train_panel.py`) on inputs, optimizer, devices and budget;
+the parallel layouts (`plan_parallel`, in `plan_panel.py`) on GPUs, memory per GPU and inputs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import nn
 import explorer
 
 from .formatting import bytes_text, count_text, percent_text
+from .plan_panel import PlanPanel
 from .states import STATE_COLOURS, module_states
 from .table import DataTable
 from .train_panel import TrainPanel
@@ -105,7 +108,8 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
 
 
 class MemoryTab(w.VBox):
-    """Selection totals, a module size table, and the dry-run / device-plan panels."""
+    """Selection totals, a module size table, and the dry-run / device-plan / training-step / parallel-layout
+    panels."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -138,6 +142,7 @@ class MemoryTab(w.VBox):
         self.plan_status = w.Label("")
         self.plan_status.add_class("de-plan-status")
         self.train_panel = TrainPanel(module, read_inputs)
+        self.plan_panel = PlanPanel(module, read_inputs)
         self.dry_run_button.on_click(lambda _: self.dry_run())
         self.plan_button.on_click(lambda _: self.plan())
         super().__init__(
@@ -150,6 +155,7 @@ class MemoryTab(w.VBox):
                 w.HBox([self.budgets, self.plan_button, self.plan_status]),
                 self.plan_output,
                 self.train_panel,
+                self.plan_panel,
             ]
         )
         self.add_class("de-memory-tab")
