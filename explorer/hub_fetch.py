@@ -209,8 +209,89 @@ def fetch_range(remote: RemoteFile, begin: int, end: int, what: str) -> tuple[by
     return response.content, response.headers
 
 
-def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int) -> str | None:
-    """What is wrong with `response` to a request for bytes [begin, end) of `remote`, or None."""
+def stream_range(remote: RemoteFile, begin: int, end: int, what: str, chunk_bytes: int) -> Iterator[bytearray]:
+    """Bytes [begin, end) of `remote` in pieces of `chunk_bytes` (the last one shorter; each a new
+    bytearray the caller may keep or write into), from one
+    streamed `Range` request, never holding more than a piece and what the connection buffers. Not
+    cached (note [Hub range cache]): `save_checkpoint` copies a model through it. A body cut short
+    (a dropped connection, a timeout between bytes) is resumed from the bytes received with a
+    `Range` request for the rest, up to `RETRY.attempts` requests in all; errors as `fetch_range`'s."""
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    failed = functools.partial(_failure, remote, begin, end, what)
+    if constants.HF_HUB_OFFLINE:
+        raise failed("HF_HUB_OFFLINE is set and these bytes are not in the range cache (see docs/hub.md)")
+    url = hf_hub_url(
+        remote.repo_id, remote.filename, repo_type=remote.repo_type, revision=remote.commit, endpoint=remote.endpoint
+    )
+    token = _TOKENS.get((remote.endpoint, remote.repo_id))
+    position, requests = begin, 0
+    buffer, filled = bytearray(min(chunk_bytes, end - begin)), 0
+    while position < end:
+        requests += 1
+        headers = build_hf_headers(token=token, headers={"Range": f"bytes={position}-{end - 1}"})
+        cut: Exception | None = None
+        try:
+            with _stream_with_retries(url, headers) as response:
+                fault = _response_fault(response, remote, position, end, body=None)
+                if fault is not None:
+                    raise failed(fault)
+                try:
+                    for piece in response.iter_bytes():
+                        if position + len(piece) > end:
+                            raise failed(f"the body holds more than the {end - begin:,} bytes asked for")
+                        position += len(piece)
+                        taken = 0
+                        while taken < len(piece):
+                            count = min(len(piece) - taken, len(buffer) - filled)
+                            buffer[filled : filled + count] = piece[taken : taken + count]
+                            filled, taken = filled + count, taken + count
+                            if filled == len(buffer):
+                                yield buffer
+                                buffer, filled = bytearray(min(chunk_bytes, end - position + len(piece) - taken)), 0
+                except MaterializationError:
+                    raise
+                except Exception as error:  # the transport's errors: resumed below
+                    cut = error
+        except MaterializationError:
+            raise
+        except Exception as error:  # httpx's and huggingface_hub's errors, after their retries
+            raise failed(f"{type(error).__name__}: {error}") from None
+        if position < end:
+            if requests >= RETRY.attempts:
+                why = f"{type(cut).__name__}: {cut}" if cut is not None else "the body ended early"
+                raise failed(f"{why} ({position - begin:,} of {end - begin:,} bytes received in {requests} requests)")
+            time.sleep(min(RETRY.first_wait_s * 2 ** (requests - 1), RETRY.max_wait_s))
+    if filled:
+        yield buffer
+
+
+def _failure(remote: RemoteFile, begin: int, end: int, what: str, why: str) -> MaterializationError:
+    token = _TOKENS.get((remote.endpoint, remote.repo_id))
+    if isinstance(token, str) and token:
+        why = why.replace(token, "<token>")
+    return MaterializationError(f"fetching {what} (bytes {begin:,}-{end - 1:,}) of {remote.label()} failed: {why}")
+
+
+def _stream_with_retries(url: str, headers: dict[str, str]) -> contextlib.AbstractContextManager[Any]:
+    from huggingface_hub.utils import http_stream_backoff
+
+    return http_stream_backoff(
+        "GET",
+        url,
+        headers=headers,
+        max_retries=RETRY.attempts - 1,
+        base_wait_time=RETRY.first_wait_s,
+        max_wait_time=RETRY.max_wait_s,
+        timeout=RETRY.timeout_s,
+        follow_redirects=True,
+    )
+
+
+def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int, body: bytes | None = b"") -> str | None:
+    """What is wrong with `response` to a request for bytes [begin, end) of `remote`, or None;
+    `body` None for a streamed response, whose body is checked as it comes."""
     if response.status_code in (401, 403):
         return (
             f"HTTP {response.status_code} ({response.reason_phrase}): the repo is gated or private, or the token "
@@ -222,7 +303,7 @@ def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int) -> 
     sent = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
     if sent is None or (int(sent[1]), int(sent[2]) + 1) != (begin, end):
         return f"the server sent Content-Range {response.headers.get('Content-Range')!r}"
-    if len(response.content) != end - begin:
+    if body is not None and len(response.content) != end - begin:
         return f"the body holds {len(response.content):,} bytes, not {end - begin:,}"
     commit = response.headers.get("X-Repo-Commit")
     if commit is not None and commit != remote.commit:
