@@ -20,8 +20,13 @@ that thread. The report may raise to cancel: requests not yet started are droppe
 passes on (the ones in flight finish into the cache), so a cancel takes effect between ranges.
 `bytes_to_fetch` says beforehand how many bytes which host will send, counting cached ones apart.
 
+Note: [Hub resumed bodies] Every tensor range is fetched by `stream_range`: a body cut short (a
+dropped connection, a timeout between bytes) is asked again for the bytes still missing only, with
+a `Range` from the first byte not received, up to `RETRY.attempts` requests; the ETag and commit
+checks hold each request to the same file. Header reads (`fetch_range`) are small and retried whole.
+
 Limitations: one request per tensor range (`prefetch` coalesces a layer's contiguous ranges into
-one request per run); no resumption of a cut body (it is retried whole).
+one request per run).
 """
 
 from __future__ import annotations
@@ -164,7 +169,7 @@ def remote_file(path: str) -> RemoteFile | None:
     return found
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes | bytearray) -> None:
     """Write `data` to `path` so that no partial file is ever under the final name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{id(data):x}.partial")
@@ -342,17 +347,24 @@ def is_cached(remote: RemoteFile, begin: int, end: int) -> bool:
     return _cached_range_path(remote, begin, end).is_file()
 
 
-def cached_range(remote: RemoteFile, begin: int, end: int, what: str) -> bytes:
+def cached_range(remote: RemoteFile, begin: int, end: int, what: str) -> bytes | bytearray:
     """Bytes [begin, end) of `remote`: from the range cache (note [Hub range cache]), else fetched and
     cached. Raises MaterializationError as `fetch_range` does."""
     path = _cached_range_path(remote, begin, end)
     if path.is_file():
-        data = path.read_bytes()
-        if len(data) == end - begin:
-            return data
-    data, _ = fetch_range(remote, begin, end, what)
+        cached = path.read_bytes()
+        if len(cached) == end - begin:
+            return cached
+    data = fetch_whole(remote, begin, end, what)
     write_atomically(path, data)
     return data
+
+
+def fetch_whole(remote: RemoteFile, begin: int, end: int, what: str) -> bytes | bytearray:
+    """Bytes [begin, end) of `remote` in one piece: `stream_range`'s, so a body cut short resumes
+    from the bytes received."""
+    pieces = list(stream_range(remote, begin, end, what, max(1, end - begin)))
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 @functools.lru_cache(maxsize=256)
@@ -422,11 +434,12 @@ def read_remote_rows(
     return tensor_of(data, [stop - start, *shape[1:]], dtype)
 
 
-def tensor_of(data: bytes, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    """A tensor of `shape` and `dtype` owning a copy of little-endian bytes `data`."""
+def tensor_of(data: bytes | bytearray, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of `shape` and `dtype` over little-endian bytes `data`: a bytearray is taken over
+    (the caller keeps no other use of it), bytes are copied."""
     if not data:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+    return torch.frombuffer(data if isinstance(data, bytearray) else bytearray(data), dtype=dtype).reshape(shape)
 
 
 def prefetch(reads: Iterable[tuple[str, str, list[int], torch.dtype]]) -> None:
@@ -478,7 +491,7 @@ def _contiguous_runs(spans: list[tuple[int, int, str]]) -> list[list[tuple[int, 
 def _fetch_run(remote: RemoteFile, run: list[tuple[int, int, str]]) -> int:
     begin, end = run[0][0], run[-1][1]
     keys = ", ".join(repr(key) for _, _, key in run[:3]) + (f" and {len(run) - 3} more" if len(run) > 3 else "")
-    data, _ = fetch_range(remote, begin, end, keys)
+    data = fetch_whole(remote, begin, end, keys)
     for first, last, _ in run:
         write_atomically(_cached_range_path(remote, first, last), data[first - begin : last - begin])
     return len(data)

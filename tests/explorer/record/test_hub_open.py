@@ -99,6 +99,21 @@ def test_a_500_is_retried(opened, local_hub, llama_checkpoint, eager_layer3):
     _assert_bitwise(model.model.layers[3], eager_layer3[None])
 
 
+def test_a_layer_whose_body_is_cut_fetches_only_the_rest(opened, local_hub, llama_checkpoint, eager_layer3):
+    model, _ = opened
+    local_hub.faults.append(Fault(_shard_of(llama_checkpoint, "model.layers.3.mlp.up_proj.weight"), "short", times=1))
+    before = len(local_hub.requests)
+    materialize_module(model.model.layers[3])
+    ranged = [r for r in local_hub.requests[before:] if r.range is not None]
+    spans = [tuple(int(n) for n in r.range.removeprefix("bytes=").split("-")) for r in ranged]
+    cut = next(i for i, (r, (first, last)) in enumerate(zip(ranged, spans)) if r.body_bytes < last + 1 - first)
+    first, last = spans[cut]
+    assert ranged[cut].body_bytes == (last + 1 - first) // 2
+    assert (first + (last + 1 - first) // 2, last) in spans[cut + 1 :]  # the rest only
+    assert sum(r.body_bytes for r in ranged) == 25_694_208  # the layer's bytes, once
+    _assert_bitwise(model.model.layers[3], eager_layer3[None])
+
+
 @pytest.mark.parametrize(
     ("kind", "says"),
     [
