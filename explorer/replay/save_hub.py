@@ -25,6 +25,7 @@ CHUNK_BYTES = 8 << 20  # a piece of a streamed tensor, in the stored dtype
 _PASS_THROUGH = ("aten::detach", "aten::alias", "aten::lift_fresh")
 _CAST = "aten::_to_copy"
 _CAST_KWARGS = frozenset({"dtype", "device"})
+_MAX_STEPS = 8  # ops between a read and the tensor saved, at most, for it to be streamed
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,13 @@ def hub_copy(tensor: torch.Tensor) -> HubCopy | None:
         return None
     graph = handle.graph
     info = graph.tensors[handle.tensor_id]
+    producer = graph.ops[info.producer]
+    for _ in range(_MAX_STEPS):  # first the producers alone: most tensors of most models are no read
+        if producer.func is READ_SAFETENSORS or len(producer.inputs) != 1:
+            break
+        producer = graph.ops[graph.tensors[producer.inputs[0]].producer]
+    if producer.func is not READ_SAFETENSORS or remote_file(producer.args[0]) is None:
+        return None
     ops = [graph.ops[index] for index in graph.closure_of([handle.tensor_id])]
     if not ops or ops[0].func is not READ_SAFETENSORS or info.storage_offset != 0:
         return None

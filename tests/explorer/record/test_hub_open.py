@@ -447,3 +447,26 @@ def test_a_body_cut_mid_tensor_is_resumed_from_the_bytes_received(local_hub, tmp
     assert sorted(saved) == sorted(stored)
     for name, tensor in stored.items():
         assert torch.equal(saved[name].view(torch.uint8), tensor.view(torch.uint8)), name
+
+
+def test_save_checkpoint_of_a_hub_tensor_changed_after_loading_writes_the_changed_values(local_hub, tmp_path):
+    """Only a read (and a dtype conversion) is streamed; a weight written after loading is replayed."""
+    import safetensors.torch
+
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256
+    )
+    source = tmp_path / "tiny"
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(source)
+    local_hub.add_repo("test-org/tiny", source)
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, "test-org/tiny", dtype=torch.float32)
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight.mul_(3)
+    written = explorer.save_checkpoint(model, tmp_path / "out")
+    saved = safetensors.torch.load_file(next(f for f in written if f.suffix == ".safetensors"))
+    stored = safetensors.torch.load_file(source / "model.safetensors")
+    changed = "model.layers.0.mlp.up_proj.weight"
+    assert torch.equal(saved[changed], stored[changed].to(torch.float32) * 3)
+    for key, tensor in stored.items():
+        if key != changed:
+            assert torch.equal(saved[key], tensor.to(torch.float32)), key
