@@ -20,8 +20,13 @@ that thread. The report may raise to cancel: requests not yet started are droppe
 passes on (the ones in flight finish into the cache), so a cancel takes effect between ranges.
 `bytes_to_fetch` says beforehand how many bytes which host will send, counting cached ones apart.
 
+Note: [Hub resumed bodies] Every tensor range is fetched by `stream_range`: a body cut short (a
+dropped connection, a timeout between bytes) is asked again for the bytes still missing only, with
+a `Range` from the first byte not received, up to `RETRY.attempts` requests; the ETag and commit
+checks hold each request to the same file. Header reads (`fetch_range`) are small and retried whole.
+
 Limitations: one request per tensor range (`prefetch` coalesces a layer's contiguous ranges into
-one request per run); no resumption of a cut body (it is retried whole).
+one request per run).
 """
 
 from __future__ import annotations
@@ -164,7 +169,7 @@ def remote_file(path: str) -> RemoteFile | None:
     return found
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes | bytearray) -> None:
     """Write `data` to `path` so that no partial file is ever under the final name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{id(data):x}.partial")
@@ -209,8 +214,89 @@ def fetch_range(remote: RemoteFile, begin: int, end: int, what: str) -> tuple[by
     return response.content, response.headers
 
 
-def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int) -> str | None:
-    """What is wrong with `response` to a request for bytes [begin, end) of `remote`, or None."""
+def stream_range(remote: RemoteFile, begin: int, end: int, what: str, chunk_bytes: int) -> Iterator[bytearray]:
+    """Bytes [begin, end) of `remote` in pieces of `chunk_bytes` (the last one shorter; each a new
+    bytearray the caller may keep or write into), from one
+    streamed `Range` request, never holding more than a piece and what the connection buffers. Not
+    cached (note [Hub range cache]): `save_checkpoint` copies a model through it. A body cut short
+    (a dropped connection, a timeout between bytes) is resumed from the bytes received with a
+    `Range` request for the rest, up to `RETRY.attempts` requests in all; errors as `fetch_range`'s."""
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    failed = functools.partial(_failure, remote, begin, end, what)
+    if constants.HF_HUB_OFFLINE:
+        raise failed("HF_HUB_OFFLINE is set and these bytes are not in the range cache (see docs/hub.md)")
+    url = hf_hub_url(
+        remote.repo_id, remote.filename, repo_type=remote.repo_type, revision=remote.commit, endpoint=remote.endpoint
+    )
+    token = _TOKENS.get((remote.endpoint, remote.repo_id))
+    position, requests = begin, 0
+    buffer, filled = bytearray(min(chunk_bytes, end - begin)), 0
+    while position < end:
+        requests += 1
+        headers = build_hf_headers(token=token, headers={"Range": f"bytes={position}-{end - 1}"})
+        cut: Exception | None = None
+        try:
+            with _stream_with_retries(url, headers) as response:
+                fault = _response_fault(response, remote, position, end, body=None)
+                if fault is not None:
+                    raise failed(fault)
+                try:
+                    for piece in response.iter_bytes():
+                        if position + len(piece) > end:
+                            raise failed(f"the body holds more than the {end - begin:,} bytes asked for")
+                        position += len(piece)
+                        taken = 0
+                        while taken < len(piece):
+                            count = min(len(piece) - taken, len(buffer) - filled)
+                            buffer[filled : filled + count] = piece[taken : taken + count]
+                            filled, taken = filled + count, taken + count
+                            if filled == len(buffer):
+                                yield buffer
+                                buffer, filled = bytearray(min(chunk_bytes, end - position + len(piece) - taken)), 0
+                except MaterializationError:
+                    raise
+                except Exception as error:  # the transport's errors: resumed below
+                    cut = error
+        except MaterializationError:
+            raise
+        except Exception as error:  # httpx's and huggingface_hub's errors, after their retries
+            raise failed(f"{type(error).__name__}: {error}") from None
+        if position < end:
+            if requests >= RETRY.attempts:
+                why = f"{type(cut).__name__}: {cut}" if cut is not None else "the body ended early"
+                raise failed(f"{why} ({position - begin:,} of {end - begin:,} bytes received in {requests} requests)")
+            time.sleep(min(RETRY.first_wait_s * 2 ** (requests - 1), RETRY.max_wait_s))
+    if filled:
+        yield buffer
+
+
+def _failure(remote: RemoteFile, begin: int, end: int, what: str, why: str) -> MaterializationError:
+    token = _TOKENS.get((remote.endpoint, remote.repo_id))
+    if isinstance(token, str) and token:
+        why = why.replace(token, "<token>")
+    return MaterializationError(f"fetching {what} (bytes {begin:,}-{end - 1:,}) of {remote.label()} failed: {why}")
+
+
+def _stream_with_retries(url: str, headers: dict[str, str]) -> contextlib.AbstractContextManager[Any]:
+    from huggingface_hub.utils import http_stream_backoff
+
+    return http_stream_backoff(
+        "GET",
+        url,
+        headers=headers,
+        max_retries=RETRY.attempts - 1,
+        base_wait_time=RETRY.first_wait_s,
+        max_wait_time=RETRY.max_wait_s,
+        timeout=RETRY.timeout_s,
+        follow_redirects=True,
+    )
+
+
+def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int, body: bytes | None = b"") -> str | None:
+    """What is wrong with `response` to a request for bytes [begin, end) of `remote`, or None;
+    `body` None for a streamed response, whose body is checked as it comes."""
     if response.status_code in (401, 403):
         return (
             f"HTTP {response.status_code} ({response.reason_phrase}): the repo is gated or private, or the token "
@@ -222,7 +308,7 @@ def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int) -> 
     sent = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
     if sent is None or (int(sent[1]), int(sent[2]) + 1) != (begin, end):
         return f"the server sent Content-Range {response.headers.get('Content-Range')!r}"
-    if len(response.content) != end - begin:
+    if body is not None and len(response.content) != end - begin:
         return f"the body holds {len(response.content):,} bytes, not {end - begin:,}"
     commit = response.headers.get("X-Repo-Commit")
     if commit is not None and commit != remote.commit:
@@ -261,17 +347,24 @@ def is_cached(remote: RemoteFile, begin: int, end: int) -> bool:
     return _cached_range_path(remote, begin, end).is_file()
 
 
-def cached_range(remote: RemoteFile, begin: int, end: int, what: str) -> bytes:
+def cached_range(remote: RemoteFile, begin: int, end: int, what: str) -> bytes | bytearray:
     """Bytes [begin, end) of `remote`: from the range cache (note [Hub range cache]), else fetched and
     cached. Raises MaterializationError as `fetch_range` does."""
     path = _cached_range_path(remote, begin, end)
     if path.is_file():
-        data = path.read_bytes()
-        if len(data) == end - begin:
-            return data
-    data, _ = fetch_range(remote, begin, end, what)
+        cached = path.read_bytes()
+        if len(cached) == end - begin:
+            return cached
+    data = fetch_whole(remote, begin, end, what)
     write_atomically(path, data)
     return data
+
+
+def fetch_whole(remote: RemoteFile, begin: int, end: int, what: str) -> bytes | bytearray:
+    """Bytes [begin, end) of `remote` in one piece: `stream_range`'s, so a body cut short resumes
+    from the bytes received."""
+    pieces = list(stream_range(remote, begin, end, what, max(1, end - begin)))
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 @functools.lru_cache(maxsize=256)
@@ -341,11 +434,12 @@ def read_remote_rows(
     return tensor_of(data, [stop - start, *shape[1:]], dtype)
 
 
-def tensor_of(data: bytes, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    """A tensor of `shape` and `dtype` owning a copy of little-endian bytes `data`."""
+def tensor_of(data: bytes | bytearray, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of `shape` and `dtype` over little-endian bytes `data`: a bytearray is taken over
+    (the caller keeps no other use of it), bytes are copied."""
     if not data:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+    return torch.frombuffer(data if isinstance(data, bytearray) else bytearray(data), dtype=dtype).reshape(shape)
 
 
 def prefetch(reads: Iterable[tuple[str, str, list[int], torch.dtype]]) -> None:
@@ -397,7 +491,7 @@ def _contiguous_runs(spans: list[tuple[int, int, str]]) -> list[list[tuple[int, 
 def _fetch_run(remote: RemoteFile, run: list[tuple[int, int, str]]) -> int:
     begin, end = run[0][0], run[-1][1]
     keys = ", ".join(repr(key) for _, _, key in run[:3]) + (f" and {len(run) - 3} more" if len(run) > 3 else "")
-    data, _ = fetch_range(remote, begin, end, keys)
+    data = fetch_whole(remote, begin, end, keys)
     for first, last, _ in run:
         write_atomically(_cached_range_path(remote, first, last), data[first - begin : last - begin])
     return len(data)

@@ -28,6 +28,7 @@ from ..checkpoint_headers import safetensors_dtype
 from ..errors import MaterializationError
 from ..hub_fetch import read_remote, remote_file
 from . import initializers  # noqa: F401 - defines the `explorer` op namespace this extends
+from .lean_fake import register_factory
 from .scope import recording_graph
 
 _LIBRARY = torch.library.Library("explorer", "FRAGMENT")
@@ -73,6 +74,9 @@ _LIBRARY.impl(
 )
 
 READ_SAFETENSORS = torch.ops.explorer.read_safetensors.default
+register_factory(
+    READ_SAFETENSORS, lambda path, key, shape, dtype, device=None: torch.empty(shape, dtype=dtype, device=device)
+)
 
 _ORIGINAL: dict[str, Any] = {}
 

@@ -11,6 +11,7 @@ device for factories, the input's device for views. Every other op goes through 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -23,7 +24,7 @@ _aten = torch.ops.aten
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
-FACTORIES = frozenset(
+FACTORIES = set(  # grows by `register_factory`
     {
         _aten.empty.memory_format,
         _aten.empty_strided.default,
@@ -194,6 +195,16 @@ class _Route(NamedTuple):
 
 # By id(): OpOverload hashes in Python (torch/_ops.py), and these are looked up for every op.
 _ROUTES: dict[int, _Route] = {}
+
+
+def register_factory(func: Any, binding: Callable[..., torch.Tensor]) -> None:
+    """Record custom op `func` as the factories are (note [Direct records]): it takes plain
+    arguments only, writes nothing, and returns a new tensor, whose fake is `binding(*args,
+    **kwargs)` with `device` the meta device. For ops whose fake costs a FakeTensorMode dispatch
+    (about 2 ms) and that a loader calls per tensor: `explorer::read_safetensors`."""
+    FACTORIES.add(func)
+    _BINDINGS[func] = binding
+    _ROUTES.pop(id(func), None)
 
 
 def _route(func: Any) -> _Route:

@@ -13,7 +13,9 @@ memory holds about one tensor. Two layouts:
   of a still-deferred tensor, drawn alone where possible).
 
 Tensors read from a checkpoint while recording (`from_pretrained`, `load_checkpoint` under
-`deferred_init`) are copied through from their files, converted when `dtype` is given. Every file
+`deferred_init`) are copied through from their files, converted when `dtype` is given; those of a
+Hub shard (record/hub_open.py) are streamed from the Hub into the safetensors file a piece at a time,
+never whole in memory nor in the range cache (replay/save_hub.py). Every file
 is written under a temporary name and renamed when complete (replay/save_files.py): a cancel or a
 crash leaves no partial file under a final name, and a full disk raises an OSError naming the file
 and the bytes it needed.

@@ -28,6 +28,7 @@ import torch
 from ..checkpoint_headers import safetensors_dtype
 from ..errors import MaterializationError
 from .save_files import write_then_rename
+from .save_hub import hub_copy
 from .save_progress import SaveReport
 
 _CODES = (
@@ -192,7 +193,15 @@ def _header(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> byte
 def _write_tensor(
     stream: IO[bytes], key: str, tensor: torch.Tensor, dtype: torch.dtype | None, materialize: Materialize
 ) -> int:
-    """Materialize, convert and write one tensor's bytes; returns how many (nothing kept alive)."""
+    """Materialize, convert and write one tensor's bytes; returns how many (nothing kept alive).
+    A tensor read from a Hub shard is streamed from the Hub instead (replay/save_hub.py)."""
+    copy = hub_copy(tensor)
+    if copy is not None:
+        nbytes = 0
+        for piece in copy.pieces(saved_dtype(tensor, dtype)):
+            stream.write(piece.view(torch.uint8).numpy().data)
+            nbytes += piece.numel() * piece.element_size()
+        return nbytes
     value = converted(materialize(key, tensor), dtype)
     expected = (saved_dtype(tensor, dtype), tuple(tensor.shape))
     if (value.dtype, tuple(value.shape)) != expected:

@@ -99,6 +99,21 @@ def test_a_500_is_retried(opened, local_hub, llama_checkpoint, eager_layer3):
     _assert_bitwise(model.model.layers[3], eager_layer3[None])
 
 
+def test_a_layer_whose_body_is_cut_fetches_only_the_rest(opened, local_hub, llama_checkpoint, eager_layer3):
+    model, _ = opened
+    local_hub.faults.append(Fault(_shard_of(llama_checkpoint, "model.layers.3.mlp.up_proj.weight"), "short", times=1))
+    before = len(local_hub.requests)
+    materialize_module(model.model.layers[3])
+    ranged = [r for r in local_hub.requests[before:] if r.range is not None]
+    spans = [tuple(int(n) for n in r.range.removeprefix("bytes=").split("-")) for r in ranged]
+    cut = next(i for i, (r, (first, last)) in enumerate(zip(ranged, spans)) if r.body_bytes < last + 1 - first)
+    first, last = spans[cut]
+    assert ranged[cut].body_bytes == (last + 1 - first) // 2
+    assert (first + (last + 1 - first) // 2, last) in spans[cut + 1 :]  # the rest only
+    assert sum(r.body_bytes for r in ranged) == 25_694_208  # the layer's bytes, once
+    _assert_bitwise(model.model.layers[3], eager_layer3[None])
+
+
 @pytest.mark.parametrize(
     ("kind", "says"),
     [
@@ -353,3 +368,105 @@ def test_fetch_reports_bytes_and_a_raising_report_cancels_between_requests(opene
     assert _shard_bytes(local_hub) - before == reports[0].done_bytes < reports[0].total_bytes
     assert reports[0].hosts == local_hub.endpoint.split("://", 1)[1] and reports[0].bytes_per_second > 0
     assert all(explorer.is_deferred(p) for p in model.parameters())
+
+
+def test_save_checkpoint_streams_a_hub_model_in_bounded_memory(local_hub, llama_checkpoint, tmp_path):
+    """In a process of its own (the Hub's buffers stay here): the whole shards are served once, the
+    range cache stays empty, the fp32 files equal the stored bf16 converted, and the peak resident
+    memory the save adds stays under the largest tensor it writes (materializing each tensor whole,
+    as before streaming, added 1.5x it: 197 MB)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import safetensors.torch
+
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": local_hub.endpoint,
+        "HF_HOME": str(tmp_path / "child-hf"),
+        "EXPLORER_HUB_CACHE": str(tmp_path / "child-cache"),
+        "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
+    }
+    env.pop("HF_TOKEN", None)
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.support.hub_save_probe", LLAMA_REPO, str(out), "float32"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    got = json.loads(child.stdout.splitlines()[-1])
+    shards = sorted(llama_checkpoint.glob("*.safetensors"))
+    assert _shard_bytes(local_hub) == sum(p.stat().st_size for p in shards)  # headers + every tensor, once
+    assert got["cache_bytes"] == 0
+    assert got["saved_bytes"] == 542_183_424 and got["largest"] == 131_072_000
+    assert got["peak_growth"] < got["largest"]
+    saved = {}
+    for file in sorted(out.glob("*.safetensors")):
+        saved |= safetensors.torch.load_file(file)
+    stored = {}
+    for file in shards:
+        stored |= safetensors.torch.load_file(file)
+    assert sorted(saved) == sorted(stored)
+    for key, tensor in stored.items():
+        assert saved[key].dtype == torch.float32, key
+        assert torch.equal(saved[key].view(torch.uint8), tensor.to(torch.float32).view(torch.uint8)), key
+
+
+def test_a_body_cut_mid_tensor_is_resumed_from_the_bytes_received(local_hub, tmp_path):
+    """save_checkpoint streams each tensor; a body cut after half its bytes (the connection closed)
+    is asked again from the first byte missing, and the file written is the stored one."""
+    import safetensors.torch
+
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256
+    )
+    source = tmp_path / "tiny"
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(source)
+    local_hub.add_repo("test-org/tiny", source)
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, "test-org/tiny")
+    local_hub.faults.append(Fault("model.safetensors", "short", times=1))
+    before = len(local_hub.requests)
+    written = explorer.save_checkpoint(model, tmp_path / "out")
+    ranged = [r for r in local_hub.requests[before:] if r.range is not None]
+    spans = [tuple(int(n) for n in r.range.removeprefix("bytes=").split("-")) for r in ranged]
+    cut = next(i for i, (r, (first, last)) in enumerate(zip(ranged, spans)) if r.body_bytes < last + 1 - first)
+    first, last = spans[cut]
+    half = (last + 1 - first) // 2
+    assert ranged[cut].body_bytes == half
+    assert ranged[cut + 1].range == f"bytes={first + half}-{last}"  # the rest, not the whole tensor again
+    size = (source / "model.safetensors").stat().st_size
+    assert local_hub.bytes_served("model.safetensors") == size  # its header at opening, then every byte once
+    stored = safetensors.torch.load_file(source / "model.safetensors")
+    saved = safetensors.torch.load_file(next(f for f in written if f.suffix == ".safetensors"))
+    assert sorted(saved) == sorted(stored)
+    for name, tensor in stored.items():
+        assert torch.equal(saved[name].view(torch.uint8), tensor.view(torch.uint8)), name
+
+
+def test_save_checkpoint_of_a_hub_tensor_changed_after_loading_writes_the_changed_values(local_hub, tmp_path):
+    """Only a read (and a dtype conversion) is streamed; a weight written after loading is replayed."""
+    import safetensors.torch
+
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256
+    )
+    source = tmp_path / "tiny"
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(source)
+    local_hub.add_repo("test-org/tiny", source)
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, "test-org/tiny", dtype=torch.float32)
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight.mul_(3)
+    written = explorer.save_checkpoint(model, tmp_path / "out")
+    saved = safetensors.torch.load_file(next(f for f in written if f.suffix == ".safetensors"))
+    stored = safetensors.torch.load_file(source / "model.safetensors")
+    changed = "model.layers.0.mlp.up_proj.weight"
+    assert torch.equal(saved[changed], stored[changed].to(torch.float32) * 3)
+    for key, tensor in stored.items():
+        if key != changed:
+            assert torch.equal(saved[key], tensor.to(torch.float32)), key

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from explorer.record.checkpoint_reads import READ_SAFETENSORS
 from explorer.record.fake import DeferredTensor
 from explorer.record.lean_fake import FACTORIES, FILLS, VIEWS, FakeFactory, lean_dispatch
 
@@ -66,6 +67,8 @@ FACTORY_CALLS: list[tuple[Any, Callable[[torch.dtype, torch.device], tuple[tuple
     (aten.arange.start, lambda d, dev: ((2, 9), {"dtype": d, "device": dev})),
     (aten.arange.start_step, lambda d, dev: ((0, 10, 3), {"dtype": d, "device": dev})),
     (aten.linspace.default, lambda d, dev: ((0, 1, 5), {"dtype": d, "device": dev})),
+    # a checkpoint read, registered by record/checkpoint_reads.py (register_factory): no file is opened
+    (READ_SAFETENSORS, lambda d, dev: (("/nonexistent/model.safetensors", "w", [4, 3], d), {"device": dev})),
 ]
 
 
