@@ -16,14 +16,12 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .block_composition import SHORT_BLOCKS, BlockStack, block_stack, candidates_of, compose_peak, truncated
+from .block_composition import BlockStack, block_stack, truncated
 from .fake_fsdp import repeated_blocks
-from .layout_step import LayoutStep, layout_step
 from .parallel_cost import Hardware, ModelCost, step_cost
 from .parallel_layout import ActivationCheckpointing, Layout, LayoutError, ModelFacts, layout_problems
-from .pipeline_split import PipelineSplitError
-from .pipeline_step import pipeline_step
-from .tp_plans import TensorParallelPlanError, tp_plan_of
+from .parallel_measure import Measurements, RankPeak, Refused, measure_in_workers
+from .tp_plans import tp_plan_of
 from .train_budget import parse_budget
 from .train_step import LossFunction, OptimizerFactory
 
@@ -42,22 +40,6 @@ TABLE_COLUMNS = (
     "global_batch",
     "problems",
 )
-
-
-@dataclass(frozen=True)
-class RankPeak:
-    """One kind of rank's step: `rank` names it ("every rank", "stage 0"...), `peak_bytes` the
-    most bytes alive at once, `peak` those bytes by category (train_step's categories), `phase`
-    the phase of the peak, `at` where in the step it falls ("backward of model.layers.79", "the
-    optimizer step"), `measured_blocks` the block counts the fake steps ran (composed from them,
-    note [Composing a step from two block counts]; empty: the whole model ran)."""
-
-    rank: str
-    peak_bytes: int
-    peak: dict[str, int]
-    phase: str = "forward"
-    at: str = ""
-    measured_blocks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -215,119 +197,6 @@ def _batch_of(inputs: tuple, kwargs: dict) -> int:
     raise LayoutError("plan_parallel needs one micro-batch of inputs (a tensor or a shape) to read its size from")
 
 
-class _Measurements:
-    """Fake steps, each measured once per distinct configuration (replicas do not change a rank's
-    memory) and, without pipelining, composed over the blocks when they are alike."""
-
-    def __init__(
-        self,
-        module: nn.Module,
-        inputs: tuple,
-        kwargs: dict,
-        batch: int,
-        tp_plan: Mapping[str, str] | None,
-        optimizer: OptimizerFactory | None,
-        loss: LossFunction | None,
-    ) -> None:
-        self.module, self.inputs, self.kwargs, self.batch = module, inputs, kwargs, batch
-        self.tp_plan, self.optimizer, self.loss = tp_plan, optimizer, loss
-        self.stack: BlockStack | None = block_stack(module)
-        self.cache: dict[tuple, tuple[tuple[RankPeak, ...], dict[str, int]]] = {}
-
-    def ranks(self, layout: Layout) -> tuple[tuple[RankPeak, ...], dict[str, int]]:
-        """Each kind of rank's peak under `layout`, and one rank's collectives by kind (bytes)."""
-        key = (
-            layout.dp_shard,
-            layout.data_parallel > 1,
-            layout.tp,
-            layout.pp,
-            layout.pp_schedule,
-            layout.stages_per_rank,
-            layout.activation_checkpointing,
-            layout.micro_batch_size,
-            layout.accumulation_steps,
-        )
-        if key not in self.cache:
-            self.cache[key] = self._pipelined(layout) if layout.pp > 1 else self._measured(layout)
-        return self.cache[key]
-
-    def _arguments(self, layout: Layout) -> tuple[tuple, dict]:
-        size = layout.micro_batch_size
-        made: dict[int, torch.Tensor] = {}
-        inputs = tuple(_resized(value, self.batch, size, made) for value in self.inputs)
-        return inputs, {key: _resized(value, self.batch, size, made) for key, value in self.kwargs.items()}
-
-    def _step(self, module: nn.Module, layout: Layout) -> LayoutStep:
-        inputs, kwargs = self._arguments(layout)
-        return layout_step(
-            module, *inputs, layout=layout, tp_plan=self.tp_plan, optimizer=self.optimizer, loss=self.loss, **kwargs
-        )
-
-    def _measured(self, layout: Layout) -> tuple[tuple[RankPeak, ...], dict[str, int]]:
-        stack = self.stack
-        if stack is None or not stack.alike:
-            step = self._step(self.module, layout)
-            rank = RankPeak("every rank", step.peak_bytes, step.peak, step.phase, at=f"the {step.phase}")
-            return (rank,), dict(step.communication.bytes)
-        counts = (SHORT_BLOCKS, SHORT_BLOCKS + 1)
-        steps = [self._step(truncated(self.module, stack, count), layout) for count in counts]
-        short, longer = (
-            candidates_of(count, stack, step.phase_own_peaks, step.block_peaks) for count, step in zip(counts, steps)
-        )
-        composed = compose_peak(short, longer, stack.count)
-        extra = stack.count - counts[0]
-        first, second = (step.communication.bytes for step in steps)
-        communication = {kind: first[kind] + extra * (second[kind] - first[kind]) for kind in first}
-        rank = RankPeak(
-            "every rank",
-            composed.peak_bytes,
-            composed.peak,
-            composed.phase,
-            at=_where(composed.candidate, stack),
-            measured_blocks=counts,
-        )
-        return (rank,), communication
-
-    def _pipelined(self, layout: Layout) -> tuple[tuple[RankPeak, ...], dict[str, int]]:
-        if layout.dp_shard > 1 or layout.tp > 1:
-            raise LayoutError("FSDP or TP inside pipeline stages is not measured yet")
-        inputs, kwargs = self._arguments(layout)
-        steps = pipeline_step(self.module, *inputs, layout=layout, optimizer=self.optimizer, **kwargs)
-        ranks = tuple(
-            RankPeak(
-                f"stage {', '.join(map(str, step.stages))}",
-                step.peak_bytes,
-                step.peak,
-                step.phase,
-                at=f"the {step.phase}, {max(step.in_flight.values(), default=0)} microbatches in flight",
-            )
-            for step in steps
-        )
-        return ranks, {"send_recv": max((step.p2p_total for step in steps), default=0)}
-
-
-def _where(candidate: str, stack: BlockStack) -> str:
-    kind, _, position = candidate.partition("@")
-    what, _, phase = kind.partition(":")
-    if what == "phase":
-        return f"the {phase}"
-    return f"{phase} of {stack.path(range(stack.count)[int(position)])}"
-
-
-def _resized(value: Any, batch: int, size: int, made: dict[int, torch.Tensor]) -> Any:
-    """`value` with a leading batch dimension of `batch` resized to `size` (tensors and shapes);
-    `made` keeps one resized tensor per tensor, so that inputs passed twice stay one storage."""
-    if size == batch:
-        return value
-    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
-        if id(value) not in made:
-            made[id(value)] = value.new_zeros((size, *value.shape[1:]))
-        return made[id(value)]
-    if isinstance(value, (tuple, torch.Size)) and value and all(isinstance(v, int) for v in value):
-        return (size, *value[1:]) if value[0] == batch else value
-    return value
-
-
 def _model_cost(module: nn.Module, inputs: tuple, kwargs: dict, stack: BlockStack | None) -> ModelCost:
     """FLOPs of one micro-batch's forward (a fake forward of the first 3 blocks, composed), parameter
     bytes per block and elsewhere, and the bytes of the tensor passed between blocks."""
@@ -373,6 +242,8 @@ def plan_parallel(
     accumulation_steps: int = 1,
     tp_plan: Mapping[str, str] | None = None,
     hardware: Hardware = DEFAULT_HARDWARE,
+    keep_outputs: bool = True,
+    workers: int = 1,
     **forward_kwargs: Any,
 ) -> ParallelPlan:
     """Which layouts of a training step of `module` fit on `gpus` GPUs of `gpu_memory` each.
@@ -386,7 +257,9 @@ def plan_parallel(
     users write it]) under that layout; repeated blocks that are alike are measured at 3 and 4
     blocks and composed (note [Composing a step from two block counts]). Communication and the
     throughput proxy follow `parallel_cost`'s stated model (`hardware`). A layout the model does not
-    allow is kept, with its `problems`. `module` is left unchanged.
+    allow is kept, with its `problems`. `keep_outputs=False` measures the loop that drops the output
+    and the loss right after backward. `workers > 1` measures distinct configurations in that many
+    forked processes (fakes only; the module is inherited). `module` is left unchanged.
     Raises TypeError for a non-module, ValueError for `gpus` < 1 or an unreadable `gpu_memory`.
     """
     if not isinstance(module, nn.Module):
@@ -405,8 +278,14 @@ def plan_parallel(
             micro_batch_size=batch,
             accumulation_steps=accumulation_steps,
         )
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
     facts = model_facts(module, tp_plan)
-    measurements = _Measurements(module, inputs, forward_kwargs, batch, tp_plan, optimizer, loss)
+    measurements = Measurements(module, inputs, forward_kwargs, batch, tp_plan, optimizer, loss, keep_outputs)
+    if workers > 1:
+        measure_in_workers(
+            measurements, [layout for layout in layouts if not layout_problems(layout, facts, gpus)], workers
+        )
     cost_model = _model_cost(module, inputs, forward_kwargs, measurements.stack)
     results = [_evaluate(layout, facts, gpus, batch, measurements, cost_model, hardware) for layout in layouts]
     return ParallelPlan(type(module).__name__, gpus, memory, tuple(results), proxy_note=_PROXY_NOTE)
@@ -420,17 +299,17 @@ def _evaluate(
     facts: ModelFacts,
     gpus: int,
     batch: int,
-    measurements: _Measurements,
+    measurements: Measurements,
     cost_model: ModelCost,
     hardware: Hardware,
 ) -> LayoutResult:
     problems = layout_problems(layout, facts, gpus)
     if problems:
         return LayoutResult(layout, tuple(problems))
-    try:
-        ranks, communication = measurements.ranks(layout)
-    except (LayoutError, TensorParallelPlanError, PipelineSplitError) as error:
-        return LayoutResult(layout, (str(error),))
+    measured = measurements.ranks(layout)
+    if isinstance(measured, Refused):
+        return LayoutResult(layout, (measured.reason,))
+    ranks, communication = measured
     scale = layout.micro_batch_size / batch
     cost = step_cost(
         layout,

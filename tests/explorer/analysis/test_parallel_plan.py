@@ -125,3 +125,19 @@ def test_communication_follows_the_ring_formulas() -> None:
         "all_reduce": round(2 * (rank_blocks + rank_root) / 4 * 1 / 2 + 3 * 8 * 4 * 2 * 64 * 1 / 2),
     }
     assert cost.compute_flops == 3 * 10**12 * 3 // 2
+
+
+def test_forked_workers_measure_what_one_process_measures(llama5: torch.nn.Module) -> None:
+    arguments = dict(gpus=2, gpu_memory="8MB", fsdp=(1, 2), tp=(1, 2), pp=(1,), activation_checkpointing=("none",))
+    alone = plan_parallel(llama5, IDS, labels=IDS, **arguments)
+    forked = plan_parallel(llama5, IDS, labels=IDS, workers=2, **arguments)
+    assert forked.results == alone.results
+    assert any(result.valid for result in alone.results)
+
+
+def test_dropping_the_outputs_early_is_the_loop_measured(llama5: torch.nn.Module) -> None:
+    layout = Layout(dp_shard=2, micro_batch_size=2)
+    (result,) = plan_parallel(llama5, IDS, labels=IDS, gpus=2, layouts=[layout], keep_outputs=False).results
+    whole = layout_step(llama5, IDS, labels=IDS, layout=layout, keep_outputs=False)
+    kept = layout_step(llama5, IDS, labels=IDS, layout=layout)
+    assert result.peak_bytes == whole.peak_bytes < kept.peak_bytes

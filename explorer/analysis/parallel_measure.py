@@ -1,0 +1,224 @@
+"""The fake steps behind `plan_parallel`: one per distinct configuration, composed over blocks.
+
+`Measurements.ranks(layout)` gives each kind of rank's peak under a layout and one rank's
+collectives: without pipelining from `layout_step` on the first 3 and 4 repeated blocks, composed
+(note [Composing a step from two block counts]); with pipelining from `pipeline_step`, a rank per
+stage. Replicas do not change a rank's memory, so layouts that differ only in `dp_replicate` share
+one measurement. `measure_in_workers` runs the distinct measurements in forked processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .block_composition import SHORT_BLOCKS, BlockStack, block_stack, candidates_of, compose_peak, truncated
+from .layout_step import LayoutStep, layout_step
+from .parallel_layout import Layout, LayoutError
+from .pipeline_split import PipelineSplitError
+from .pipeline_step import pipeline_step
+from .tp_plans import TensorParallelPlanError
+from .train_step import LossFunction, OptimizerFactory
+
+__all__ = ["Measured", "Measurements", "RankPeak", "Refused", "measure_in_workers"]
+
+# A layout the engines refuse for this model: the refusal becomes the layout's stated problem.
+REFUSALS = (LayoutError, TensorParallelPlanError, PipelineSplitError)
+
+
+@dataclass(frozen=True)
+class RankPeak:
+    """One kind of rank's step: `rank` names it ("every rank", "stage 0"...), `peak_bytes` the
+    most bytes alive at once, `peak` those bytes by category (train_step's categories), `phase`
+    the phase of the peak, `at` where in the step it falls ("backward of model.layers.79", "the
+    optimizer"), `measured_blocks` the block counts the fake steps ran (composed from them,
+    note [Composing a step from two block counts]; empty: the whole model ran)."""
+
+    rank: str
+    peak_bytes: int
+    peak: dict[str, int]
+    phase: str = "forward"
+    at: str = ""
+    measured_blocks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Refused:
+    """What an engine said when it refused a layout."""
+
+    reason: str
+
+
+Measured = tuple[tuple[RankPeak, ...], dict[str, int]]
+
+
+class Measurements:
+    """Fake steps, each measured once per distinct configuration (replicas do not change a rank's
+    memory) and, without pipelining, composed over the blocks when they are alike."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        inputs: tuple,
+        kwargs: dict,
+        batch: int,
+        tp_plan: Mapping[str, str] | None,
+        optimizer: OptimizerFactory | None,
+        loss: LossFunction | None,
+        keep_outputs: bool = True,
+    ) -> None:
+        self.module, self.inputs, self.kwargs, self.batch = module, inputs, kwargs, batch
+        self.tp_plan, self.optimizer, self.loss, self.keep_outputs = tp_plan, optimizer, loss, keep_outputs
+        self.stack: BlockStack | None = block_stack(module)
+        self.cache: dict[tuple, Measured | Refused] = {}
+
+    def ranks(self, layout: Layout) -> Measured | Refused:
+        """Each kind of rank's peak under `layout` and one rank's collectives by kind (bytes), or the
+        engines' refusal."""
+        key = self.key(layout)
+        if key not in self.cache:
+            self.cache[key] = self.measure(layout)
+        return self.cache[key]
+
+    def measure(self, layout: Layout) -> Measured | Refused:
+        """`layout`'s measurement, uncached."""
+        try:
+            return self._pipelined(layout) if layout.pp > 1 else self._measured(layout)
+        except REFUSALS as error:
+            return Refused(str(error))
+
+    @staticmethod
+    def key(layout: Layout) -> tuple:
+        """What a rank's measurement depends on: everything but the replicas' count."""
+        return (
+            layout.dp_shard,
+            layout.data_parallel > 1,
+            layout.tp,
+            layout.pp,
+            layout.pp_schedule,
+            layout.stages_per_rank,
+            layout.activation_checkpointing,
+            layout.micro_batch_size,
+            layout.accumulation_steps,
+        )
+
+    def _arguments(self, layout: Layout) -> tuple[tuple, dict]:
+        size = layout.micro_batch_size
+        made: dict[int, torch.Tensor] = {}
+        inputs = tuple(_resized(value, self.batch, size, made) for value in self.inputs)
+        return inputs, {key: _resized(value, self.batch, size, made) for key, value in self.kwargs.items()}
+
+    def _step(self, module: nn.Module, layout: Layout) -> LayoutStep:
+        inputs, kwargs = self._arguments(layout)
+        return layout_step(
+            module,
+            *inputs,
+            layout=layout,
+            tp_plan=self.tp_plan,
+            optimizer=self.optimizer,
+            loss=self.loss,
+            keep_outputs=self.keep_outputs,
+            **kwargs,
+        )
+
+    def _measured(self, layout: Layout) -> tuple[tuple[RankPeak, ...], dict[str, int]]:
+        stack = self.stack
+        if stack is None or not stack.alike:
+            step = self._step(self.module, layout)
+            rank = RankPeak("every rank", step.peak_bytes, step.peak, step.phase, at=f"the {step.phase}")
+            return (rank,), dict(step.communication.bytes)
+        counts = (SHORT_BLOCKS, SHORT_BLOCKS + 1)
+        steps = [self._step(truncated(self.module, stack, count), layout) for count in counts]
+        short, longer = (
+            candidates_of(count, stack, step.phase_own_peaks, step.block_peaks) for count, step in zip(counts, steps)
+        )
+        composed = compose_peak(short, longer, stack.count)
+        extra = stack.count - counts[0]
+        first, second = (step.communication.bytes for step in steps)
+        communication = {kind: first[kind] + extra * (second[kind] - first[kind]) for kind in first}
+        rank = RankPeak(
+            "every rank",
+            composed.peak_bytes,
+            composed.peak,
+            composed.phase,
+            at=_where(composed.candidate, stack),
+            measured_blocks=counts,
+        )
+        return (rank,), communication
+
+    def _pipelined(self, layout: Layout) -> tuple[tuple[RankPeak, ...], dict[str, int]]:
+        if layout.dp_shard > 1 or layout.tp > 1:
+            raise LayoutError("FSDP or TP inside pipeline stages is not measured yet")
+        inputs, kwargs = self._arguments(layout)
+        steps = pipeline_step(
+            self.module, *inputs, layout=layout, optimizer=self.optimizer, keep_outputs=self.keep_outputs, **kwargs
+        )
+        ranks = tuple(
+            RankPeak(
+                f"stage {', '.join(map(str, step.stages))}",
+                step.peak_bytes,
+                step.peak,
+                step.phase,
+                at=f"the {step.phase}, {max(step.in_flight.values(), default=0)} microbatches in flight",
+            )
+            for step in steps
+        )
+        return ranks, {"send_recv": max((step.p2p_total for step in steps), default=0)}
+
+
+def _where(candidate: str, stack: BlockStack) -> str:
+    kind, _, position = candidate.partition("@")
+    what, _, phase = kind.partition(":")
+    if what == "phase":
+        return f"the {phase}"
+    return f"{phase} of {stack.path(range(stack.count)[int(position)])}"
+
+
+def _resized(value: Any, batch: int, size: int, made: dict[int, torch.Tensor]) -> Any:
+    """`value` with a leading batch dimension of `batch` resized to `size` (tensors and shapes);
+    `made` keeps one resized tensor per tensor, so that inputs passed twice stay one storage."""
+    if size == batch:
+        return value
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
+        if id(value) not in made:
+            made[id(value)] = value.new_zeros((size, *value.shape[1:]))
+        return made[id(value)]
+    if isinstance(value, (tuple, torch.Size)) and value and all(isinstance(v, int) for v in value):
+        return (size, *value[1:]) if value[0] == batch else value
+    return value
+
+
+_FORKED: Measurements | None = None  # what a forked worker measures with (inherited, not pickled)
+
+
+def _measure_forked(layout: Layout) -> tuple[tuple, Measured | Refused]:
+    assert _FORKED is not None
+    torch.set_num_threads(1)
+    return Measurements.key(layout), _FORKED.measure(layout)
+
+
+def measure_in_workers(measurements: Measurements, layouts: Iterable[Layout], workers: int) -> None:
+    """Fill `measurements`' cache for `layouts` (one per distinct key) in `workers` forked processes.
+
+    Forked, not spawned: the workers inherit the module (a deferred model cannot be pickled) and
+    each measures on fakes only. Exceptions other than the engines' refusals are raised here."""
+    global _FORKED
+    distinct: dict[tuple, Layout] = {}
+    for layout in layouts:
+        key = Measurements.key(layout)
+        if key not in measurements.cache:
+            distinct.setdefault(key, layout)
+    if not distinct:
+        return
+    _FORKED = measurements
+    try:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(distinct))) as pool:
+            for key, measured in pool.imap_unordered(_measure_forked, list(distinct.values())):
+                measurements.cache[key] = measured
+    finally:
+        _FORKED = None
