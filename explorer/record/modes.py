@@ -29,7 +29,17 @@ from ..graph import is_inplace_random
 from .builder import SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
 from .computed import compute_for_real
 from .fake import DeferredTensor
-from .lean_fake import FACTORIES, FakeFactory, detached_fake, factory_fake, lean_dispatch
+from .lean_fake import (
+    FACTORIES,
+    FakeFactory,
+    detached_fake,
+    factory_fake,
+    factory_meta_call,
+    lean_dispatch,
+    meta_kwargs,
+    planned_fake,
+)
+from .plans import FactoryPlans, plan_of, plans_enabled, signature
 from .scope import ValueReader, outside_recording
 from .source import building_modules, user_location
 
@@ -51,6 +61,8 @@ class RecordingDispatchMode(TorchDispatchMode):
         self.read_value = read_value
         self.fake_mode = fake_mode
         self.make_fake = FakeFactory(fake_mode)
+        # None: every factory takes the general direct record (tests compare the two)
+        self.plans = FactoryPlans() if plans_enabled() else None
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -153,13 +165,7 @@ class RecordingDispatchMode(TorchDispatchMode):
         `_metadata_access` guard that lazy parameters need."""
         builder = self.builder
         if entry.kind is _CREATE:
-            try:
-                out = factory_fake(self.make_fake, func, args, kwargs)
-            except Exception:
-                return NotImplemented  # the general path raises it again, as a failure naming the op
-            if out is not NotImplemented and builder.record_factory(func, entry.facts, args, kwargs, out, source):
-                return out
-            return NotImplemented
+            return self._record_factory(entry, func, args, kwargs, source)
         if not args or type(args[0]) is not DeferredTensor or args[0].fake_mode is not self.fake_mode:
             return NotImplemented
         if entry.kind is _DETACH_OP:
@@ -183,6 +189,27 @@ class RecordingDispatchMode(TorchDispatchMode):
                 return NotImplemented
         builder.record_self_write(func, entry.facts, target, args, kwargs, source)
         return args[0]
+
+    def _record_factory(self, entry: _Kind, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:
+        """A factory's direct record, from its signature's plan when there is one (note [Op plans]
+        in record/plans.py); NotImplemented when it is not of the direct record's shape."""
+        plans = self.plans
+        key = signature(func, entry.facts.takes_dtype, args, kwargs) if plans is not None else None
+        plan = plans.get(key) if plans is not None and key is not None else None
+        if plan is not None:
+            out = planned_fake(self.make_fake, plan.call, args, kwargs, plan.meta_kwargs)
+            self.builder.record_planned_factory(func, plan, args, out, source)
+            return out
+        try:
+            out = factory_fake(self.make_fake, func, args, kwargs)
+        except Exception:
+            return NotImplemented  # the general path raises it again, as a failure naming the op
+        if out is NotImplemented or not self.builder.record_factory(func, entry.facts, args, kwargs, out, source):
+            return NotImplemented
+        if plans is not None and key is not None and (call := factory_meta_call(func)) is not None:
+            graph = self.builder.graph
+            plans.learn(key, plan_of(call, meta_kwargs(kwargs), graph, graph.ops[-1]))
+        return out
 
 
 _PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLVE, _CREATE, _DETACH_OP, _OTHER = (
