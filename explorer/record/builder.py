@@ -48,6 +48,8 @@ _PLAIN_ARGUMENTS = frozenset(
 )
 
 
+PLAIN_ARGUMENTS = _PLAIN_ARGUMENTS
+
 _NO_READS: frozenset = frozenset()
 SELF_ONLY = ((0, "self"),)  # `OpFacts.written` of an op that writes its first argument only
 # The C method itself: DeferredTensor.untyped_storage wraps storages for users (record/no_data.py),
@@ -915,16 +917,30 @@ class GraphBuilder:
 
     def finish(self) -> None:
         """Stamp each live fake with its version now, to catch in-place changes made after recording."""
+        graph = self.graph
+        tensors = graph.tensors
+        storage_keys = self._storage_keys
         with metadata_access():  # lazy parameters refuse metadata reads
             for reference in list(self._fakes.values()):
                 tensor = reference()
-                if tensor is not None:
-                    stamped = tensor.__dict__.get(HANDLE_ATTR)
-                    if stamped is None or not self._unchanged(tensor, stamped):
-                        self.id_of(tensor, None)  # records a trailing `.data = x`
-                        stamped = handle_of(tensor)
-                        assert stamped is not None  # id_of registered the fake
-                    stamped.version = version_of(tensor)
+                if tensor is None:
+                    continue
+                stamped = tensor.__dict__.get(HANDLE_ATTR)
+                info = tensors[stamped.tensor_id] if stamped is not None and stamped.graph is graph else None
+                if (
+                    info is None
+                    or storage_keys[info.storage] != _storage_key(tensor)
+                    or tensor.shape != info.shape
+                    or tensor.stride() != info.stride
+                    or tensor.storage_offset() != info.storage_offset
+                ):  # not `_unchanged` (inlined: every live fake is asked)
+                    self.id_of(tensor, None)  # records a trailing `.data = x`
+                    stamped = handle_of(tensor)
+                    assert stamped is not None  # id_of registered the fake
+                try:
+                    stamped.version = tensor._version
+                except RuntimeError:  # an inference tensor has no version counter (`version_of`)
+                    stamped.version = None
         self._fakes.clear()
         # `_storage_objects` stay: fake storages hold no memory, and keeping them keeps storage
         # addresses unique for ops recorded after construction (record/extension.py).

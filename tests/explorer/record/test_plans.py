@@ -147,3 +147,18 @@ def test_without_plans_no_plan_book_is_made(monkeypatch, restore_rng):
     with plans_disabled():
         deferred_init(_llama, 2)
     assert _Counted.made == []
+
+
+def test_repeated_llama_layers_reuse_plans_and_write_the_general_records_graph(monkeypatch, restore_rng):
+    """Plans and direct records together against neither: `GraphBuilder.record` for every op."""
+    layers = 6
+    planned, plans = _record(lambda: _llama(layers), monkeypatch)
+    with plans_disabled(), monkeypatch.context() as patched:
+        patched.setattr(modes.RecordingDispatchMode, "_record_directly", lambda *args: NotImplemented)
+        torch.manual_seed(0)
+        general = deferred_init(lambda: _llama(layers))
+    factories = sum(op.func in FACTORIES for op in graph_of(planned).ops)
+    # the first layer's plans serve the other five: at most one layer's worth of factories made
+    # without a plan (the first use of each signature, and small CPU aranges, which get none)
+    assert plans.hits > 0 and factories - plans.hits <= factories // layers
+    assert_same_graph(graph_of(planned), graph_of(general))
