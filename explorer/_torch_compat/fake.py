@@ -110,6 +110,10 @@ def allows_unsafe_data_ptr(fake_mode: FakeTensorMode) -> bool:
     return bool(getattr(fake_mode, "_allow_unsafe_data_ptr_access", False))
 
 
+_make_subclass = torch.Tensor._make_subclass
+_set_throw_on_mutable_data_ptr = torch._C._set_throw_on_mutable_data_ptr
+
+
 class FakeTemplate:
     """Makes fakes of class `cls` (a FakeTensor subclass) around meta tensors, as FakeTensor.__new__
     would, at the cost of `_make_subclass` and a dict update (note [Fakes from a template]).
@@ -171,8 +175,12 @@ class FakeTemplate:
         `requires_grad` is given. Call with torch dispatch disabled."""
         normalized, template = self.devices.get(device) or self.for_device(device)
         grad = elem.requires_grad if requires_grad is None else requires_grad
-        if template is not None:
-            return self._from_template(elem, normalized, template, grad)
+        if template is not None:  # `_from_template`, inlined: recording makes a fake per op
+            tensor = _make_subclass(self.cls, elem, grad, dispatch_device=True, device_for_backend_keys=normalized)
+            if self.throw_on_data_ptr:
+                _set_throw_on_mutable_data_ptr(tensor)
+            tensor.__dict__.update(template)
+            return tensor
         alias = elem.detach()
         alias.requires_grad_(grad)
         return self.cls(self.fake_mode, alias, normalized)

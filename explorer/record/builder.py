@@ -37,6 +37,7 @@ from . import rng_ledger
 from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, handle_of
 from .generators import capture_start_state, stream_key
 from .initializers import INITIALIZER_OPS
+from .plans import FactoryPlan, Layout
 from .source import building_modules
 
 _aten = torch.ops.aten
@@ -46,6 +47,8 @@ _PLAIN_ARGUMENTS = frozenset(
     {int, float, bool, str, type(None), torch.device, torch.dtype, torch.layout, torch.memory_format}
 )
 
+
+PLAIN_ARGUMENTS = _PLAIN_ARGUMENTS
 
 _NO_READS: frozenset = frozenset()
 SELF_ONLY = ((0, "self"),)  # `OpFacts.written` of an op that writes its first argument only
@@ -547,6 +550,33 @@ class GraphBuilder:
             return False
         if not (all_plain(args) and all_plain(kwargs.values())):
             return False
+        ref_kwargs = dict(kwargs)
+        if facts.takes_dtype and kwargs.get("dtype") is None:
+            ref_kwargs["dtype"] = out.dtype
+        offset = cast(int, out.storage_offset())  # no ShapeEnv while recording: never a SymInt
+        layout = (out.shape, out.stride(), offset, out.dtype, out.requires_grad)
+        self._append_factory(func, args, ref_kwargs, out, source, fake_device_of(out), None, layout)
+        return True
+
+    def record_planned_factory(self, func: Any, plan: FactoryPlan, args: tuple, out: DeferredTensor,
+                               source: SourceLocation | None) -> None:  # fmt: skip
+        """`record_factory` for a fake made by `plan` (note [Op plans] in record/plans.py): its
+        metadata is the plan's, not read back from the fake."""
+        self._append_factory(func, args, dict(plan.kwargs), out, source, plan.device, plan.nbytes, plan.layout)
+
+    def _append_factory(
+        self,
+        func: Any,
+        args: tuple,
+        ref_kwargs: dict,
+        out: DeferredTensor,
+        source: SourceLocation | None,
+        device: torch.device,
+        nbytes: int | None,
+        layout: Layout,
+    ) -> None:
+        """Register factory `out` (shape, stride, offset, dtype, requires_grad in `layout`) with its
+        new storage (of `nbytes`, asked of the storage when None), and append its op."""
         graph = self.graph
         index = len(graph.ops)
         # `_new_tensor` for a fake that certainly has a storage of its own, inlined
@@ -558,20 +588,14 @@ class GraphBuilder:
         self._storage_ids[key] = sid
         self._storage_keys.append(key)
         self._storage_objects.append(storage)
-        device = fake_device_of(out)
-        graph.storages[sid] = StorageInfo(sid, storage.nbytes(), device, index)
+        graph.storages[sid] = StorageInfo(sid, storage.nbytes() if nbytes is None else nbytes, device, index)
         graph.writers[sid] = [index]
         tid = len(graph.tensors)
-        offset = cast(int, out.storage_offset())  # no ShapeEnv while recording: never a SymInt
-        graph.tensors[tid] = TensorInfo(
-            tid, sid, index, out.shape, out.stride(), offset, out.dtype, device, out.requires_grad
-        )  # fmt: skip
+        shape, stride, offset, dtype, requires_grad = layout
+        graph.tensors[tid] = TensorInfo(tid, sid, index, shape, stride, offset, dtype, device, requires_grad)
         self._storage_anchor[sid] = tid
         out.__dict__[HANDLE_ATTR] = DeferredHandle(graph, tid, version_of(out))
         self._fakes[id(out)] = weakref.ref(out)
-        ref_kwargs = dict(kwargs)
-        if facts.takes_dtype and kwargs.get("dtype") is None:
-            ref_kwargs["dtype"] = out.dtype
         refs = self._tensor_refs
         graph.ops.append(
             OpNode(
@@ -580,7 +604,6 @@ class GraphBuilder:
                 torch.is_inference_mode_enabled(), False,
             )
         )  # fmt: skip
-        return True
 
     def record_detach(self, func: Any, tensor: FakeTensor, out: DeferredTensor, source: SourceLocation | None) -> None:
         """`detach` of fake `tensor` (`nn.Parameter(t)` issues one per parameter): `out` is a new
@@ -894,16 +917,30 @@ class GraphBuilder:
 
     def finish(self) -> None:
         """Stamp each live fake with its version now, to catch in-place changes made after recording."""
+        graph = self.graph
+        tensors = graph.tensors
+        storage_keys = self._storage_keys
         with metadata_access():  # lazy parameters refuse metadata reads
             for reference in list(self._fakes.values()):
                 tensor = reference()
-                if tensor is not None:
-                    stamped = tensor.__dict__.get(HANDLE_ATTR)
-                    if stamped is None or not self._unchanged(tensor, stamped):
-                        self.id_of(tensor, None)  # records a trailing `.data = x`
-                        stamped = handle_of(tensor)
-                        assert stamped is not None  # id_of registered the fake
-                    stamped.version = version_of(tensor)
+                if tensor is None:
+                    continue
+                stamped = tensor.__dict__.get(HANDLE_ATTR)
+                info = tensors[stamped.tensor_id] if stamped is not None and stamped.graph is graph else None
+                if (
+                    info is None
+                    or storage_keys[info.storage] != _storage_key(tensor)
+                    or tensor.shape != info.shape
+                    or tensor.stride() != info.stride
+                    or tensor.storage_offset() != info.storage_offset
+                ):  # not `_unchanged` (inlined: every live fake is asked)
+                    self.id_of(tensor, None)  # records a trailing `.data = x`
+                    stamped = handle_of(tensor)
+                    assert stamped is not None  # id_of registered the fake
+                try:
+                    stamped.version = tensor._version
+                except RuntimeError:  # an inference tensor has no version counter (`version_of`)
+                    stamped.version = None
         self._fakes.clear()
         # `_storage_objects` stay: fake storages hold no memory, and keeping them keeps storage
         # addresses unique for ops recorded after construction (record/extension.py).

@@ -309,6 +309,28 @@ def factory_fake(make: FakeFactory, func: Any, args: tuple, kwargs: dict) -> Any
     return _factory(make, _ROUTES.get(id(func)) or _route(func), args, kwargs)
 
 
+def factory_meta_call(func: Any) -> Any:
+    """What `factory_fake` calls on the meta device for factory `func` (its Python binding or the
+    overload, given the op's arguments and its keyword arguments with `device=meta`), or None for an
+    arange (a small one on the CPU takes its layout from the CPU kernel instead)."""
+    route = _ROUTES.get(id(func)) or _route(func)
+    return None if route.small_arange else route.call
+
+
+def meta_kwargs(kwargs: dict) -> dict:
+    """A factory's keyword arguments as `factory_fake` passes them to its meta call."""
+    return {**kwargs, "device": _META}
+
+
+def planned_fake(make: FakeFactory, call: Any, args: tuple, kwargs: dict, kwargs_on_meta: dict) -> Any:
+    """A factory's fake made as `factory_fake` makes it, from what a plan remembers of the first call
+    of its signature (note [Op plans] in record/plans.py): `call` from `factory_meta_call`,
+    `kwargs_on_meta` from `meta_kwargs`."""
+    with disable_torch_dispatch():
+        out = call(*args, **kwargs_on_meta)
+    return make(out, kwargs.get("device") or _CPU)
+
+
 # Whether a device is the meta device, by the device: `device.type` makes a new string per call.
 _IS_META: dict[torch.device, bool] = {}
 
@@ -329,7 +351,7 @@ def _factory(make: FakeFactory, route: _Route, args: tuple, kwargs: dict) -> Any
             out = route.func(*args, **kwargs)
             out = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=_META)
         else:
-            out = route.call(*args, **{**kwargs, "device": _META})
+            out = route.call(*args, **meta_kwargs(kwargs))
     return make(out, device)
 
 

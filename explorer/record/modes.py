@@ -26,10 +26,20 @@ from .._torch_compat.fake import (
 )
 from ..errors import DeferredInitError, MaterializationError
 from ..graph import is_inplace_random
-from .builder import SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
+from .builder import PLAIN_ARGUMENTS, SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
 from .computed import compute_for_real
 from .fake import DeferredTensor
-from .lean_fake import FACTORIES, FakeFactory, detached_fake, factory_fake, lean_dispatch
+from .lean_fake import (
+    FACTORIES,
+    FakeFactory,
+    detached_fake,
+    factory_fake,
+    factory_meta_call,
+    lean_dispatch,
+    meta_kwargs,
+    planned_fake,
+)
+from .plans import FactoryPlans, plan_of, plans_enabled, signature
 from .scope import ValueReader, outside_recording
 from .source import building_modules, user_location
 
@@ -51,6 +61,8 @@ class RecordingDispatchMode(TorchDispatchMode):
         self.read_value = read_value
         self.fake_mode = fake_mode
         self.make_fake = FakeFactory(fake_mode)
+        # None: every factory takes the general direct record (tests compare the two)
+        self.plans = FactoryPlans() if plans_enabled() else None
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -151,38 +163,62 @@ class RecordingDispatchMode(TorchDispatchMode):
 
         Its tensors are `DeferredTensor`s exactly, which answer metadata reads without the
         `_metadata_access` guard that lazy parameters need."""
-        builder = self.builder
-        if entry.kind is _CREATE:
-            try:
-                out = factory_fake(self.make_fake, func, args, kwargs)
-            except Exception:
-                return NotImplemented  # the general path raises it again, as a failure naming the op
-            if out is not NotImplemented and builder.record_factory(func, entry.facts, args, kwargs, out, source):
-                return out
+        kind = entry.kind
+        if kind is _CREATE:
+            return self._record_factory(entry, func, args, kwargs, source)
+        if not args:
             return NotImplemented
-        if not args or type(args[0]) is not DeferredTensor or args[0].fake_mode is not self.fake_mode:
+        tensor = args[0]
+        if type(tensor) is not DeferredTensor or tensor.fake_mode is not self.fake_mode:
             return NotImplemented
-        if entry.kind is _DETACH_OP:
+        if kind is _DETACH_OP:
             if len(args) != 1 or kwargs:
                 return NotImplemented
-            out = detached_fake(self.make_fake, args[0])
+            out = detached_fake(self.make_fake, tensor)
             if out is not NotImplemented:
-                builder.record_detach(func, args[0], out, source)
+                self.builder.record_detach(func, tensor, out, source)
             return out
-        if (len(args) > 1 and not all_plain(args[1:])) or (kwargs and not all_plain(kwargs.values())):
+        if len(args) > 1:  # `all_plain(args[1:])`, inlined: most are one or two scalars
+            plain = PLAIN_ARGUMENTS
+            for index in range(1, len(args)):
+                if type(args[index]) not in plain and not all_plain((args[index],)):
+                    return NotImplemented
+        if kwargs and not all_plain(kwargs.values()):
             return NotImplemented
-        target = builder.direct_write_target(args[0], source)
+        builder = self.builder
+        target = builder.direct_write_target(tensor, source)
         if target is None:
             return NotImplemented
-        if entry.kind is not _INPLACE_RANDOM:  # an in-place random op only fills values: nothing to run
+        if kind is not _INPLACE_RANDOM:  # an in-place random op only fills values: nothing to run
             try:
                 out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
             except Exception:
                 return NotImplemented
-            if out is not args[0]:
+            if out is not tensor:
                 return NotImplemented
         builder.record_self_write(func, entry.facts, target, args, kwargs, source)
-        return args[0]
+        return tensor
+
+    def _record_factory(self, entry: _Kind, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:
+        """A factory's direct record, from its signature's plan when there is one (note [Op plans]
+        in record/plans.py); NotImplemented when it is not of the direct record's shape."""
+        plans = self.plans
+        key = signature(func, entry.facts.takes_dtype, args, kwargs) if plans is not None else None
+        plan = plans.get(key) if plans is not None and key is not None else None
+        if plan is not None:
+            out = planned_fake(self.make_fake, plan.call, args, kwargs, plan.meta_kwargs)
+            self.builder.record_planned_factory(func, plan, args, out, source)
+            return out
+        try:
+            out = factory_fake(self.make_fake, func, args, kwargs)
+        except Exception:
+            return NotImplemented  # the general path raises it again, as a failure naming the op
+        if out is NotImplemented or not self.builder.record_factory(func, entry.facts, args, kwargs, out, source):
+            return NotImplemented
+        if plans is not None and key is not None and (call := factory_meta_call(func)) is not None:
+            graph = self.builder.graph
+            plans.learn(key, plan_of(call, meta_kwargs(kwargs), graph, graph.ops[-1]))
+        return out
 
 
 _PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLVE, _CREATE, _DETACH_OP, _OTHER = (

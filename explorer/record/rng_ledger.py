@@ -169,13 +169,19 @@ def _jumped(state: torch.Tensor, owed: list[_Owed], where: str, cache_known: boo
         shim = types.SimpleNamespace(tensors=part.tensors)
         if part.counted_to < part.first - 1:
             part.counted_to, part.counted = part.first - 1, 0
-        for position in range(part.counted_to + 1, part.last + 1):
-            op = part.ops[part.stream[position]]
+        ops, stream = part.ops, part.stream
+        counted_to, counted = part.counted_to, part.counted  # written back below (or before a refusal)
+        for position in range(counted_to + 1, part.last + 1):
+            op = ops[stream[position]]
             count = draw_count(shim, op)  # type: ignore[arg-type]  # shim: draw_count reads only .tensors
+            if count is not None:
+                counted_to, counted = position, counted + count
+                continue
             graph = part.graph()
-            if count is None and graph is not None:  # value-dependent: measured by running it
+            if graph is not None:  # value-dependent: measured by running it
                 count = eager_draw_count(graph, KEY, position)
             if count is None:
+                part.counted_to, part.counted = counted_to, counted
                 why = (
                     "its model is gone, so it cannot be run to count them"
                     if graph is None
@@ -193,7 +199,8 @@ def _jumped(state: torch.Tensor, owed: list[_Owed], where: str, cache_known: boo
                         f"eager draws after it"
                     )
                 )
-            part.counted_to, part.counted = position, part.counted + count
+            counted_to, counted = position, counted + count
+        part.counted_to, part.counted = counted_to, counted
         total += part.counted
     return RngRestart(base=state.clone(), jump=total, cache_known=cache_known)
 

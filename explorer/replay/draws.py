@@ -184,8 +184,46 @@ def family_of(graph: InitGraph, op: OpNode) -> Family | None:
     return _family(op, graph, written_tensor(graph, op)) if op.output_ids else None
 
 
+# Note: [Draw counts by layout]
+# A random op that fills its one fake `self` (`normal_`, `uniform_`: nearly every random op of a
+# constructor) with plain other arguments draws a count that depends on nothing but the overload,
+# those arguments and the layout, dtype and device of `self`. Counting a 7B Llama's 452 such ops
+# one by one took milliseconds (every deferred_init after a dropped deferred model counts the draws
+# it owes, record/rng_ledger.py); by that key they come from a few remembered answers.
+_PLAIN_SCALARS = frozenset({int, float, bool, type(None)})
+# By id(op.func) (OpOverload hashes in Python), the overload kept in the value so the id stays its.
+_COUNTS: dict[tuple, tuple[Any, int | None]] = {}
+_COUNTS_REMEMBERED = 4096  # a bound, for programs that draw into endless layouts
+
+
+def _count_key(graph: InitGraph, op: OpNode) -> tuple | None:
+    """The memo key of `op`'s draw count (note [Draw counts by layout]), or None."""
+    if op.kwargs or len(op.inputs) != 1 or op.output_ids != op.inputs:
+        return None
+    plain = _PLAIN_SCALARS
+    for value in op.args[1:]:
+        if type(value) not in plain:
+            return None
+    written = graph.tensors[op.inputs[0]]
+    return (id(op.func), op.args[1:], written.shape, written.stride, written.dtype, written.device)
+
+
 def draw_count(graph: InitGraph, op: OpNode) -> int | None:
     """32-bit draws `op` takes from the CPU generator, or None when that is not known in advance."""
+    key = _count_key(graph, op)
+    if key is None:
+        return _draw_count(graph, op)
+    known = _COUNTS.get(key)
+    if known is not None and known[0] is op.func:
+        return known[1]
+    count = _draw_count(graph, op)
+    if len(_COUNTS) >= _COUNTS_REMEMBERED:
+        _COUNTS.clear()
+    _COUNTS[key] = (op.func, count)
+    return count
+
+
+def _draw_count(graph: InitGraph, op: OpNode) -> int | None:
     if not op.output_ids:
         return None
     written = written_tensor(graph, op)

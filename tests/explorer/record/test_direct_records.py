@@ -6,7 +6,6 @@ from outside, ops recorded after construction). Replay then gives eager's values
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -15,36 +14,14 @@ import torch
 from torch import nn
 
 from explorer import deferred_init, materialize_module
-from explorer.graph import InitGraph
-from explorer.record.fake import handle_of
 from explorer.record.modes import RecordingDispatchMode
+from tests.support.graphs import assert_same_graph, graph_of
 from tests.support.hf_configs import HF_ARCHITECTURES
 from tests.support.parity import same_bits
 
 
 def _general_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(RecordingDispatchMode, "_record_directly", lambda *args: NotImplemented)
-
-
-def _graph(module: nn.Module) -> InitGraph:
-    handle = handle_of(next(t for t in (*module.parameters(), *module.buffers()) if handle_of(t) is not None))
-    assert handle is not None
-    return handle.graph
-
-
-def _op_fields(graph: InitGraph) -> list[tuple]:
-    return [tuple(getattr(op, f.name) for f in dataclasses.fields(op)) for op in graph.ops]
-
-
-def _assert_same_graph(direct: InitGraph, general: InitGraph) -> None:
-    assert len(direct.ops) == len(general.ops)
-    for index, (ours, theirs) in enumerate(zip(_op_fields(direct), _op_fields(general))):
-        assert ours == theirs, f"op {index} differs: {ours} != {theirs}"
-    assert direct.tensors == general.tensors
-    assert direct.storages == general.storages
-    assert direct.writers == general.writers
-    assert direct.random_streams == general.random_streams
-    assert [(e.version, e.fresh) for e in direct.externals] == [(e.version, e.fresh) for e in general.externals]
 
 
 def _record_both_ways(build: Callable[[], nn.Module], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
@@ -117,7 +94,7 @@ PROGRAMS: dict[str, Callable[[], nn.Module]] = {
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_direct_records_write_the_general_graph_for_programs_that_probe_each_branch(name, monkeypatch, restore_rng):
     direct, general = _record_both_ways(PROGRAMS[name], monkeypatch)
-    _assert_same_graph(_graph(direct), _graph(general))
+    assert_same_graph(graph_of(direct), graph_of(general))
     torch.manual_seed(0)
     eager = PROGRAMS[name]()
     materialize_module(direct)
@@ -129,7 +106,7 @@ def test_direct_records_write_the_general_graph_for_programs_that_probe_each_bra
 def test_direct_records_write_the_general_graph_for_transformers_models(arch, monkeypatch, restore_rng):
     config = arch.config()
     direct, general = _record_both_ways(lambda: arch.cls(config), monkeypatch)
-    _assert_same_graph(_graph(direct), _graph(general))
+    assert_same_graph(graph_of(direct), graph_of(general))
 
 
 def test_ops_after_construction_are_recorded_alike(monkeypatch, restore_rng):
@@ -148,4 +125,4 @@ def test_ops_after_construction_are_recorded_alike(monkeypatch, restore_rng):
         _general_path_only(patched)
         torch.manual_seed(0)
         general = build_then_reinit()
-    _assert_same_graph(_graph(direct), _graph(general))
+    assert_same_graph(graph_of(direct), graph_of(general))

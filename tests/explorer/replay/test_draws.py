@@ -117,3 +117,22 @@ def test_a_randint_range_from_2_to_the_28_below_2_to_the_32_is_left_to_scratch(d
 def test_cuda_ops_have_no_cpu_draw_count(restore_rng) -> None:
     graph, index = recorded_random_op(lambda: torch.empty(100, device="cuda").uniform_())
     assert draw_count(graph, graph.ops[index]) is None
+
+
+@pytest.mark.parametrize("name", [*OPS, "uniform_ 4 args", "random_(from, to) other range"])
+def test_remembered_draw_counts_are_the_counted_ones(name: str, restore_rng) -> None:
+    """note [Draw counts by layout]: an answer given again from memory is the one counting gives,
+    for ops of the same layout that differ only in a plain argument, dtype or stride too."""
+    from explorer.replay.draws import _draw_count
+
+    extra = {
+        "uniform_ 4 args": lambda n, d: torch.empty(n, dtype=d).uniform_(0, 1),
+        "random_(from, to) other range": lambda n, d: torch.empty(n, dtype=d).random_(-5, 2**40),
+    }
+    make = OPS.get(name) or extra[name]
+    for dtype in (torch.float32, torch.float64, torch.float32):
+        for n in (17, 17, 4099):
+            graph, index = recorded_random_op(functools.partial(make, n, dtype))
+            op = graph.ops[index]
+            assert draw_count(graph, op) == _draw_count(graph, op)
+            assert draw_count(graph, op) == _draw_count(graph, op)  # the remembered answer
