@@ -2,8 +2,9 @@
 
 Opens a notebook written here (a small Llama under deferred init: hidden 64, 4 heads, 2 key-value
 heads, 6 layers), opens the Memory tab, fills the panel as a person does (4 GPUs of 2 MiB, inputs
-2x16, FSDP 2 and 4, TP 1 and 2, PP 1 and 2, no checkpointing), clicks "Plan layouts", reads the
-table, clicks the first row and reads its bar and torchtitan export from the page, then asks the
+2x16, FSDP 1 and 4, TP 1, 2 and 4, PP 1, no checkpointing), clicks "Plan layouts", reads the
+table (FSDP 4 fits; DP 2 × TP 2 and DP 4 are over budget; TP 4 cannot run with 2 key-value heads),
+clicks the first row and reads its bar and torchtitan export from the page, then asks the
 kernel what the panel computed. The screenshot is docs/plan.png under `make screenshots`.
 """
 
@@ -21,7 +22,7 @@ from tests.support.lab import (
     wait_for_widget_or_cell_error,
 )
 
-PLAN_TIMEOUT_MS = 2 * KERNEL_REPLY_TIMEOUT_MS  # two fake steps per FSDP degree on a loaded 2-core machine
+PLAN_TIMEOUT_MS = 2 * KERNEL_REPLY_TIMEOUT_MS  # fake steps per measured layout on a loaded 2-core machine
 
 SMALL_LLAMA = """import transformers, widgets
 config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6,
@@ -29,7 +30,7 @@ config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hid
 ui = widgets.explore(transformers.LlamaForCausalLM, config)
 ui"""
 NOTEBOOK_NAME, NOTEBOOK_CELLS = "plan.ipynb", [SMALL_LLAMA]  # what `notebook_page` opens
-FIELDS = {"gpus": "4", "memory": "2MiB", "shapes": "2x16", "fsdp": "2, 4", "tp": "1, 2", "pp": "1, 2", "ac": "none"}
+FIELDS = {"gpus": "4", "memory": "2MiB", "shapes": "2x16", "fsdp": "1, 4", "tp": "1, 2, 4", "pp": "1", "ac": "none"}
 
 
 @pytest.mark.browser
@@ -49,12 +50,12 @@ def test_parallel_layouts_panel_plans_a_small_llama_on_4_gpus(notebook_page: Pag
         expect(button).to_be_disabled()  # busy while the kernel plans; the status line says so
         expect(panel.locator(".de-parallel-status")).to_have_text(re.compile(r"^planning: "))
         expect(panel.locator(".de-parallel-status")).to_have_text(
-            "1 of 4 layouts fit on 4 × 2.0 MiB; 1 over budget, 2 cannot run (see problems)", timeout=PLAN_TIMEOUT_MS
+            "1 of 4 layouts fit on 4 × 2.0 MiB; 2 over budget, 1 cannot run (see problems)", timeout=PLAN_TIMEOUT_MS
         )
         rows = panel.locator(".de-parallel-table .de-table-row")
         expect(rows).to_have_count(4)
         expect(rows.first).to_contain_text("FSDP 4 · TP 1 · PP 1 · AC none · mb 2 × 1")
-        expect(rows.last).to_contain_text("not measurable yet")  # an invalid layout keeps its row and says why
+        expect(rows.last).to_contain_text("2 key-value heads are not divisible by TP 4")  # an invalid layout says why
         rows.first.click()
         expect(panel.locator(".de-parallel-layout")).to_have_text(
             "FSDP 4 · TP 1 · PP 1 · AC none · mb 2 × 1: fits on 4 × 2.0 MiB"

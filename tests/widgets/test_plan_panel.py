@@ -1,9 +1,10 @@
 """Memory tab's Parallel layouts panel: the plan's table, a layout's bars against the budget, its exports.
 
 One small deferred Llama (hidden 64, 4 heads, 2 key-value heads, 6 layers, vocabulary 256) planned
-once per module on 4 GPUs of 2 MiB, inputs 2x16, over FSDP 2 and 4, TP 1 and 2, PP 1 and 2, with and
-without block checkpointing: 8 layouts; FSDP 4 fits, DP 2 × FSDP 2 does not, the TP 2 and PP 2 ones
-cannot run (not measurable yet).
+once per module on 4 GPUs of 2 MiB, inputs 2x16, over FSDP 1 and 4, TP 1, 2 and 4, PP 1, no
+checkpointing: 4 layouts, some fit, some are over budget, and TP 4 cannot run (2 key-value heads).
+What the layouts measure is the planner's (`direct` calls `plan_parallel` with the same arguments);
+what the tests pin is the panel: its order, formatting, colours, wording and drawing.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from widgets.plan_panel import (
     parse_modes,
 )
 
-SEARCH = {"fsdp": (2, 4), "tp": (1, 2), "pp": (1, 2), "activation_checkpointing": ("none", "block")}
+SEARCH = {"fsdp": (1, 4), "tp": (1, 2, 4), "pp": (1,), "activation_checkpointing": ("none",)}
 BUDGET = 2 * 2**20
 
 
@@ -44,7 +45,7 @@ def planned() -> widgets.ExplorerWidget:
     ui = widgets.ExplorerWidget(_llama())
     panel = ui.memory_tab.plan_panel
     panel.gpus.value, panel.gpu_memory.value, panel.shapes.value = "4", "2MiB", "2x16"
-    panel.fsdp.value, panel.tp.value, panel.pp.value, panel.checkpointing.value = "2, 4", "1, 2", "1 2", "none, block"
+    panel.fsdp.value, panel.tp.value, panel.pp.value, panel.checkpointing.value = "1, 4", "1, 2 4", "1", "none"
     panel.run_button.click()
     return ui
 
@@ -54,6 +55,15 @@ def direct(planned: widgets.ExplorerWidget):
     """`plan_parallel` called directly, as the panel should have called it."""
     ids = torch.zeros(2, 16, dtype=torch.long)
     return plan_parallel(planned.module, ids, gpus=4, gpu_memory=BUDGET, labels=ids, **SEARCH)
+
+
+def _verdict(plan, result) -> str:
+    return "cannot run" if not result.valid else "fits" if plan.fits(result) else "over budget"
+
+
+def _first(plan, verdict: str):
+    """The first layout of `plan`'s order with `verdict`; the search is chosen so each verdict occurs."""
+    return next(result for result in plan.ordered() if _verdict(plan, result) == verdict)
 
 
 def test_the_table_is_the_plans_rows_fitting_layouts_first_with_bytes_formatted(planned, direct):
@@ -68,33 +78,45 @@ def test_the_table_is_the_plans_rows_fitting_layouts_first_with_bytes_formatted(
     assert sorted(table.columns) == sorted(TABLE_COLUMNS)
     assert table.row_keys == expected["layout"].tolist()
     assert table.rows == frame_rows(expected, table.columns, formats)
-    assert table.row_keys[:2] == ["FSDP 4 · TP 1 · PP 1 · AC none · mb 2 × 1", "FSDP 4 · TP 1 · PP 1 · AC block · mb 2 × 1"]
-    assert [row[1] for row in table.rows] == ["yes", "yes", "no", "no", "no", "no", "no", "no"]
-    assert table.rows[2][4] == f"-{bytes_text(direct.ordered()[2].peak_bytes - BUDGET)}"  # the shortfall
+    assert table.row_keys == [result.layout.label() for result in direct.ordered()]
+    verdicts = [_verdict(direct, result) for result in direct.ordered()]
+    assert {"fits", "over budget", "cannot run"} <= set(verdicts)  # the search shows every kind of row
+    order = ["fits", "over budget", "cannot run"]
+    assert verdicts == sorted(verdicts, key=order.index)  # fitting layouts first, the invalid ones last
+    assert [row[1] for row in table.rows] == ["yes" if verdict == "fits" else "no" for verdict in verdicts]
+    over = verdicts.index("over budget")
+    assert table.rows[over][4] == f"-{bytes_text(direct.ordered()[over].peak_bytes - BUDGET)}"  # the shortfall
     assert explorer.is_deferred(planned.module)  # nothing was materialized
 
 
-def test_the_status_counts_layouts_that_fit_do_not_and_cannot_run(planned):
+def test_the_status_counts_layouts_that_fit_do_not_and_cannot_run(planned, direct):
     panel = planned.memory_tab.plan_panel
-    assert panel.status.value == "2 of 8 layouts fit on 4 × 2.0 MiB; 2 over budget, 4 cannot run (see problems)"
+    verdicts = [_verdict(direct, result) for result in direct.ordered()]
+    fits, over, invalid = (verdicts.count(verdict) for verdict in ("fits", "over budget", "cannot run"))
+    assert panel.status.value == (
+        f"{fits} of {len(verdicts)} layouts fit on 4 × 2.0 MiB; {over} over budget, {invalid} cannot run (see problems)"
+    )
     assert panel.run_button.disabled is False
-    assert panel.table.row_colours == ["#3fa34d"] * 2 + ["#e15759"] * 2 + ["#9aa5b1"] * 4
+    colours = {"fits": "#3fa34d", "over budget": "#e15759", "cannot run": "#9aa5b1"}
+    assert panel.table.row_colours == [colours[verdict] for verdict in verdicts]
 
 
 def test_an_invalid_layout_shows_its_problems_in_the_table(planned, direct):
     table = planned.memory_tab.plan_panel.table
     problems = dict(zip(table.row_keys, (row[2] for row in table.rows)))
-    assert problems["FSDP 4 · TP 1 · PP 1 · AC none · mb 2 × 1"] == ""
+    assert problems[_first(direct, "fits").layout.label()] == ""
     invalid = [result for result in direct.results if not result.valid]
-    assert len(invalid) == 4 and all(result.problems for result in invalid)
+    assert invalid and all(result.problems for result in invalid)
     assert {result.layout.label(): "; ".join(result.problems) for result in invalid}.items() <= problems.items()
+    assert problems["FSDP 1 · TP 4 · PP 1 · AC none · mb 2 × 1"] == "2 key-value heads are not divisible by TP 4"
 
 
 def test_selecting_a_row_shows_a_bar_per_rank_with_the_categories_and_the_budget_line(planned, direct):
     panel = planned.memory_tab.plan_panel
-    label = "FSDP 4 · TP 1 · PP 1 · AC block · mb 2 × 1"
+    result = _first(direct, "fits")
+    label = result.layout.label()
     panel.table.selected = label  # what clicking the row sends
-    (rank,) = next(r for r in direct.results if r.layout.label() == label).ranks
+    (rank,) = result.ranks
     assert panel.layout_line.value == f"{label}: fits on 4 × 2.0 MiB"
     bars = panel.bars.value
     assert bars.count('class="de-parallel-rank"') == 1 and 'data-rank="every rank"' in bars
@@ -108,31 +130,37 @@ def test_selecting_a_row_shows_a_bar_per_rank_with_the_categories_and_the_budget
 
 def test_the_budget_line_and_bars_share_one_scale_across_layouts(planned, direct):
     panel = planned.memory_tab.plan_panel
-    panel.table.selected = "DP 2 · FSDP 2 · TP 1 · PP 1 · AC block · mb 2 × 1"  # the largest peak: full width
+    largest = max((result for result in direct.results if result.valid), key=lambda result: result.peak_bytes)
+    assert largest.peak_bytes > BUDGET  # so the largest peak, not the budget, sets the scale
+    panel.table.selected = largest.layout.label()  # the largest peak: full width
     assert 'class="train-bar" width="560"' in panel.bars.value
-    assert f"left:{round(560 * BUDGET / direct.ordered()[3].peak_bytes)}px" in panel.bars.value
+    assert f"left:{round(560 * BUDGET / largest.peak_bytes)}px" in panel.bars.value
+    panel.table.selected = _first(direct, "fits").layout.label()  # a smaller one: the same budget line
+    assert f"left:{round(560 * BUDGET / largest.peak_bytes)}px" in panel.bars.value
+    assert 'class="train-bar" width="560"' not in panel.bars.value
 
 
 def test_the_export_is_torchtitan_and_python_of_the_selected_layout(planned, direct):
     panel = planned.memory_tab.plan_panel
-    panel.table.selected = "FSDP 4 · TP 1 · PP 1 · AC none · mb 2 × 1"
     layout = direct.ordered()[0].layout
+    panel.table.selected = layout.label()
     assert panel.torchtitan.value == to_torchtitan(layout)
     assert panel.python.value == to_python(layout, blocks="model.model.layers", tp_plan=model_tp_plan(planned.module))
 
 
-def test_the_export_areas_undo_edits(planned):
+def test_the_export_areas_undo_edits(planned, direct):
     panel = planned.memory_tab.plan_panel
-    panel.table.selected = "FSDP 4 · TP 1 · PP 1 · AC none · mb 2 × 1"
+    panel.table.selected = direct.ordered()[0].layout.label()
     shown = panel.torchtitan.value
     panel.torchtitan.value = "edited"  # what typing in the browser sends
     assert panel.torchtitan.value == shown
 
 
-def test_an_invalid_layout_selected_says_why_and_draws_no_bar(planned):
+def test_an_invalid_layout_selected_says_why_and_draws_no_bar(planned, direct):
     panel = planned.memory_tab.plan_panel
-    panel.table.selected = "FSDP 2 · TP 2 · PP 1 · AC none · mb 2 × 1"
-    assert panel.layout_line.value.startswith("FSDP 2 · TP 2 · PP 1 · AC none · mb 2 × 1: cannot run: ")
+    invalid = _first(direct, "cannot run")
+    panel.table.selected = invalid.layout.label()
+    assert panel.layout_line.value == f"{invalid.layout.label()}: cannot run: {'; '.join(invalid.problems)}"
     assert panel.bars.value == ""
     assert "# cannot export to Python" not in panel.python.value  # the model's TP plan is used
     panel.table.selected = ""
