@@ -125,7 +125,7 @@ def truncated(module: nn.Module, stack: BlockStack, keep: int) -> nn.Module:
     root = _shallow(module)
     parent = root
     for part in parts[:-1]:
-        child = _shallow(parent._modules[part])  # type: ignore[arg-type]
+        child = _shallow(parent._modules[part])  # type: ignore[arg-type]  # _modules values are Module | None; a path to the container has no None
         parent._modules[part] = child
         parent = child
     holder = parent._modules[parts[-1]] if parts else parent
