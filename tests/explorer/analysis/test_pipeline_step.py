@@ -39,6 +39,7 @@ import os
 import socket
 import time
 import traceback
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,8 @@ from explorer.analysis.fake_fsdp import fake_process_group
 from explorer.analysis.parallel_layout import Layout, LayoutError
 from explorer.analysis.pipeline_split import PipelineSplitError, split_stages
 from explorer.analysis.pipeline_step import pipeline_step
-from explorer.analysis.train_step import TrainStepError
+from explorer.analysis.tp_plans import tp_plan_of
+from explorer.analysis.train_step import FSDP_CATEGORIES, TrainStepError
 from tests.support.hf_configs import HF_BY_NAME, VOCAB
 
 LLAMA = HF_BY_NAME["llama"]
@@ -263,9 +265,70 @@ def test_checkpointing_every_block_lowers_the_stages_forward_peak(one_f_one_b):
     assert checkpointed.phase_peaks["forward"] < one_f_one_b[1].phase_peaks["forward"]
 
 
-def test_fsdp_or_tp_inside_a_stage_is_refused_naming_the_degree():
-    with pytest.raises(LayoutError, match=r"Layout\.dp_shard=2 is not covered"):
-        pipeline_step(_tiny_llama(), (1, 8), layout=Layout(pp=2, dp_shard=2, accumulation_steps=4))
+def test_pipeline_without_fsdp_or_tp_measures_what_it_measured_before_they_were_allowed(one_f_one_b):
+    """pp=2 × dp_shard=1 × tp=1 keeps its path (one twin, a world of pp ranks): the numbers measured
+    on the commit before FSDP and TP were allowed inside a stage (d5e4a40), unchanged."""
+    assert [(step.peak_bytes, step.peak, step.phase, step.phase_peaks) for step in one_f_one_b] == [
+        (374060, {"parameters": 86528, "buffers": 32, "gradients": 86528, "optimizer_state": 197708,
+                  "activations": 3072, "temporaries": 0, "inputs": 192},
+         "optimizer", {"forward": 250912, "backward": 260064, "optimizer": 374060}),
+        (393136, {"parameters": 86656, "buffers": 32, "gradients": 86656, "optimizer_state": 198096,
+                  "activations": 21504, "temporaries": 0, "inputs": 192},
+         "optimizer", {"forward": 237964, "backward": 241040, "optimizer": 393136}),
+    ]  # fmt: skip
+    assert [step.communication.total_bytes for step in one_f_one_b] == [0, 0]
+
+
+def _stage_parameters(model: torch.nn.Module, rank: int) -> list[tuple[str, torch.nn.Parameter]]:
+    """The parameters of stage `rank` of 2 over a 4-block Llama: embedding and blocks 0-1, or blocks
+    2-3, the final norm and the head."""
+    owned = ("model.embed_tokens.", "model.layers.0.", "model.layers.1.") if rank == 0 else (
+        "model.layers.2.", "model.layers.3.", "model.norm.", "lm_head.")  # fmt: skip
+    return [(name, p) for name, p in model.named_parameters() if name.startswith(owned)]
+
+
+def test_fsdp_inside_stages_shards_each_stage_over_dp_shard_to_its_padded_shards():
+    config = _config()
+    config.vocab_size = 97  # an odd vocabulary: the embedding's and the head's 97 rows pad to 2 × 49
+    model = deferred_init(LLAMA.cls, config)
+    steps = pipeline_step(model, (1, 8), layout=Layout(pp=2, dp_shard=2, accumulation_steps=3))
+    for rank, step in enumerate(steps):
+        padded = sum(-(-p.shape[0] // 2) * p[0].numel() * p.element_size() for _, p in _stage_parameters(model, rank))
+        assert step.peak["sharded_parameters"] == padded, rank
+        assert set(step.peak) == set(FSDP_CATEGORIES)
+        # no resharding after forward under pipelining: each FSDP module (2 blocks, the stage) gathered
+        # once for the 3 microbatches, and reduce-scattered once, after the last backward
+        assert step.communication.calls["all_gather"] == step.communication.calls["reduce_scatter"] == 3
+        assert step.communication.bytes["all_gather"] == step.communication.bytes["reduce_scatter"] == 2 * padded
+
+
+def test_tp_inside_stages_holds_each_stage_parameters_split_by_the_models_plan():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=4, vocab_size=256, max_position_embeddings=64)  # fmt: skip
+    model = deferred_init(LlamaForCausalLM, config)
+    plan = tp_plan_of(model)
+    steps = pipeline_step(model, (1, 8), layout=Layout(pp=2, tp=2, accumulation_steps=2))
+    for rank, step in enumerate(steps):
+        expected = sum(
+            p.numel() * p.element_size() // (2 if _planned(name.rpartition(".")[0], plan) else 1)
+            for name, p in _stage_parameters(model, rank)
+        )  # the projections, the embedding and the head halved; the norms whole
+        assert step.peak["parameters"] == expected, rank
+    # the head's logits gathered over TP, once a microbatch: 2 × (1 × 8 × 256) floats on the last stage
+    assert [step.communication.bytes["all_gather"] for step in steps] == [0, 2 * 8 * 256 * 4]
+
+
+def _planned(module: str, plan: dict[str, str]) -> bool:
+    """Whether a plan key names `module` (`*` one path part, as parallelize_module reads it)."""
+    parts = module.split(".")
+    return any(len(key.split(".")) == len(parts) and all(map(fnmatchcase, parts, key.split("."))) for key in plan)
+
+
+def test_tp_inside_stages_of_a_model_without_a_plan_is_refused_naming_it():
+    with pytest.raises(LayoutError, match=r"^Sequential has no tensor-parallel plan for TP 2"):
+        pipeline_step(torch.nn.Sequential(torch.nn.Linear(2, 2)), (1, 2), layout=Layout(pp=2, tp=2))
 
 
 def test_inputs_of_another_micro_batch_size_are_refused_with_both_sizes():
