@@ -37,6 +37,7 @@ __all__ = [
     "FastMemTracker",
     "FastTracker",
     "FastPipelineMemTracker",
+    "FSDPPipelineMemTracker",
     "PipelineMemTracker",
     "MemTracker",
     "activations_by_owner",
@@ -269,25 +270,34 @@ class FastPipelineMemTracker(_RepeatedRootForwards, FastMemTracker):
     once per microbatch])."""
 
 
-class FastFSDPPipelineMemTracker(_RepeatedRootForwards, FastFSDPMemTracker):
-    """`FastFSDPMemTracker` for a rank's FSDP2-sharded pipeline stages: each stage is an FSDP root,
-    run once per microbatch (note [A root that runs once per microbatch]). `roots`: the rank's
-    stages (several with an interleaved schedule); PyTorch's tracker takes one root and instruments
-    the FSDP modules under it, so several are held under one `nn.ModuleList` (not an FSDP module;
-    nothing runs it)."""
+class _RepeatedFSDPRootForwards(_RepeatedRootForwards):
+    """Mixin for `FSDPMemTracker`: a rank's pipeline stages are FSDP roots, each run once per
+    microbatch (note [A root that runs once per microbatch]). `roots`: the rank's stages (several
+    with an interleaved schedule); PyTorch's tracker takes one root and instruments the FSDP modules
+    under it, so several are held under one `nn.ModuleList` (not an FSDP module; nothing runs it)."""
 
     def __init__(self, roots: Sequence[nn.Module], optm: torch.optim.Optimizer | None = None) -> None:
-        super().__init__(roots[0], optm)
+        super().__init__(roots[0], optm)  # type: ignore[call-arg]  # FSDPMemTracker's, next in the MRO
         if len(roots) > 1:
-            self._root_mod = nn.ModuleList(roots)  # type: ignore[assignment]  # read as a module tree only
+            # typed as an FSDP module by PyTorch; only its module tree and buffers are read
+            vars(self)["_root_mod"] = nn.ModuleList(roots)
 
     def _fsdp_state_pre_forward(self, fsdp_mod, orig_fsdp_state_pre_fw):
         # FSDPMemTracker's FSDP pre-forward wrapper refuses a second forward of a root as
         # MemTracker's module hook does: the same placeholder lets both through.
-        inner = super()._fsdp_state_pre_forward(fsdp_mod, orig_fsdp_state_pre_fw)
+        inner = super()._fsdp_state_pre_forward(fsdp_mod, orig_fsdp_state_pre_fw)  # FSDPMemTracker's, next in the MRO
 
         def allowed_again(*args, **kwargs):
             with self._allowed_again(fsdp_mod):
                 return inner(*args, **kwargs)
 
         return allowed_again
+
+
+class FSDPPipelineMemTracker(_RepeatedFSDPRootForwards, FSDPMemTracker):
+    """PyTorch's `FSDPMemTracker` for a rank's FSDP2-sharded pipeline stages (`_RepeatedFSDPRootForwards`);
+    what a real pipeline of sharded stages is measured with."""
+
+
+class FastFSDPPipelineMemTracker(_RepeatedFSDPRootForwards, FastFSDPMemTracker):
+    """`FastFSDPMemTracker` for a rank's FSDP2-sharded pipeline stages (`_RepeatedFSDPRootForwards`)."""
