@@ -398,6 +398,31 @@ def test_fsdp_inside_stages_shards_each_stage_over_dp_shard_to_its_padded_shards
         assert step.communication.bytes["all_gather"] == step.communication.bytes["reduce_scatter"] == 2 * padded
 
 
+def test_hsdp_inside_interleaved_stages_shards_over_dp_shard_and_all_reduces_the_shards_over_replicas():
+    config = _config()
+    config.vocab_size = 97
+    model = deferred_init(LLAMA.cls, config)
+    layout = Layout(pp=2, dp_replicate=2, dp_shard=2, pp_schedule="Interleaved1F1B", stages_per_rank=2,
+                    accumulation_steps=4)  # fmt: skip
+    steps = pipeline_step(model, (1, 8), layout=layout)
+    owned = [("model.embed_tokens.", "model.layers.0.", "model.layers.2."),  # stages 0 and 2
+             ("model.layers.1.", "model.layers.3.", "model.norm.", "lm_head.")]  # stages 1 and 3  # fmt: skip
+    for rank, step in enumerate(steps):
+        padded = sum(
+            -(-p.shape[0] // 2) * p[0].numel() * p.element_size()
+            for name, p in model.named_parameters()
+            if name.startswith(owned[rank])
+        )
+        assert step.peak["sharded_parameters"] == padded, rank
+        # HSDP: each FSDP module (a block, a stage root) reduce-scattered over dp_shard, then its shard
+        # all-reduced over dp_replicate
+        communication = step.communication
+        assert communication.bytes["reduce_scatter"] == 2 * padded
+        assert communication.bytes["all_reduce"] == padded
+        # two blocks, and one stage root with parameters of its own (the embedding; the norm and the head)
+        assert communication.calls["all_reduce"] == communication.calls["reduce_scatter"] == 3
+
+
 def test_tp_inside_stages_holds_each_stage_parameters_split_by_the_models_plan():
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -420,6 +445,22 @@ def _planned(module: str, plan: dict[str, str]) -> bool:
     """Whether a plan key names `module` (`*` one path part, as parallelize_module reads it)."""
     parts = module.split(".")
     return any(len(key.split(".")) == len(parts) and all(map(fnmatchcase, parts, key.split("."))) for key in plan)
+
+
+def test_each_parallel_stage_rank_is_measured_on_a_twin_of_its_own():
+    """FSDP × TP × selective checkpointing: rank 1 measured alone equals its row of both ranks (rank
+    0's parallelized twin leaves nothing behind)."""
+    layout = Layout(pp=2, dp_shard=2, tp=2, activation_checkpointing="selective", accumulation_steps=2)
+    model = _tiny_llama()
+    both = pipeline_step(model, (1, 8), layout=layout)
+    (alone,) = pipeline_step(model, (1, 8), layout=layout, rank=1)
+    assert alone == both[1]
+    plan = tp_plan_of(model)
+    tp_sharded = sum(
+        p.numel() * p.element_size() // (2 if _planned(name.rpartition(".")[0], plan) else 1)
+        for name, p in _stage_parameters(model, 1)
+    )
+    assert both[1].peak["sharded_parameters"] == tp_sharded // 2  # every TP shard's first dim even: no padding
 
 
 def test_tp_inside_stages_of_a_model_without_a_plan_is_refused_naming_it():
