@@ -29,15 +29,17 @@ What is compared, per schedule and rank:
 3. 1F1B's microbatches in flight (stage 0 holds 2, stage 1 holds 1) and the P2P bytes (8,192 a
    microbatch each way).
 
-FSDP inside the stages (note [Parallel stages]): four ranks on the mesh ("pp", "dp_replicate",
-"dp_shard", "tp") = (2, 1, 2, 1) run the same 1F1B step with each stage `fully_shard`ed over
-"dp_shard" (each block, then the stage, no resharding after forward) under PyTorch's
-`FSDPMemTracker` with the pipeline mixin (`FSDPPipelineMemTracker`), on gloo and then on the fake
-backend. `pipeline_step`'s stage ranks 0 and 1 (global ranks 0 and 2) equal the fake-backend run in
-every FSDP category, to the byte, and the gloo run but for the boundary tensors gloo holds after
-sending them, the same as without FSDP (GLOO_HELD: one activation on rank 0). Gloo's staged copy of
-a reduce-scatter input (test_layout_step.py) is not at the peak here: the stages reduce-scatter
-once, after the last backward, when activations are gone.
+FSDP or TP inside the stages (note [Parallel stages]), marked slow (four spawned ranks: 60 to 90 s
+on two cores): four ranks on the mesh ("pp", "dp_replicate", "dp_shard", "tp") = (2, 1, 2, 1), then
+(2, 1, 1, 2), run the same 1F1B step with each stage `fully_shard`ed over "dp_shard" (each block,
+then the stage, no resharding after forward) under PyTorch's `FSDPMemTracker` with the pipeline
+mixin (`FSDPPipelineMemTracker`), then with the model's TP plan applied to each stage under
+`PipelineMemTracker`, on gloo and then on the fake backend. `pipeline_step`'s stage ranks 0 and 1
+(global ranks 0 and 2) equal the fake-backend runs in every category, to the byte, and the gloo
+runs but for the boundary tensors gloo holds after sending them, the same as without FSDP or TP
+(GLOO_HELD: one activation on rank 0). Gloo's staged copy of a reduce-scatter input
+(test_layout_step.py) is not at the peak here: the stages reduce-scatter once, after the last
+backward, when the activations are gone; TP's all-reduces on gloo stage nothing the tracker sees.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import time
 import traceback
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -66,7 +69,7 @@ from explorer.analysis.fake_fsdp import fake_process_group
 from explorer.analysis.parallel_layout import Layout, LayoutError
 from explorer.analysis.pipeline_split import PipelineSplitError, split_stages
 from explorer.analysis.pipeline_step import PIPELINE_MESH_DIMS, pipeline_step
-from explorer.analysis.tp_plans import tp_plan_of
+from explorer.analysis.tp_plans import apply_tp_plan, plan_for_part, tp_plan_of
 from explorer.analysis.train_step import CATEGORY_OF, FSDP_CATEGORIES, TrainStepError
 from tests.support.hf_configs import HF_BY_NAME, VOCAB
 
@@ -223,20 +226,26 @@ def test_fake_stage_ranks_equal_memtracker_on_real_gloo_pipelines(tmp_path):
 
 
 # -- pp 2 × FSDP 2 on four gloo ranks ---------------------------------------------------------------
-FSDP_WORLD, FSDP_MESH = 4, (2, 1, 2, 1)  # ("pp", "dp_replicate", "dp_shard", "tp"); stage rank r is global rank 2r
+FSDP_WORLD = 4
+# ("pp", "dp_replicate", "dp_shard", "tp") of each scenario; stage rank r is global rank 2r in both
+PARALLEL_MESHES = {"fsdp": (2, 1, 2, 1), "tp": (2, 1, 1, 2)}
 
 
-def _real_fsdp_stage_step(mesh, stage_class: type = PipelineStage) -> dict:
-    """This rank's stage of the eager Llama, FSDP2 over "dp_shard" as note [Parallel stages] writes it
-    (each block, then the stage; no resharding after forward), 1F1B on the "pp" group, measured by
-    PyTorch's FSDPMemTracker with the pipeline mixin."""
+def _real_parallel_stage_step(mesh, scenario: str, stage_class: type = PipelineStage) -> dict:
+    """This rank's stage of the eager Llama, parallelized as note [Parallel stages] writes it: "fsdp",
+    FSDP2 over "dp_shard" (each block, then the stage; no resharding after forward); "tp", the
+    model's plan over "tp" (its keys read for the stage by `plan_for_part`). 1F1B on the "pp" group,
+    measured by PyTorch's FSDPMemTracker with the pipeline mixin, or its MemTracker with it (TP)."""
     torch.manual_seed(0)
     model = LLAMA.cls(_config()).train()
     index = mesh.get_local_rank("pp")
     (module,) = split_stages(model, WORLD, [index])
-    for block in module.layers.values():
-        fully_shard(block, mesh=mesh["dp_shard"], reshard_after_forward=False)
-    fully_shard(module, mesh=mesh["dp_shard"], reshard_after_forward=False)
+    if scenario == "fsdp":
+        for block in module.layers.values():
+            fully_shard(block, mesh=mesh["dp_shard"], reshard_after_forward=False)
+        fully_shard(module, mesh=mesh["dp_shard"], reshard_after_forward=False)
+    else:
+        apply_tp_plan(module, mesh["tp"], plan_for_part(tp_plan_of(model), module.model_paths()))
     hidden = torch.zeros(MICRO_BATCH, SEQ, _config().hidden_size, requires_grad=True)
     logits = torch.zeros(MICRO_BATCH, SEQ, VOCAB, requires_grad=True)
     stage = stage_class(
@@ -251,8 +260,13 @@ def _real_fsdp_stage_step(mesh, stage_class: type = PipelineStage) -> dict:
     schedule = Schedule1F1B(stage, MICROBATCHES, loss_fn=loss)
     optimizer = torch.optim.AdamW(module.parameters())
     batch = _tokens(MICRO_BATCH * MICROBATCHES)
-    tracker = FSDPPipelineMemTracker([module], optimizer)
-    tracker.track_inputs((batch, batch))
+    tracker: Any
+    if scenario == "fsdp":
+        tracker = FSDPPipelineMemTracker([module], optimizer)
+        tracker.track_inputs((batch, batch))
+    else:
+        tracker = PipelineMemTracker()
+        tracker.track_external(module, optimizer, batch, batch)
     with tracker:
         output = schedule.step(batch) if index == 0 else schedule.step(target=batch)
         schedule_peak = _named(tracker.get_tracker_snapshot("peak"))
@@ -262,47 +276,59 @@ def _real_fsdp_stage_step(mesh, stage_class: type = PipelineStage) -> dict:
     return {"schedule_peak": schedule_peak, "step_peak": _named(tracker.get_tracker_snapshot("peak"))}
 
 
-def _fsdp_rank(rank: int, port: int, out: Path) -> None:
+def _parallel_rank(rank: int, port: int, out: Path) -> None:
     result: dict = {}
     try:
         torch.set_num_threads(1)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=FSDP_WORLD, timeout=datetime.timedelta(seconds=60))
-        mesh = init_device_mesh("cpu", FSDP_MESH, mesh_dim_names=PIPELINE_MESH_DIMS)
-        result["gloo"] = _real_fsdp_stage_step(mesh)
+        for scenario, shape in PARALLEL_MESHES.items():
+            mesh = init_device_mesh("cpu", shape, mesh_dim_names=PIPELINE_MESH_DIMS)
+            result[scenario] = {"gloo": _real_parallel_stage_step(mesh, scenario)}
         dist.destroy_process_group()
-        with fake_process_group(FSDP_WORLD, "cpu", FSDP_MESH, PIPELINE_MESH_DIMS, rank=rank) as fake_mesh:
-            result["fake_backend"] = _real_fsdp_stage_step(fake_mesh, LocallyVotedStage)
+        for scenario, shape in PARALLEL_MESHES.items():
+            with fake_process_group(FSDP_WORLD, "cpu", shape, PIPELINE_MESH_DIMS, rank=rank) as fake_mesh:
+                result[scenario]["fake_backend"] = _real_parallel_stage_step(fake_mesh, scenario, LocallyVotedStage)
     except BaseException:
         result["error"] = traceback.format_exc()
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def test_fsdp_stage_ranks_equal_fsdp_memtracker_on_four_gloo_ranks(tmp_path):
+@pytest.mark.slow
+def test_fsdp_or_tp_stage_ranks_equal_pytorchs_trackers_on_four_gloo_ranks(tmp_path):
     port = _free_port()
     context = multiprocessing.get_context("spawn")
-    ranks = [context.Process(target=_fsdp_rank, args=(r, port, tmp_path), daemon=True) for r in range(FSDP_WORLD)]
+    ranks = [context.Process(target=_parallel_rank, args=(r, port, tmp_path), daemon=True) for r in range(FSDP_WORLD)]
     for process in ranks:
         process.start()
-    layout = Layout(pp=WORLD, dp_shard=2, micro_batch_size=MICRO_BATCH, accumulation_steps=MICROBATCHES)
-    fake = pipeline_step(deferred_init(LLAMA.cls, _config()), _tokens(MICRO_BATCH), layout=layout)
+    fakes = {
+        scenario: pipeline_step(
+            deferred_init(LLAMA.cls, _config()), _tokens(MICRO_BATCH),
+            layout=Layout(pp=WORLD, dp_shard=shape[2], tp=shape[3], micro_batch_size=MICRO_BATCH,
+                          accumulation_steps=MICROBATCHES),
+        )
+        for scenario, shape in PARALLEL_MESHES.items()
+    }  # fmt: skip
     real = _results(ranks, tmp_path)
     assert [result.get("error") for result in real] == [None] * FSDP_WORLD, real
     hidden_bytes = MICRO_BATCH * SEQ * _config().hidden_size * 4
-    for stage_rank, step in enumerate(fake):
-        result = real[2 * stage_rank]
-        ours = {category: value for category, value in step.peak.items() if value}
-        eager = result["fake_backend"]
-        assert (step.peak_bytes, ours) == (eager["step_peak"]["Total"], _by_fsdp_category(eager["step_peak"]))
-        assert max(step.phase_peaks["forward"], step.phase_peaks["backward"]) == eager["schedule_peak"]["Total"]
-        # gloo: the same, but that it holds the boundary tensors it sent, as without FSDP (GLOO_HELD)
-        activations, gradients = GLOO_HELD["1F1B", stage_rank]
-        held = {"activations": activations * hidden_bytes, "temporaries": gradients * hidden_bytes}
-        gloo = _by_fsdp_category(result["gloo"]["step_peak"])
-        assert gloo == {category: value + held.get(category, 0) for category, value in ours.items()}, stage_rank
+    for scenario, fake in fakes.items():
+        for stage_rank, step in enumerate(fake):
+            result = real[2 * stage_rank][scenario]
+            ours = {category: value for category, value in step.peak.items() if value}
+            eager = result["fake_backend"]
+            assert (step.peak_bytes, ours) == (eager["step_peak"]["Total"], _by_category(eager["step_peak"]))
+            assert max(step.phase_peaks["forward"], step.phase_peaks["backward"]) == eager["schedule_peak"]["Total"]
+            # gloo: the same, but that it holds the boundary tensors it sent, as without FSDP (GLOO_HELD)
+            activations, gradients = GLOO_HELD["1F1B", stage_rank]
+            held = {"activations": activations * hidden_bytes, "temporaries": gradients * hidden_bytes}
+            gloo = _by_category(result["gloo"]["step_peak"])
+            assert gloo == {category: value + held.get(category, 0) for category, value in ours.items()}, (
+                scenario, stage_rank,
+            )  # fmt: skip
 
 
-def _by_fsdp_category(snapshot: dict) -> dict[str, int]:
+def _by_category(snapshot: dict) -> dict[str, int]:
     return {CATEGORY_OF[key]: value for key, value in snapshot.items() if key != "Total" and value}
 
 
