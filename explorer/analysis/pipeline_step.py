@@ -208,13 +208,15 @@ def pipeline_step(
     ids (a tensor or a shape, or `input_ids=`), optionally `labels=` (default: the ids); the batch
     the schedule splits is `layout.accumulation_steps` of them. `layout`: pp, pp_schedule,
     stages_per_rank, activation_checkpointing, micro_batch_size, accumulation_steps (the schedule's
-    microbatches). `optimizer`: parameters → optimizer (default AdamW); `loss(output, target)`:
-    the schedule's loss function (default: the model's own `loss_function`). `keep_outputs`: the
-    schedule's `return_outputs`.
+    microbatches), and dp_replicate, dp_shard, tp inside each stage (note [Parallel stages]; TP
+    with the model's own plan). `optimizer`: parameters → optimizer (default AdamW);
+    `loss(output, target)`: the schedule's loss function (default: the model's own
+    `loss_function`). `keep_outputs`: the schedule's `return_outputs`.
 
-    Returns one `PipelineStageStep` per rank, by rank. Raises TypeError for a non-module or
-    unreadable inputs, LayoutError for a layout it does not cover, PipelineSplitError for a model it
-    cannot split, TrainStepError when a step cannot run on fakes.
+    Returns one `PipelineStageStep` per stage rank, by rank. Raises TypeError for a non-module or
+    unreadable inputs, LayoutError for a layout it does not cover (TP on a model without a plan),
+    TensorParallelPlanError for a plan it cannot apply, PipelineSplitError for a model it cannot
+    split, TrainStepError when a step cannot run on fakes.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"explorer.pipeline_step expects an nn.Module, got {type(module).__name__}")
