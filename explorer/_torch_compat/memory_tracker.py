@@ -24,16 +24,20 @@ over two training iterations. A pipeline stage runs its root once per microbatch
 `_RepeatedRootForwards` lets it: for a module already tracked, entered again in forward, it marks
 a placeholder module as running for the length of PyTorch's own hook, which then takes its path for
 a submodule called twice (the module's input bytes and a fresh forward snapshot; no storage is
-categorized differently). Re-check `_pre_fw_hook`'s condition on upgrades.
+categorized differently). `FSDPMemTracker` refuses the same in its wrapper of FSDP's pre-forward
+(`_fsdp_state_pre_forward`), by the same condition; `FastFSDPPipelineMemTracker` marks the
+placeholder there too. Re-check both conditions on upgrades.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "FastFSDPMemTracker",
+    "FastFSDPPipelineMemTracker",
     "FastMemTracker",
     "FastTracker",
     "FastPipelineMemTracker",
+    "FSDPPipelineMemTracker",
     "PipelineMemTracker",
     "MemTracker",
     "activations_by_owner",
@@ -41,10 +45,14 @@ __all__ = [
     "innermost_module",
 ]
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
 import torch
 
 # Importing the module registers fake (meta) kernels for c10d collectives, used under FakeTensorMode.
 import torch.distributed._tools.fake_collectives
+from torch import nn
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
@@ -223,16 +231,22 @@ class _RepeatedRootForwards:
     memory_tracking: WeakIdKeyDictionary  # MemTracker's, after this mixin in the MRO
     _mod_tracker: ModTracker
 
-    def _pre_fw_hook(self, module, inputs) -> None:
+    @contextmanager
+    def _allowed_again(self, module) -> Iterator[None]:
+        """While active, a second forward of `module` reads as a submodule's (see the note)."""
         again = module in self.memory_tracking and not self._mod_tracker.is_bw
         parents = self._mod_tracker.parents
         if again:
             parents.add(self._PLACEHOLDER)
         try:
-            super()._pre_fw_hook(module, inputs)  # type: ignore[misc]  # MemTracker's, next in the MRO
+            yield
         finally:
             if again:
                 parents.discard(self._PLACEHOLDER)
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        with self._allowed_again(module):
+            super()._pre_fw_hook(module, inputs)  # type: ignore[misc]  # MemTracker's, next in the MRO
 
 
 class PipelineMemTracker(_RepeatedRootForwards, MemTracker):
@@ -254,3 +268,36 @@ FastTracker = FastMemTracker | FastFSDPMemTracker
 class FastPipelineMemTracker(_RepeatedRootForwards, FastMemTracker):
     """`FastMemTracker` for a pipeline stage: its root runs once per microbatch (note [A root that runs
     once per microbatch])."""
+
+
+class _RepeatedFSDPRootForwards(_RepeatedRootForwards):
+    """Mixin for `FSDPMemTracker`: a rank's pipeline stages are FSDP roots, each run once per
+    microbatch (note [A root that runs once per microbatch]). `roots`: the rank's stages (several
+    with an interleaved schedule); PyTorch's tracker takes one root and instruments the FSDP modules
+    under it, so several are held under one `nn.ModuleList` (not an FSDP module; nothing runs it)."""
+
+    def __init__(self, roots: Sequence[nn.Module], optm: torch.optim.Optimizer | None = None) -> None:
+        super().__init__(roots[0], optm)  # type: ignore[call-arg]  # FSDPMemTracker's, next in the MRO
+        if len(roots) > 1:
+            # typed as an FSDP module by PyTorch; only its module tree and buffers are read
+            vars(self)["_root_mod"] = nn.ModuleList(roots)
+
+    def _fsdp_state_pre_forward(self, fsdp_mod, orig_fsdp_state_pre_fw):
+        # FSDPMemTracker's FSDP pre-forward wrapper refuses a second forward of a root as
+        # MemTracker's module hook does: the same placeholder lets both through.
+        inner = super()._fsdp_state_pre_forward(fsdp_mod, orig_fsdp_state_pre_fw)  # FSDPMemTracker's, next in the MRO
+
+        def allowed_again(*args, **kwargs):
+            with self._allowed_again(fsdp_mod):
+                return inner(*args, **kwargs)
+
+        return allowed_again
+
+
+class FSDPPipelineMemTracker(_RepeatedFSDPRootForwards, FSDPMemTracker):
+    """PyTorch's `FSDPMemTracker` for a rank's FSDP2-sharded pipeline stages (`_RepeatedFSDPRootForwards`);
+    what a real pipeline of sharded stages is measured with."""
+
+
+class FastFSDPPipelineMemTracker(_RepeatedFSDPRootForwards, FastFSDPMemTracker):
+    """`FastFSDPMemTracker` for a rank's FSDP2-sharded pipeline stages (`_RepeatedFSDPRootForwards`)."""

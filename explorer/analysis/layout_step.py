@@ -156,12 +156,23 @@ def _check(module: Any, layout: Layout, tp_plan: Mapping[str, str] | None) -> Ma
 
 
 def parallelize_twin(
-    twin: nn.Module, mesh: DeviceMesh, layout: Layout, plan: Mapping[str, str]
+    twin: nn.Module,
+    mesh: DeviceMesh,
+    layout: Layout,
+    plan: Mapping[str, str],
+    blocks: list[str] | None = None,
+    reshard_after_forward: bool | None = None,
 ) -> tuple[list[str], list[str]]:
-    """TP, then activation checkpointing, then FSDP2 (module docstring); the repeated blocks' paths
-    and those checkpointed. Outside our fake mode: building sub-meshes reads index tensors' values;
-    the parameters are fakes of our mode, so what TP and FSDP do to them stays fake."""
-    blocks = [path for path, _ in repeated_blocks(twin)]
+    """TP, then activation checkpointing, then FSDP2 (module docstring) of `twin`, a model or a part
+    of one (a pipeline stage); the repeated blocks' paths and those checkpointed. `mesh` has the
+    dims of `MESH_DIMS` (and may have more: a "pp" dim), found by name; `plan` is keyed by `twin`'s
+    paths; `blocks`: the repeated blocks' paths (default `repeated_blocks(twin)`);
+    `reshard_after_forward`: `fully_shard`'s, for the blocks and the root (default: its own, None,
+    which reshards all but the root). Outside our fake mode:
+    building sub-meshes reads index tensors' values; the parameters are fakes of our mode, so what
+    TP and FSDP do to them stays fake."""
+    if blocks is None:
+        blocks = [path for path, _ in repeated_blocks(twin)]
     with lazy_fsdp_chunks(), unset_fake_temporarily():
         if plan:
             apply_tp_plan(twin, mesh["tp"], plan)
@@ -176,8 +187,8 @@ def parallelize_twin(
         if layout.data_parallel > 1:
             dp_mesh = mesh["dp_shard"] if layout.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
             for path in blocks:
-                fully_shard(twin.get_submodule(path), mesh=dp_mesh)
-            fully_shard(twin, mesh=dp_mesh)
+                fully_shard(twin.get_submodule(path), mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(twin, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     return blocks, checkpointed
 
 

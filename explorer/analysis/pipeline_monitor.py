@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .._torch_compat.memory_tracker import MemTracker
@@ -113,11 +114,13 @@ def monitored_stage(
     input_example: torch.Tensor,
     output_example: torch.Tensor,
     monitor: StepMonitor,
+    group: dist.ProcessGroup | None = None,
 ) -> LocallyVotedStage:
-    """Stage `index` of `stages` running `module` on the default (fake) group, its boundary shapes
-    given up front (static metadata), reporting to `monitor`."""
+    """Stage `index` of `stages` running `module` on `group` (a fake one; default: the default
+    group), its boundary shapes given up front (static metadata), reporting to `monitor`."""
     stage = _MonitoredStage(
-        module, index, stages, torch.device("cpu"), input_args=(input_example,), output_args=(output_example,)
-    )
+        module, index, stages, torch.device("cpu"),
+        input_args=(input_example,), output_args=(output_example,), group=group,
+    )  # fmt: skip
     stage.monitor = monitor
     return stage

@@ -30,6 +30,8 @@ from torch import nn
 __all__ = ["DecoderStage", "PipelineSplitError", "StagePlan", "plan_stages", "split_stages"]
 
 _DECODER_PARTS = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
+# A `DecoderStage`'s own attribute → the path of the model's piece it holds.
+_MODEL_PATH_OF = {part.rpartition(".")[2]: part for part in _DECODER_PARTS}
 
 
 class PipelineSplitError(ValueError):
@@ -112,6 +114,16 @@ class DecoderStage(nn.Module):
         # Every stage computes its own rotary embeddings: its own copy of the (small) buffers, as
         # each of torchtitan's per-stage model copies holds its own.
         self.rotary_emb = _own_copy(parts["model.rotary_emb"])
+
+    def model_paths(self) -> dict[str, str]:
+        """Each submodule's path in the stage → its path in the model ("layers.6.mlp" →
+        "model.layers.6.mlp"): what a plan written for the model (`tp_plans.plan_for_part`) is read by."""
+        return {
+            path: ".".join(filter(None, (_MODEL_PATH_OF[head], rest)))
+            for path, _ in self.named_modules()
+            if path
+            for head, _, rest in [path.partition(".")]
+        }
 
     def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(tokens_or_hidden) if self.embed_tokens is not None else tokens_or_hidden

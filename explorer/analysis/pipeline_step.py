@@ -24,32 +24,53 @@ the same step of the eager model (tests/explorer/analysis/test_pipeline_step.py 
 on two gloo ranks): tensor storages only.
 
 Covered: pp with 1F1B, GPipe and interleaved 1F1B; activation checkpointing ("block", "selective");
-`dp_replicate` (replicas hold what one holds; gradient all-reduce buffers are not counted). Not
-covered: FSDP or TP inside a stage (`dp_shard > 1` or `tp > 1` raise LayoutError).
+FSDP2, HSDP and TP inside a stage (note [Parallel stages]).
+
+Note: [Parallel stages]
+With data parallelism (`dp_replicate × dp_shard > 1`) or TP, the process group is `layout.gpus` fake
+ranks on the mesh ("pp", "dp_replicate", "dp_shard", "tp") (torchtitan's order, dims of degree 1
+included) and stage rank r is the rank whose "pp" coordinate is r and whose others are 0; its
+stages run on the "pp" group. They are cut from a fake twin of their own (parallelizing changes
+modules in place) and each is parallelized as torchtitan's pipelined Llama is, by
+`layout_step.parallelize_twin` on the stage: TP with the model's own plan (`tp_plan_of`) on the
+stage's blocks and pieces (`tp_plans.plan_for_part`), activation checkpointing on its blocks, then
+`fully_shard` over ("dp_replicate", "dp_shard") per block and on the stage, with
+`reshard_after_forward=False` (torchtitan's default under pipelining: no all-gather per microbatch).
+PyTorch's stage then defers gradient reduction to the last microbatch's backward, as on a real
+pipeline. Data-parallel steps are measured by `FastFSDPPipelineMemTracker` in FSDP's categories
+(`train_step.FSDP_CATEGORIES`), with the collectives counted (`comm_count`); `dp_replicate` alone
+is FSDP2 with unsharded groups, as in `layout_step`. A boundary tensor under TP is whole on every
+rank (the plan's rowwise and gathered outputs are replicated), so the boundaries are the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from .._torch_compat.fake import FakeTensorMode
-from .._torch_compat.memory_tracker import FastPipelineMemTracker
+from .._torch_compat.memory_tracker import FastFSDPPipelineMemTracker, FastPipelineMemTracker, MemTracker
 from .._torch_compat.pipelining import SCHEDULES
 from ..record.scope import recording_graph
+from .comm_count import CollectiveCounter, Communication
 from .dry_run import CpuGroupedMm, fake_forward_arguments
 from .fake_fsdp import checkpoint_blocks, fake_process_group
+from .layout_step import MESH_DIMS, parallelize_twin
 from .parallel_layout import Layout, LayoutError
 from .pipeline_monitor import StepMonitor, monitored_stage
 from .pipeline_split import DecoderStage, StagePlan, plan_stages
-from .train_step import CATEGORY_OF, SINGLE_CATEGORIES, OptimizerFactory, TrainStepError
+from .tp_plans import check_tp_plan, plan_for_part, tp_plan_of
+from .train_step import CATEGORY_OF, FSDP_CATEGORIES, SINGLE_CATEGORIES, OptimizerFactory, TrainStepError
 from .train_twin import fake_twin
 
-__all__ = ["PipelineLoss", "PipelineStageStep", "pipeline_step"]
+__all__ = ["PIPELINE_MESH_DIMS", "PipelineLoss", "PipelineStageStep", "pipeline_step"]
+
+PIPELINE_MESH_DIMS = ("pp", *MESH_DIMS)
 
 PipelineLoss = Callable[[Any, torch.Tensor], torch.Tensor]
 P2PKind = Literal["activations_sent", "activations_received", "gradients_sent", "gradients_received"]
@@ -68,7 +89,10 @@ class PipelineStageStep:
     end of each phase's last action. `in_flight`: per stage, the most microbatches whose forward had
     run and whose backward had not (what the stage holds activations for). `p2p_bytes`: the bytes
     this rank sends and receives in one step (activations forward, gradients backward), summed
-    over the tensors the schedule actually passes to send and receive.
+    over the tensors the schedule actually passes to send and receive. With data parallelism the
+    categories are FSDP's (`train_step.FSDP_CATEGORIES`, note [Parallel stages]);
+    `communication`: this rank's collectives in the step (FSDP's and TP's, not the P2P; note
+    [Collective bytes]).
     """
 
     rank: int
@@ -85,6 +109,7 @@ class PipelineStageStep:
     phase_peaks: dict[str, int]
     in_flight: dict[int, int]
     p2p_bytes: dict[str, int] = field(default_factory=dict)
+    communication: Communication = field(default_factory=Communication)
 
     @property
     def p2p_total(self) -> int:
@@ -92,15 +117,24 @@ class PipelineStageStep:
         return sum(self.p2p_bytes.values())
 
 
-def _check_layout(layout: Any) -> None:
+def _tp_plan(module: nn.Module, layout: Any) -> dict[str, str]:
+    """The model's own tensor-parallel plan ({} without TP), after checking the layout."""
     if not isinstance(layout, Layout):
         raise TypeError(f"layout must be an explorer Layout, got {type(layout).__name__}")
-    for name in ("dp_shard", "tp"):
-        if getattr(layout, name) > 1:
-            raise LayoutError(
-                f"pipeline_step measures pipeline stages without FSDP or TP inside them: Layout.{name}="
-                f"{getattr(layout, name)} is not covered (use train_step for FSDP, or {name}=1)"
-            )
+    if layout.tp == 1:
+        return {}
+    plan = tp_plan_of(module)
+    if not plan:
+        raise LayoutError(
+            f"{type(module).__name__} has no tensor-parallel plan for TP {layout.tp}: pipeline_step reads the "
+            "model's own (tp_plan_of); use tp=1"
+        )
+    return plan
+
+
+def _parallel(layout: Layout) -> bool:
+    """Whether the stages are parallelized inside (note [Parallel stages])."""
+    return layout.data_parallel > 1 or layout.tp > 1
 
 
 def _checkpointed(twin: nn.Module, plans: list[StagePlan], mode: str) -> None:
@@ -174,13 +208,15 @@ def pipeline_step(
     ids (a tensor or a shape, or `input_ids=`), optionally `labels=` (default: the ids); the batch
     the schedule splits is `layout.accumulation_steps` of them. `layout`: pp, pp_schedule,
     stages_per_rank, activation_checkpointing, micro_batch_size, accumulation_steps (the schedule's
-    microbatches). `optimizer`: parameters → optimizer (default AdamW); `loss(output, target)`:
-    the schedule's loss function (default: the model's own `loss_function`). `keep_outputs`: the
-    schedule's `return_outputs`.
+    microbatches), and dp_replicate, dp_shard, tp inside each stage (note [Parallel stages]; TP
+    with the model's own plan). `optimizer`: parameters → optimizer (default AdamW);
+    `loss(output, target)`: the schedule's loss function (default: the model's own
+    `loss_function`). `keep_outputs`: the schedule's `return_outputs`.
 
-    Returns one `PipelineStageStep` per rank, by rank. Raises TypeError for a non-module or
-    unreadable inputs, LayoutError for a layout it does not cover, PipelineSplitError for a model it
-    cannot split, TrainStepError when a step cannot run on fakes.
+    Returns one `PipelineStageStep` per stage rank, by rank. Raises TypeError for a non-module or
+    unreadable inputs, LayoutError for a layout it does not cover (TP on a model without a plan),
+    TensorParallelPlanError for a plan it cannot apply, PipelineSplitError for a model it cannot
+    split, TrainStepError when a step cannot run on fakes.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"explorer.pipeline_step expects an nn.Module, got {type(module).__name__}")
@@ -188,7 +224,7 @@ def pipeline_step(
         raise TrainStepError(
             "pipeline_step cannot run inside deferred_init: call it on the module deferred_init returned"
         )
-    _check_layout(layout)
+    tp_plan = _tp_plan(module, layout)
     stage_count = layout.pp * layout.stages_per_rank
     plans = plan_stages(module, stage_count)
     ranks = range(layout.pp) if rank is None else [rank]
@@ -199,14 +235,17 @@ def pipeline_step(
     try:
         twin = fake_twin(module, mode).train()
         _check_on_cpu(twin, type(module).__name__)
-        _checkpointed(twin, plans, layout.activation_checkpointing)
+        if _parallel(layout):
+            check_tp_plan(twin, tp_plan)  # keyed by the model's paths: checked once, on the whole twin
+        else:
+            _checkpointed(twin, plans, layout.activation_checkpointing)
         args, kwargs = fake_forward_arguments(module, mode, torch.device("cpu"), inputs, forward_kwargs)
         ids, target = _stage_batch(args, kwargs, layout)
         stages = [DecoderStage(twin, plan) for plan in plans]
         with mode, CpuGroupedMm(), torch.enable_grad():
             boundaries = _boundaries(stages, ids)
         run = _RankRun(layout, stages, boundaries, ids, target, optimizer or torch.optim.AdamW,
-                       loss or _causal_lm_loss(twin), keep_outputs, mode)  # fmt: skip
+                       loss or _causal_lm_loss(twin), keep_outputs, mode, module, tp_plan)  # fmt: skip
         return [run.measure(r) for r in ranks]
     finally:
         torch.set_rng_state(rng_state)
@@ -225,21 +264,49 @@ class _RankRun:
     loss: PipelineLoss
     keep_outputs: bool
     mode: FakeTensorMode
+    module: nn.Module
+    tp_plan: dict[str, str]
 
     def measure(self, rank: int) -> PipelineStageStep:
-        """Rank `rank`'s step as rank `rank` of a fake group of pp ranks, measured."""
+        """Stage rank `rank`'s step, measured: rank `rank` of a fake group of pp ranks, or of
+        `layout.gpus` ranks with its stages parallelized (note [Parallel stages])."""
         layout = self.layout
         indices = [rank + k * layout.pp for k in range(layout.stages_per_rank)]
-        monitor = StepMonitor()
-        with fake_process_group(layout.pp, "cpu", rank=rank), self.mode, CpuGroupedMm(), torch.enable_grad():
-            self._run(indices, monitor)
-        return self._result(rank, indices, monitor)
+        monitor, counter = StepMonitor(), CollectiveCounter()
+        if not _parallel(layout):
+            with fake_process_group(layout.pp, "cpu", rank=rank), self.mode, CpuGroupedMm(), torch.enable_grad():
+                self._run([self.stages[i] for i in indices], indices, monitor, counter, None)
+            return self._result(rank, indices, monitor, counter)
+        shape = (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp)
+        global_rank = rank * (layout.gpus // layout.pp)  # "pp" coordinate `rank`, the others 0
+        with fake_process_group(layout.gpus, "cpu", shape, PIPELINE_MESH_DIMS, rank=global_rank) as mesh:
+            modules = self._parallel_stages(indices, mesh)
+            with self.mode, CpuGroupedMm(), torch.enable_grad():
+                self._run(modules, indices, monitor, counter, mesh["pp"].get_group())
+        return self._result(rank, indices, monitor, counter)
 
-    def _run(self, indices: list[int], monitor: StepMonitor) -> None:
+    def _parallel_stages(self, indices: list[int], mesh: Any) -> list[DecoderStage]:
+        """The stages at `indices`, cut from a twin of their own and parallelized (note [Parallel stages])."""
+        twin = fake_twin(self.module, self.mode).train()
+        stages = [DecoderStage(twin, self.stages[i].plan) for i in indices]
+        for stage in stages:
+            blocks = [f"layers.{index}" for index in stage.layers]
+            plan = plan_for_part(self.tp_plan, stage.model_paths())
+            parallelize_twin(stage, mesh, self.layout, plan, blocks, reshard_after_forward=False)
+        return stages
+
+    def _run(
+        self,
+        modules: Sequence[nn.Module],
+        indices: list[int],
+        monitor: StepMonitor,
+        counter: CollectiveCounter,
+        group: Any,
+    ) -> None:
         layout, count = self.layout, len(self.stages)
         pipeline = [
-            monitored_stage(self.stages[i], i, count, self.boundaries[i], self.boundaries[i + 1], monitor)
-            for i in indices
+            monitored_stage(module, i, count, self.boundaries[i], self.boundaries[i + 1], monitor, group)
+            for module, i in zip(modules, indices, strict=True)
         ]
         schedule_class = SCHEDULES[layout.pp_schedule]
         stage_argument: Any = pipeline if layout.pp_schedule == "Interleaved1F1B" else pipeline[0]
@@ -250,18 +317,16 @@ class _RankRun:
                 f"{layout.pp_schedule} cannot run {layout.accumulation_steps} microbatches (Layout.accumulation_steps) "
                 f"over {count} stages: {error}"
             ) from error
-        modules = [self.stages[i] for i in indices]
         optimizer = self.make_optimizer([p for m in modules for p in m.parameters()])
         batch = torch.cat([self.ids] * layout.accumulation_steps)
         # the ids themselves when no labels were given: one tensor, as `schedule.step(ids, target=ids)` passes
         target = batch if self.target is self.ids else torch.cat([self.target] * layout.accumulation_steps)
-        tracker = FastPipelineMemTracker()
-        tracker.track_external(*modules, optimizer, batch, target)
+        tracker = _tracker(modules, optimizer, batch, target)
         monitor.tracker = tracker
         args = (batch,) if 0 in indices else ()
         kwargs = {"target": target} if count - 1 in indices else {}
         try:
-            with tracker:
+            with tracker, counter:
                 output = schedule.step(*args, return_outputs=self.keep_outputs, **kwargs)
                 monitor.between_actions()
                 optimizer.step()
@@ -274,9 +339,12 @@ class _RankRun:
                 f"{type(error).__name__}: {error}"
             ) from error
 
-    def _result(self, rank: int, indices: list[int], monitor: StepMonitor) -> PipelineStageStep:
+    def _result(
+        self, rank: int, indices: list[int], monitor: StepMonitor, counter: CollectiveCounter
+    ) -> PipelineStageStep:
         snapshot = monitor.peak_snapshot()
-        peak: dict[str, int] = dict.fromkeys(SINGLE_CATEGORIES, 0)
+        categories = FSDP_CATEGORIES if self.layout.data_parallel > 1 else SINGLE_CATEGORIES
+        peak: dict[str, int] = dict.fromkeys(categories, 0)
         for key, value in snapshot.items():
             if key != "Total":
                 peak[CATEGORY_OF[getattr(key, "value", key)]] += value
@@ -296,4 +364,16 @@ class _RankRun:
             phase_peaks=dict(monitor.phase_peaks),
             in_flight=dict(monitor.most_in_flight),
             p2p_bytes=dict(monitor.p2p_bytes),
+            communication=counter.communication,
         )
+
+
+def _tracker(modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer, *inputs: torch.Tensor) -> MemTracker:
+    """The tracker for the rank's stages: FSDP's when they are sharded, the batch and target as inputs."""
+    if isinstance(modules[0], FSDPModule):
+        fsdp = FastFSDPPipelineMemTracker(modules, optimizer)
+        fsdp.track_inputs(inputs)
+        return fsdp
+    tracker = FastPipelineMemTracker()
+    tracker.track_external(*modules, optimizer, *inputs)
+    return tracker

@@ -38,7 +38,9 @@ __all__ = [
     "STYLES",
     "TensorParallelPlanError",
     "apply_tp_plan",
+    "check_tp_plan",
     "parallel_style",
+    "plan_for_part",
     "tp_plan_of",
 ]
 
@@ -97,6 +99,30 @@ def apply_tp_plan(module: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[str, str
     part, → style names). Raises TensorParallelPlanError for an unsupported style or a key that
     names no module (a parameter path, or a typo), naming the key. Tied parameters stay tied
     (`_tie_again`)."""
+    styles = check_tp_plan(module, plan)
+    tied = _tied_names(module)
+    parallelize_module(module, tp_mesh, styles)
+    _tie_again(module, tied)
+
+
+def plan_for_part(plan: Mapping[str, str], model_paths: Mapping[str, str]) -> dict[str, str]:
+    """`plan`, written for a whole model, for a part of it whose modules are `model_paths` (the part's
+    path → the model's path): one entry per module of the part whose model path a key matches, keyed
+    by its path in the part (a later key overriding an earlier one, as `parallelize_module` applies
+    them in order). Keys matching none of the part's modules are left out: check the plan against
+    the whole model (`check_tp_plan`) first."""
+    part: dict[str, str] = {}
+    for key, name in plan.items():
+        for path, model_path in model_paths.items():
+            if _matches(key, model_path):
+                part[path] = name
+    return part
+
+
+def check_tp_plan(module: nn.Module, plan: Mapping[str, str]) -> dict[str, ParallelStyle]:
+    """The DTensor style of each key of `plan` that has one ("replicate" has none). Raises
+    TensorParallelPlanError for an unsupported style, or a key naming no module of `module` (a
+    parameter path, or a typo), naming the key."""
     paths = [path for path, _ in module.named_modules() if path]
     parameters = [path for path, _ in module.named_parameters()]
     styles: dict[str, ParallelStyle] = {}
@@ -114,9 +140,7 @@ def apply_tp_plan(module: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[str, str
         style = parallel_style(name, matched[0])
         if style is not None:
             styles[key] = style
-    tied = _tied_names(module)
-    parallelize_module(module, tp_mesh, styles)
-    _tie_again(module, tied)
+    return styles
 
 
 def _tied_names(module: nn.Module) -> list[list[str]]:

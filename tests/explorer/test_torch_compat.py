@@ -238,6 +238,27 @@ def test_a_pipeline_root_may_run_forward_once_per_microbatch_under_the_pipeline_
     assert tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Activation"] == 2 * 16 and len(kept) == 2
 
 
+def test_an_fsdp_pipeline_root_may_run_forward_once_per_microbatch_under_the_fsdp_pipeline_tracker() -> None:
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.fsdp import fully_shard
+
+    from explorer._torch_compat.memory_tracker import FSDPPipelineMemTracker
+    from explorer.analysis.fake_fsdp import fake_process_group
+
+    with fake_process_group(2) as mesh:
+        model, microbatch = fully_shard(torch.nn.Linear(4, 4), mesh=mesh), torch.ones(1, 4)
+        with pytest.raises(NotImplementedError, match="multiple iterative calls"), FSDPMemTracker(model):
+            model(microbatch)
+            model(microbatch)
+        tracker = FSDPPipelineMemTracker([model])
+        with tracker:
+            kept = [model(microbatch) for _ in range(2)]  # two microbatches' outputs, 16 bytes each
+            alive = tracker.get_tracker_snapshot("current")[torch.device("cpu")]
+    assert {key.value: alive[key] for key in alive if key != "Total" and alive[key]} == {
+        "Sharded Param": 40, "Unsharded Param": 80, "Activation": 2 * 16,  # 4 × 4 + 4 floats, halved
+    } and len(kept) == 2  # fmt: skip
+
+
 def test_a_locally_voted_stage_runs_pytorchs_1f1b_as_rank_1_of_a_fake_group_on_fakes() -> None:
     from torch.distributed.pipelining import Schedule1F1B
 

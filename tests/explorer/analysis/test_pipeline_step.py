@@ -28,6 +28,18 @@ What is compared, per schedule and rank:
    op (compared by op, phase and size while writing this test).
 3. 1F1B's microbatches in flight (stage 0 holds 2, stage 1 holds 1) and the P2P bytes (8,192 a
    microbatch each way).
+
+FSDP or TP inside the stages (note [Parallel stages]), marked slow (four spawned ranks: 60 to 90 s
+on two cores): four ranks on the mesh ("pp", "dp_replicate", "dp_shard", "tp") = (2, 1, 2, 1), then
+(2, 1, 1, 2), run the same 1F1B step with each stage `fully_shard`ed over "dp_shard" (each block,
+then the stage, no resharding after forward) under PyTorch's `FSDPMemTracker` with the pipeline
+mixin (`FSDPPipelineMemTracker`), then with the model's TP plan applied to each stage under
+`PipelineMemTracker`, on gloo and then on the fake backend. `pipeline_step`'s stage ranks 0 and 1
+(global ranks 0 and 2) equal the fake-backend runs in every category, to the byte, and the gloo
+runs but for the boundary tensors gloo holds after sending them, the same as without FSDP or TP
+(GLOO_HELD: one activation on rank 0). Gloo's staged copy of a reduce-scatter input
+(test_layout_step.py) is not at the peak here: the stages reduce-scatter once, after the last
+backward, when the activations are gone; TP's all-reduces on gloo stage nothing the tracker sees.
 """
 
 from __future__ import annotations
@@ -39,21 +51,26 @@ import os
 import socket
 import time
 import traceback
+from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
 from explorer import deferred_init
-from explorer._torch_compat.memory_tracker import PipelineMemTracker
+from explorer._torch_compat.memory_tracker import FSDPPipelineMemTracker, PipelineMemTracker
 from explorer._torch_compat.pipelining import LocallyVotedStage
 from explorer.analysis.fake_fsdp import fake_process_group
 from explorer.analysis.parallel_layout import Layout, LayoutError
 from explorer.analysis.pipeline_split import PipelineSplitError, split_stages
-from explorer.analysis.pipeline_step import pipeline_step
-from explorer.analysis.train_step import TrainStepError
+from explorer.analysis.pipeline_step import PIPELINE_MESH_DIMS, pipeline_step
+from explorer.analysis.tp_plans import apply_tp_plan, plan_for_part, tp_plan_of
+from explorer.analysis.train_step import CATEGORY_OF, FSDP_CATEGORIES, TrainStepError
 from tests.support.hf_configs import HF_BY_NAME, VOCAB
 
 LLAMA = HF_BY_NAME["llama"]
@@ -158,7 +175,7 @@ def _results(ranks: list, tmp_path: Path) -> list[dict]:
         if process.is_alive():
             process.kill()
             process.join()
-    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(len(ranks))]
 
 
 _OURS = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients", "Optstate": "optimizer_state",
@@ -206,6 +223,113 @@ def test_fake_stage_ranks_equal_memtracker_on_real_gloo_pipelines(tmp_path):
         {"activations_sent": sent, "activations_received": 0, "gradients_sent": 0, "gradients_received": sent},
         {"activations_sent": 0, "activations_received": sent, "gradients_sent": sent, "gradients_received": 0},
     ]
+
+
+# -- pp 2 × FSDP 2 on four gloo ranks ---------------------------------------------------------------
+FSDP_WORLD = 4
+# ("pp", "dp_replicate", "dp_shard", "tp") of each scenario; stage rank r is global rank 2r in both
+PARALLEL_MESHES = {"fsdp": (2, 1, 2, 1), "tp": (2, 1, 1, 2)}
+
+
+def _real_parallel_stage_step(mesh, scenario: str, stage_class: type = PipelineStage) -> dict:
+    """This rank's stage of the eager Llama, parallelized as note [Parallel stages] writes it: "fsdp",
+    FSDP2 over "dp_shard" (each block, then the stage; no resharding after forward); "tp", the
+    model's plan over "tp" (its keys read for the stage by `plan_for_part`). 1F1B on the "pp" group,
+    measured by PyTorch's FSDPMemTracker with the pipeline mixin, or its MemTracker with it (TP)."""
+    torch.manual_seed(0)
+    model = LLAMA.cls(_config()).train()
+    index = mesh.get_local_rank("pp")
+    (module,) = split_stages(model, WORLD, [index])
+    if scenario == "fsdp":
+        for block in module.layers.values():
+            fully_shard(block, mesh=mesh["dp_shard"], reshard_after_forward=False)
+        fully_shard(module, mesh=mesh["dp_shard"], reshard_after_forward=False)
+    else:
+        apply_tp_plan(module, mesh["tp"], plan_for_part(tp_plan_of(model), module.model_paths()))
+    hidden = torch.zeros(MICRO_BATCH, SEQ, _config().hidden_size, requires_grad=True)
+    logits = torch.zeros(MICRO_BATCH, SEQ, VOCAB, requires_grad=True)
+    stage = stage_class(
+        module, index, WORLD, torch.device("cpu"), input_args=(_tokens(MICRO_BATCH) if index == 0 else hidden,),
+        output_args=(logits if index == WORLD - 1 else hidden,), group=mesh["pp"].get_group(),
+    )  # fmt: skip
+    vocab = model.config.vocab_size
+
+    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return model.loss_function(out, target, vocab)
+
+    schedule = Schedule1F1B(stage, MICROBATCHES, loss_fn=loss)
+    optimizer = torch.optim.AdamW(module.parameters())
+    batch = _tokens(MICRO_BATCH * MICROBATCHES)
+    tracker: Any
+    if scenario == "fsdp":
+        tracker = FSDPPipelineMemTracker([module], optimizer)
+        tracker.track_inputs((batch, batch))
+    else:
+        tracker = PipelineMemTracker()
+        tracker.track_external(module, optimizer, batch, batch)
+    with tracker:
+        output = schedule.step(batch) if index == 0 else schedule.step(target=batch)
+        schedule_peak = _named(tracker.get_tracker_snapshot("peak"))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del output
+    return {"schedule_peak": schedule_peak, "step_peak": _named(tracker.get_tracker_snapshot("peak"))}
+
+
+def _parallel_rank(rank: int, port: int, out: Path) -> None:
+    result: dict = {}
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=FSDP_WORLD, timeout=datetime.timedelta(seconds=60))
+        for scenario, shape in PARALLEL_MESHES.items():
+            mesh = init_device_mesh("cpu", shape, mesh_dim_names=PIPELINE_MESH_DIMS)
+            result[scenario] = {"gloo": _real_parallel_stage_step(mesh, scenario)}
+        dist.destroy_process_group()
+        for scenario, shape in PARALLEL_MESHES.items():
+            with fake_process_group(FSDP_WORLD, "cpu", shape, PIPELINE_MESH_DIMS, rank=rank) as fake_mesh:
+                result[scenario]["fake_backend"] = _real_parallel_stage_step(fake_mesh, scenario, LocallyVotedStage)
+    except BaseException:
+        result["error"] = traceback.format_exc()
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+@pytest.mark.slow
+def test_fsdp_or_tp_stage_ranks_equal_pytorchs_trackers_on_four_gloo_ranks(tmp_path):
+    port = _free_port()
+    context = multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=_parallel_rank, args=(r, port, tmp_path), daemon=True) for r in range(FSDP_WORLD)]
+    for process in ranks:
+        process.start()
+    fakes = {
+        scenario: pipeline_step(
+            deferred_init(LLAMA.cls, _config()), _tokens(MICRO_BATCH),
+            layout=Layout(pp=WORLD, dp_shard=shape[2], tp=shape[3], micro_batch_size=MICRO_BATCH,
+                          accumulation_steps=MICROBATCHES),
+        )
+        for scenario, shape in PARALLEL_MESHES.items()
+    }  # fmt: skip
+    real = _results(ranks, tmp_path)
+    assert [result.get("error") for result in real] == [None] * FSDP_WORLD, real
+    hidden_bytes = MICRO_BATCH * SEQ * _config().hidden_size * 4
+    for scenario, fake in fakes.items():
+        for stage_rank, step in enumerate(fake):
+            result = real[2 * stage_rank][scenario]
+            ours = {category: value for category, value in step.peak.items() if value}
+            eager = result["fake_backend"]
+            assert (step.peak_bytes, ours) == (eager["step_peak"]["Total"], _by_category(eager["step_peak"]))
+            assert max(step.phase_peaks["forward"], step.phase_peaks["backward"]) == eager["schedule_peak"]["Total"]
+            # gloo: the same, but that it holds the boundary tensors it sent, as without FSDP (GLOO_HELD)
+            activations, gradients = GLOO_HELD["1F1B", stage_rank]
+            held = {"activations": activations * hidden_bytes, "temporaries": gradients * hidden_bytes}
+            gloo = _by_category(result["gloo"]["step_peak"])
+            assert gloo == {category: value + held.get(category, 0) for category, value in ours.items()}, (
+                scenario, stage_rank,
+            )  # fmt: skip
+
+
+def _by_category(snapshot: dict) -> dict[str, int]:
+    return {CATEGORY_OF[key]: value for key, value in snapshot.items() if key != "Total" and value}
 
 
 # -- fast tests: one process, fake ranks only -------------------------------------------------------
@@ -263,9 +387,111 @@ def test_checkpointing_every_block_lowers_the_stages_forward_peak(one_f_one_b):
     assert checkpointed.phase_peaks["forward"] < one_f_one_b[1].phase_peaks["forward"]
 
 
-def test_fsdp_or_tp_inside_a_stage_is_refused_naming_the_degree():
-    with pytest.raises(LayoutError, match=r"Layout\.dp_shard=2 is not covered"):
-        pipeline_step(_tiny_llama(), (1, 8), layout=Layout(pp=2, dp_shard=2, accumulation_steps=4))
+def test_pipeline_without_fsdp_or_tp_measures_what_it_measured_before_they_were_allowed(one_f_one_b):
+    """pp=2 × dp_shard=1 × tp=1 keeps its path (one twin, a world of pp ranks): the numbers measured
+    on the commit before FSDP and TP were allowed inside a stage (d5e4a40), unchanged."""
+    assert [(step.peak_bytes, step.peak, step.phase, step.phase_peaks) for step in one_f_one_b] == [
+        (374060, {"parameters": 86528, "buffers": 32, "gradients": 86528, "optimizer_state": 197708,
+                  "activations": 3072, "temporaries": 0, "inputs": 192},
+         "optimizer", {"forward": 250912, "backward": 260064, "optimizer": 374060}),
+        (393136, {"parameters": 86656, "buffers": 32, "gradients": 86656, "optimizer_state": 198096,
+                  "activations": 21504, "temporaries": 0, "inputs": 192},
+         "optimizer", {"forward": 237964, "backward": 241040, "optimizer": 393136}),
+    ]  # fmt: skip
+    assert [step.communication.total_bytes for step in one_f_one_b] == [0, 0]
+
+
+def _stage_parameters(model: torch.nn.Module, rank: int) -> list[tuple[str, torch.nn.Parameter]]:
+    """The parameters of stage `rank` of 2 over a 4-block Llama: embedding and blocks 0-1, or blocks
+    2-3, the final norm and the head."""
+    owned = ("model.embed_tokens.", "model.layers.0.", "model.layers.1.") if rank == 0 else (
+        "model.layers.2.", "model.layers.3.", "model.norm.", "lm_head.")  # fmt: skip
+    return [(name, p) for name, p in model.named_parameters() if name.startswith(owned)]
+
+
+def test_fsdp_inside_stages_shards_each_stage_over_dp_shard_to_its_padded_shards():
+    config = _config()
+    config.vocab_size = 97  # an odd vocabulary: the embedding's and the head's 97 rows pad to 2 × 49
+    model = deferred_init(LLAMA.cls, config)
+    steps = pipeline_step(model, (1, 8), layout=Layout(pp=2, dp_shard=2, accumulation_steps=3))
+    for rank, step in enumerate(steps):
+        padded = sum(-(-p.shape[0] // 2) * p[0].numel() * p.element_size() for _, p in _stage_parameters(model, rank))
+        assert step.peak["sharded_parameters"] == padded, rank
+        assert set(step.peak) == set(FSDP_CATEGORIES)
+        # no resharding after forward under pipelining: each FSDP module (2 blocks, the stage) gathered
+        # once for the 3 microbatches, and reduce-scattered once, after the last backward
+        assert step.communication.calls["all_gather"] == step.communication.calls["reduce_scatter"] == 3
+        assert step.communication.bytes["all_gather"] == step.communication.bytes["reduce_scatter"] == 2 * padded
+
+
+def test_hsdp_inside_interleaved_stages_shards_over_dp_shard_and_all_reduces_the_shards_over_replicas():
+    config = _config()
+    config.vocab_size = 97
+    model = deferred_init(LLAMA.cls, config)
+    layout = Layout(pp=2, dp_replicate=2, dp_shard=2, pp_schedule="Interleaved1F1B", stages_per_rank=2,
+                    accumulation_steps=4)  # fmt: skip
+    steps = pipeline_step(model, (1, 8), layout=layout)
+    owned = [("model.embed_tokens.", "model.layers.0.", "model.layers.2."),  # stages 0 and 2
+             ("model.layers.1.", "model.layers.3.", "model.norm.", "lm_head.")]  # stages 1 and 3  # fmt: skip
+    for rank, step in enumerate(steps):
+        padded = sum(
+            -(-p.shape[0] // 2) * p[0].numel() * p.element_size()
+            for name, p in model.named_parameters()
+            if name.startswith(owned[rank])
+        )
+        assert step.peak["sharded_parameters"] == padded, rank
+        # HSDP: each FSDP module (a block, a stage root) reduce-scattered over dp_shard, then its shard
+        # all-reduced over dp_replicate
+        communication = step.communication
+        assert communication.bytes["reduce_scatter"] == 2 * padded
+        assert communication.bytes["all_reduce"] == padded
+        # two blocks, and one stage root with parameters of its own (the embedding; the norm and the head)
+        assert communication.calls["all_reduce"] == communication.calls["reduce_scatter"] == 3
+
+
+def test_tp_inside_stages_holds_each_stage_parameters_split_by_the_models_plan():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=4, vocab_size=256, max_position_embeddings=64)  # fmt: skip
+    model = deferred_init(LlamaForCausalLM, config)
+    plan = tp_plan_of(model)
+    steps = pipeline_step(model, (1, 8), layout=Layout(pp=2, tp=2, accumulation_steps=2))
+    for rank, step in enumerate(steps):
+        expected = sum(
+            p.numel() * p.element_size() // (2 if _planned(name.rpartition(".")[0], plan) else 1)
+            for name, p in _stage_parameters(model, rank)
+        )  # the projections, the embedding and the head halved; the norms whole
+        assert step.peak["parameters"] == expected, rank
+    # the head's logits gathered over TP, once a microbatch: 2 × (1 × 8 × 256) floats on the last stage
+    assert [step.communication.bytes["all_gather"] for step in steps] == [0, 2 * 8 * 256 * 4]
+
+
+def _planned(module: str, plan: dict[str, str]) -> bool:
+    """Whether a plan key names `module` (`*` one path part, as parallelize_module reads it)."""
+    parts = module.split(".")
+    return any(len(key.split(".")) == len(parts) and all(map(fnmatchcase, parts, key.split("."))) for key in plan)
+
+
+def test_each_parallel_stage_rank_is_measured_on_a_twin_of_its_own():
+    """FSDP × TP × selective checkpointing: rank 1 measured alone equals its row of both ranks (rank
+    0's parallelized twin leaves nothing behind)."""
+    layout = Layout(pp=2, dp_shard=2, tp=2, activation_checkpointing="selective", accumulation_steps=2)
+    model = _tiny_llama()
+    both = pipeline_step(model, (1, 8), layout=layout)
+    (alone,) = pipeline_step(model, (1, 8), layout=layout, rank=1)
+    assert alone == both[1]
+    plan = tp_plan_of(model)
+    tp_sharded = sum(
+        p.numel() * p.element_size() // (2 if _planned(name.rpartition(".")[0], plan) else 1)
+        for name, p in _stage_parameters(model, 1)
+    )
+    assert both[1].peak["sharded_parameters"] == tp_sharded // 2  # every TP shard's first dim even: no padding
+
+
+def test_tp_inside_stages_of_a_model_without_a_plan_is_refused_naming_it():
+    with pytest.raises(LayoutError, match=r"^Sequential has no tensor-parallel plan for TP 2"):
+        pipeline_step(torch.nn.Sequential(torch.nn.Linear(2, 2)), (1, 2), layout=Layout(pp=2, tp=2))
 
 
 def test_inputs_of_another_micro_batch_size_are_refused_with_both_sizes():
