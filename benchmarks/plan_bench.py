@@ -90,7 +90,7 @@ def bench(report: Report, quick: bool, timeout: float) -> None:
     for config, (gpus, target) in TARGETS.items():
         name = f"plan_parallel Llama-3-{config.upper()} on {gpus} × 80GB, every layout of the search space"
         try:
-            run = run_child("plan_time", max(timeout, 900), config="quick" if quick else config, gpus=gpus)
+            run = run_child("plan_time", max(timeout, 3600), config="quick" if quick else config, gpus=gpus)
         except ChildError as error:
             report.error(name, f"≤ {target:.0f} s", error)
             continue

@@ -151,9 +151,9 @@ class Measurements:
         )
         return (rank,), communication
 
-    def _pipelined(self, layout: Layout) -> tuple[tuple[RankPeak, ...], dict[str, int]]:
-        if layout.dp_shard > 1 or layout.tp > 1:
-            raise LayoutError("FSDP or TP inside pipeline stages is not measured yet")
+    def _pipelined(self, layout: Layout) -> Measured:
+        """A rank per stage, the whole model split (not composed); collectives: each kind's most
+        over the stage ranks, and the most any rank sends and receives point to point."""
         inputs, kwargs = self._arguments(layout)
         steps = pipeline_step(
             self.module, *inputs, layout=layout, optimizer=self.optimizer, keep_outputs=self.keep_outputs, **kwargs
@@ -168,7 +168,11 @@ class Measurements:
             )
             for step in steps
         )
-        return ranks, {"send_recv": max((step.p2p_total for step in steps), default=0)}
+        communication = {
+            kind: max(step.communication.bytes.get(kind, 0) for step in steps) for kind in steps[0].communication.bytes
+        }
+        communication["send_recv"] = max(step.p2p_total for step in steps)
+        return ranks, communication
 
 
 def _where(candidate: str, stack: BlockStack) -> str:
