@@ -61,7 +61,7 @@ $(TORCH_VENV)/.installed: pyproject.toml
 # The engine suites on that release: tests/explorer, the fuzz tests at their CI count, the docs'
 # examples, and the explorer's widget tests that need no browser.
 test-torch: system-packages $(TORCH_VENV)/.installed
-	$(TORCH_PY) -m pytest -q -rs -p no:cacheprovider -m "not browser" \
+	$(TORCH_PY) -m pytest -q -rs -p no:cacheprovider -m "not browser and not pinned" \
 		tests/explorer tests/fuzz tests/test_docs.py tests/widgets
 
 # PyPI's torchvision is a CUDA build whose C ops do not load beside CPU torch, and its import then

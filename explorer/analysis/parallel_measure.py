@@ -200,17 +200,29 @@ def _resized(value: Any, batch: int, size: int, made: dict[int, torch.Tensor]) -
 _FORKED: Measurements | None = None  # what a forked worker measures with (inherited, not pickled)
 
 
-def _measure_forked(layout: Layout) -> tuple[tuple, Measured | Refused]:
+@dataclass(frozen=True)
+class _WorkerFailed:
+    """A worker could not measure (autograd refuses to run in a process forked after a backward on
+    CUDA builds of torch): the layout is measured in this process instead."""
+
+    reason: str
+
+
+def _measure_forked(layout: Layout) -> tuple[tuple, Measured | Refused | _WorkerFailed]:
     assert _FORKED is not None
     torch.set_num_threads(1)
-    return Measurements.key(layout), _FORKED.measure(layout)
+    try:
+        return Measurements.key(layout), _FORKED.measure(layout)
+    except Exception as error:  # any failure here is measured again, and raised, in the parent
+        return Measurements.key(layout), _WorkerFailed(f"{type(error).__name__}: {error}")
 
 
 def measure_in_workers(measurements: Measurements, layouts: Iterable[Layout], workers: int) -> None:
     """Fill `measurements`' cache for `layouts` (one per distinct key) in `workers` forked processes.
 
     Forked, not spawned: the workers inherit the module (a deferred model cannot be pickled) and
-    each measures on fakes only. Exceptions other than the engines' refusals are raised here."""
+    each measures on fakes only. What a worker fails to measure is left for this process to measure
+    (and to raise about): a fork is an optimisation, never a different answer."""
     global _FORKED
     distinct: dict[tuple, Layout] = {}
     for layout in layouts:
@@ -223,6 +235,7 @@ def measure_in_workers(measurements: Measurements, layouts: Iterable[Layout], wo
     try:
         with multiprocessing.get_context("fork").Pool(min(workers, len(distinct))) as pool:
             for key, measured in pool.imap_unordered(_measure_forked, list(distinct.values())):
-                measurements.cache[key] = measured
+                if not isinstance(measured, _WorkerFailed):
+                    measurements.cache[key] = measured
     finally:
         _FORKED = None

@@ -1,8 +1,8 @@
 """layout_step: rank 0 of a fake FSDP2 × TP × AC layout equals PyTorch's trackers on real gloo ranks;
 the tensor-parallel plan mapping; collective bytes.
 
-Ground truth (tests/support/layout_worker.py): ranks forked from this process (torch already imported;
-one fork per world size) join a gloo group on 127.0.0.1, parallelize the eager tiny Llama by hand
+Ground truth (tests/support/layout_worker.py): ranks spawned from this process (one launch per world
+size) join a gloo group on 127.0.0.1, parallelize the eager tiny Llama by hand
 (torchtitan's plan written out as DTensor styles, `checkpoint_wrapper`, `fully_shard` per layer then
 root), and run the loop users write under `MemTracker` (TP only) or `FSDPMemTracker` (with FSDP).
 Rank 0 then runs the same step on fakes: the deferred model's twin parallelized by layout_step's own
@@ -25,8 +25,11 @@ its output's metadata, and on torch 2.11 PyTorch's MemTracker counts those fakes
 allocations (they allocate nothing): 8,192 bytes for a 64 × 32 float op, measured by
 `layout_worker.tracker_counts_dtensor_meta_fakes` on each run (0 on 2.13 and later). layout_step
 does not count them (note [DTensor's meta propagation under our fake mode]). Where the probe is not
-0, PyTorch's peaks (which fall inside an op) are only an upper bound on ours; the module-boundary
-snapshots and the end of forward, taken between ops, stay equal to the byte.
+0, PyTorch's peaks (which fall inside an op) are only an upper bound on ours; so are its module-boundary
+snapshots in ranks spawned with DTensor's sharding caches cold (the fakes a first propagation makes
+can still be alive at a boundary), category by category; the end of forward stays equal to the byte.
+On 2.13 and later every check is exact. Ranks are spawned, not forked: on CUDA builds of torch a
+process forked after a backward cannot run one, and earlier tests here run backwards.
 """
 
 from __future__ import annotations
@@ -68,8 +71,10 @@ def _free_port() -> int:
 
 
 def _run_ranks(world: int, out: Path) -> dict[str, dict]:
-    """`world` forked ranks running every scenario of `layout_worker.SCENARIOS[world]`; rank 0's results."""
-    context = multiprocessing.get_context("fork")
+    """`world` spawned ranks running every scenario of `layout_worker.SCENARIOS[world]`; rank 0's results.
+    Spawned, not forked: on CUDA builds of torch, a fork after this process ran a backward cannot run
+    one (autograd's device threads do not survive fork), and earlier tests here do run backwards."""
+    context = multiprocessing.get_context("spawn")
     port = _free_port()
     ranks = [context.Process(target=layout_worker.run_rank, args=(r, world, port, out)) for r in range(world)]
     for process in ranks:
@@ -101,8 +106,11 @@ def _ours(named: dict[str, int]) -> dict[str, int]:
     return mapped
 
 
-def _assert_boundaries_equal_up_to_gloo_staging(fake: dict, eager: dict, staging: dict[str, int]) -> None:
-    """Every boundary snapshot equal, but that a backward one of eager's may hold one staged copy."""
+def _assert_boundaries_equal_up_to_gloo_staging(
+    fake: dict, eager: dict, staging: dict[str, int], meta_fakes_counted: bool = False
+) -> None:
+    """Every boundary snapshot equal, but that a backward one of eager's may hold one staged copy;
+    where this release's tracker counts DTensor's metadata fakes, eager's bound ours from above."""
     assert {p: {s: len(v) for s, v in st.items()} for p, st in fake.items()} == {
         p: {s: len(v) for s, v in st.items()} for p, st in eager.items()
     }
@@ -113,7 +121,11 @@ def _assert_boundaries_equal_up_to_gloo_staging(fake: dict, eager: dict, staging
                 extra = snapshot["Temp"] - expected["Temp"]
                 if "Backward" in state and extra in staging.values():
                     snapshot = {**snapshot, "Temp": snapshot["Temp"] - extra, "Total": snapshot["Total"] - extra}
-                assert snapshot == expected, (path, state, index)
+                if meta_fakes_counted:
+                    assert snapshot.keys() == expected.keys(), (path, state, index)
+                    assert all(snapshot[key] >= expected[key] for key in snapshot), (path, state, index)
+                else:
+                    assert snapshot == expected, (path, state, index)
 
 
 def _assert_peak(eager: int, ours: int, result: dict, staged_at_most: int = 0) -> None:
@@ -152,7 +164,7 @@ def test_tp_and_checkpointed_fsdp_on_two_fake_ranks_equal_pytorchs_trackers_on_t
     results = _run_ranks(2, tmp_path)
     tp = results["tp2"]
     if tp["tracker_counts_dtensor_meta_fakes"]:
-        assert tp["fake"]["boundaries"] == tp["eager"]["boundaries"]
+        _assert_boundaries_equal_up_to_gloo_staging(tp["fake"]["boundaries"], tp["eager"]["boundaries"], {}, True)
         _assert_fake_matches(tp)
     else:
         assert tp["fake"] == tp["eager"]  # every snapshot, every boundary of every module: no exception
@@ -168,7 +180,10 @@ def test_tp_and_checkpointed_fsdp_on_two_fake_ranks_equal_pytorchs_trackers_on_t
     }  # fmt: skip
     _assert_fake_matches(checkpointed)
     _assert_boundaries_equal_up_to_gloo_staging(
-        checkpointed["fake"]["boundaries"], checkpointed["eager"]["boundaries"], staging
+        checkpointed["fake"]["boundaries"],
+        checkpointed["eager"]["boundaries"],
+        staging,
+        checkpointed["tracker_counts_dtensor_meta_fakes"],
     )
     _assert_layout_step_matches(checkpointed, staged_at_most=max(staging.values()))
 
@@ -183,7 +198,12 @@ def test_fsdp_by_tp_and_hsdp_on_four_fake_ranks_equal_fsdp_memtracker_on_four_gl
         result = results[name]
         assert result["eager"]["reduce_scatter_bytes"] == result["fake"]["reduce_scatter_bytes"] == staged, name
         _assert_fake_matches(result)
-        _assert_boundaries_equal_up_to_gloo_staging(result["fake"]["boundaries"], result["eager"]["boundaries"], staged)
+        _assert_boundaries_equal_up_to_gloo_staging(
+            result["fake"]["boundaries"],
+            result["eager"]["boundaries"],
+            staged,
+            result["tracker_counts_dtensor_meta_fakes"],
+        )
         _assert_layout_step_matches(result, staged_at_most=max(staged.values()))
 
     staged = results["fsdp2-tp2"]["eager"]["reduce_scatter_bytes"]
