@@ -397,6 +397,7 @@ def test_checkpointing_every_block_lowers_the_stages_forward_peak(one_f_one_b):
     assert checkpointed.phase_peaks["forward"] < one_f_one_b[1].phase_peaks["forward"]
 
 
+@pytest.mark.pinned  # the numbers are 2.13's; on 2.15 the optimizer peak holds 3,072 B of activations less
 def test_pipeline_without_fsdp_or_tp_measures_what_it_measured_before_they_were_allowed(one_f_one_b):
     """pp=2 × dp_shard=1 × tp=1 keeps its path (one twin, a world of pp ranks): the numbers measured
     on the commit before FSDP and TP were allowed inside a stage (d5e4a40), unchanged."""
