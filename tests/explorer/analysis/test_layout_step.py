@@ -1,7 +1,7 @@
 """layout_step: rank 0 of a fake FSDP2 × TP × AC layout equals PyTorch's trackers on real gloo ranks;
 the tensor-parallel plan mapping; collective bytes.
 
-Ground truth (tests/support/layout_worker.py): ranks spawned from this process (one launch per world
+Ground truth (tests/support/layout_worker.py): ranks started from this process (one launch per world
 size) join a gloo group on 127.0.0.1, parallelize the eager tiny Llama by hand
 (torchtitan's plan written out as DTensor styles, `checkpoint_wrapper`, `fully_shard` per layer then
 root), and run the loop users write under `MemTracker` (TP only) or `FSDPMemTracker` (with FSDP).
@@ -28,8 +28,8 @@ does not count them (note [DTensor's meta propagation under our fake mode]). Whe
 0, PyTorch's peaks (which fall inside an op) are only an upper bound on ours; so are its module-boundary
 snapshots in ranks spawned with DTensor's sharding caches cold (the fakes a first propagation makes
 can still be alive at a boundary), category by category; the end of forward stays equal to the byte.
-On 2.13 and later every check is exact. Ranks are spawned, not forked: on CUDA builds of torch a
-process forked after a backward cannot run one, and earlier tests here run backwards.
+On 2.13 and later every check is exact. Ranks are forked on CPU builds of torch and spawned on CUDA
+builds, where a process forked after a backward cannot run one (earlier tests here run backwards).
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ def _free_port() -> int:
 
 
 def _run_ranks(world: int, out: Path) -> dict[str, dict]:
-    """`world` spawned ranks running every scenario of `layout_worker.SCENARIOS[world]`; rank 0's results.
-    Spawned, not forked: on CUDA builds of torch, a fork after this process ran a backward cannot run
-    one (autograd's device threads do not survive fork), and earlier tests here do run backwards."""
-    context = multiprocessing.get_context("spawn")
+    """`world` ranks running every scenario of `layout_worker.SCENARIOS[world]`; rank 0's results.
+    Forked on CPU builds of torch; spawned on CUDA builds, where a process forked after this one ran a
+    backward cannot run one (autograd's device threads do not survive fork)."""
+    context = multiprocessing.get_context("fork" if torch.version.cuda is None else "spawn")
     port = _free_port()
     ranks = [context.Process(target=layout_worker.run_rank, args=(r, world, port, out)) for r in range(world)]
     for process in ranks:
