@@ -38,6 +38,7 @@ from explorer.analysis.layout_step import MESH_DIMS, layout_step, parallelize_tw
 from explorer.analysis.parallel_layout import Layout
 from explorer.analysis.tp_plans import tp_plan_of
 from explorer.analysis.train_twin import fake_twin
+from tests.support.gloo_threads import GlooThreadsCatchUp
 from tests.support.hf_configs import HF_BY_NAME, build_eager
 
 LLAMA = HF_BY_NAME["llama"]
@@ -99,7 +100,7 @@ def measured_step(model: torch.nn.Module, batch: dict) -> dict[str, Any]:
     else:
         tracker = MemTracker()
         tracker.track_external(model, optimizer, *batch.values())
-    with tracker:
+    with tracker, GlooThreadsCatchUp():
         out = model(**batch)
         loss = out.loss
         forward_peak = named(tracker.get_tracker_snapshot("peak"))

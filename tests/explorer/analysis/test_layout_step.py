@@ -18,7 +18,9 @@ backend do not (test_train_fsdp.py's docstring); gloo runs it on its own thread,
 be alive at the next backward boundary. So: at backward boundaries a snapshot of eager may hold, as
 Temp, exactly one module's reduce-scatter input more; the backward and step peaks of eager lie
 between layout_step's and layout_step's plus the largest reduce-scatter input. TP's all-reduces and
-all-gathers on gloo stage nothing the tracker sees: the TP-only layout is equal everywhere.
+all-gathers on gloo stage nothing the tracker sees: the TP-only layout is equal everywhere, once each
+eager rank gives gloo's worker threads the CPU after every wait (tests/support/gloo_threads.py: on a
+loaded machine a worker thread otherwise frees a finished all-reduce's buffer some boundaries late).
 
 One named difference of some releases: DTensor runs each op on fakes of the *global* shapes to learn
 its output's metadata, and on torch 2.11 PyTorch's MemTracker counts those fakes in eager as

@@ -76,6 +76,7 @@ from explorer.analysis.pipeline_split import PipelineSplitError, split_stages
 from explorer.analysis.pipeline_step import PIPELINE_MESH_DIMS, pipeline_step
 from explorer.analysis.tp_plans import apply_tp_plan, plan_for_part, tp_plan_of
 from explorer.analysis.train_step import CATEGORY_OF, FSDP_CATEGORIES, TrainStepError
+from tests.support.gloo_threads import GlooThreadsCatchUp
 from tests.support.hf_configs import HF_BY_NAME, VOCAB
 
 LLAMA = HF_BY_NAME["llama"]
@@ -136,7 +137,7 @@ def _real_stage_step(rank: int, schedule_name: str, stage_class: type = Pipeline
     batch = _tokens(MICRO_BATCH * MICROBATCHES)
     tracker = PipelineMemTracker()
     tracker.track_external(*modules, optimizer, batch, batch)
-    with tracker:
+    with tracker, GlooThreadsCatchUp():
         output = schedule.step(batch) if rank == 0 else schedule.step(target=batch)
         schedule_peak = _named(tracker.get_tracker_snapshot("peak"))
         optimizer.step()
@@ -276,7 +277,7 @@ def _real_parallel_stage_step(mesh, scenario: str, stage_class: type = PipelineS
     else:
         tracker = PipelineMemTracker()
         tracker.track_external(module, optimizer, batch, batch)
-    with tracker:
+    with tracker, GlooThreadsCatchUp():
         output = schedule.step(batch) if index == 0 else schedule.step(target=batch)
         schedule_peak = _named(tracker.get_tracker_snapshot("peak"))
         optimizer.step()
