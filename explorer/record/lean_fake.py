@@ -5,7 +5,9 @@ Building a 7B-parameter model issues about a thousand ops, nearly all of them `e
 constant propagation, device unification) that costs several times the meta kernel itself. For
 these ops the answer is simple: run the meta kernel on the fake tensors (which are meta tensors
 underneath) and wrap the result with the device that the op would have produced — the recorded
-device for factories, the input's device for views. Every other op goes through FakeTensorMode.
+device for factories, the input's device for views. `cat` and `stack`, which loaders call on hundreds
+of expert tensors at once, compute a plain contiguous answer directly. Every other op goes through
+FakeTensorMode.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ VIEWS = frozenset(
     }
 )
 FILLS = frozenset({_aten.fill_.Scalar, _aten.zero_.default, _aten.copy_.default})
+# Ops joining a list of tensors. Loaders stack a checkpoint's per-expert tensors into one parameter
+# (transformers' MergeModulelist: 256 tensors per call for DeepSeek-V3), where FakeTensorMode's cache
+# key alone hashes every input's metadata (milliseconds per call) and its meta path runs per input;
+# the C++ meta kernel (eager's own shape, stride and promotion rules) takes microseconds.
+JOINS = frozenset({_aten.cat.default, _aten.stack.default})
 _LIFT_FRESH = _aten.lift_fresh.default
 _DETACH = _aten.detach.default
 _COPY = _aten.copy_.default
@@ -181,7 +188,7 @@ _BINDINGS = {
     _aten.full.default: torch.full,
 }
 
-_FACTORY, _VIEW, _FILL, _LIFT, _PLAIN = "factory", "view", "fill", "lift", "plain"
+_FACTORY, _VIEW, _FILL, _LIFT, _PLAIN, _JOIN = "factory", "view", "fill", "lift", "plain", "join"
 
 
 class _Route(NamedTuple):
@@ -219,6 +226,8 @@ def _route(func: Any) -> _Route:
             path = _FILL
         elif func is _LIFT_FRESH:
             path = _LIFT
+        elif func in JOINS:
+            path = _JOIN
         else:
             path = _PLAIN if _is_plain_compute(func) else None
         route = _ROUTES[id(func)] = _Route(func, path, _BINDINGS.get(func, func), func in _ARANGES)
@@ -283,6 +292,8 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
         return make(_run_meta(fake_mode, func, args, kwargs), args[0].fake_device)
     if path is _LIFT:
         return _lift_fresh(make, args[0])
+    if path is _JOIN:
+        return _join(fake_mode, make, func, args, kwargs)
     device = _common_device(fake_mode, (*args, *kwargs.values()))
     if device is None:
         return NotImplemented
@@ -292,6 +303,78 @@ def lean_dispatch(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args:
         if out is not None:
             return make(out, device)
     return make(_run_meta(fake_mode, func, args, kwargs), device)
+
+
+def _join(fake_mode: FakeTensorMode, make: FakeFactory, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`cat` / `stack` of a non-empty list of this recording's fakes on one device (and a plain
+    dimension); NotImplemented otherwise (mixed devices, real tensors: FakeTensorMode decides)."""
+    if not args or type(args[0]) not in (list, tuple) or not args[0]:
+        return NotImplemented
+    if any(isinstance(value, torch.Tensor) for value in (*args[1:], *kwargs.values())):
+        return NotImplemented
+    device = _common_device(fake_mode, args[0])
+    if device is None:
+        return NotImplemented
+    if func is _STACK:
+        return _stack(fake_mode, make, device, *args, **kwargs)
+    joined = _contiguous_cat(args[0], *args[1:], **kwargs)
+    return make(joined if joined is not None else _run_meta(fake_mode, func, args, kwargs), device)
+
+
+def _contiguous_cat(tensors: Any, dim: int = 0) -> torch.Tensor | None:
+    """`cat`'s meta result when its answer is plain: contiguous inputs of one dtype and rank at most
+    3 (no memory format to choose), equal but in `dim`. Eager then returns a new contiguous tensor;
+    the meta kernel (a Python function looping over the inputs) is skipped. None otherwise."""
+    first = tensors[0]
+    shape = first.shape
+    rank = len(shape)
+    wrapped = dim + rank if dim < 0 else dim
+    if not 0 < rank <= 3 or not 0 <= wrapped < rank:
+        return None
+    dtype = first.dtype
+    total = 0
+    for tensor in tensors:
+        other = tensor.shape
+        if tensor.dtype != dtype or len(other) != rank or not tensor.is_contiguous():
+            return None
+        if other[:wrapped] != shape[:wrapped] or other[wrapped + 1 :] != shape[wrapped + 1 :]:
+            return None
+        total += other[wrapped]
+    with disable_torch_dispatch():
+        return torch.empty((*shape[:wrapped], total, *shape[wrapped + 1 :]), dtype=dtype, device=_META)
+
+
+def _stack(fake_mode: FakeTensorMode, make: FakeFactory, device: torch.device, tensors: Any, dim: int = 0) -> Any:
+    """`stack` as its meta path computes it (torch._refs.stack: one `cat`, then a view), without
+    that reference's per-input Python checks (milliseconds for 256 inputs). Inputs of unequal
+    shapes or a dimension out of range are handed back, for FakeTensorMode to raise eager's error."""
+    shape = tensors[0].shape
+    rank = len(shape)
+    wrapped = dim + rank + 1 if dim < 0 else dim
+    if not 0 <= wrapped <= rank or any(tensor.shape != shape for tensor in tensors):
+        return NotImplemented
+    if rank <= 2 and all(tensor.dtype == tensors[0].dtype and tensor.is_contiguous() for tensor in tensors):
+        with disable_torch_dispatch():  # what `cat` gives contiguous inputs (`_contiguous_cat`)
+            joined = torch.empty(
+                (*shape[:wrapped], len(tensors), *shape[wrapped:]), dtype=tensors[0].dtype, device=_META
+            )
+    elif wrapped < rank:
+        sizes = [*shape[:wrapped], len(tensors), *shape[wrapped:]]
+        joined = _run_meta(fake_mode, _cat_view, (tensors, wrapped, sizes), {})
+    else:
+        joined = _run_meta(fake_mode, _cat_unsqueezed, (tensors, wrapped), {})
+    return make(joined, device)
+
+
+def _cat_view(tensors: Any, dim: int, sizes: list[int]) -> torch.Tensor:
+    return _aten.view.default(_aten.cat.default(tensors, dim), sizes)
+
+
+def _cat_unsqueezed(tensors: Any, dim: int) -> torch.Tensor:
+    return _aten.cat.default([_aten.unsqueeze.default(tensor, dim) for tensor in tensors], dim)
+
+
+_STACK = _aten.stack.default
 
 
 def detached_fake(make: FakeFactory, tensor: DeferredTensor) -> Any:

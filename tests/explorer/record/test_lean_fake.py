@@ -179,6 +179,62 @@ def test_pointwise_compute_metadata_equals_fake_tensor_mode(mode, func, call, dt
     assert metadata(lean) == metadata(reference)
 
 
+def _join_inputs(mode: FakeTensorMode, case: str, dtype: torch.dtype, device: str) -> list[torch.Tensor]:
+    if case == "contiguous":
+        return [make_fake(mode, (4, 6), dtype, device) for _ in range(5)]
+    if case == "vectors":
+        return [make_fake(mode, (5,), dtype, device) for _ in range(4)]
+    if case == "three_d":
+        return [make_fake(mode, (2, 3, 4), dtype, device) for _ in range(3)]
+    if case == "zero_size":
+        return [make_fake(mode, (0, 6), dtype, device) for _ in range(2)]
+    if case == "transposed":  # eager keeps the inputs' layout when all share it
+        return [make_fake(mode, (4, 6), dtype, device, stride=(1, 4)) for _ in range(3)]
+    if case == "channels_last":
+        return [make_fake(mode, (2, 3, 4, 5), dtype, device, stride=(60, 1, 15, 3)) for _ in range(2)]
+    if case == "mixed_layouts":
+        return [make_fake(mode, (4, 6), dtype, device), make_fake(mode, (4, 6), dtype, device, stride=(1, 4))]
+    if case == "offset_views":
+        return [make_fake(mode, (4, 6), dtype, device, offset=7), make_fake(mode, (4, 6), dtype, device, offset=2)]
+    if case == "legacy_empty":  # cat skips 1-D empty tensors of any other shape
+        return [make_fake(mode, (4, 6), dtype, device), make_fake(mode, (0,), dtype, device)]
+    if case == "promoted":
+        return [make_fake(mode, (4, 6), dtype, device), make_fake(mode, (4, 6), torch.float64, device)]
+    raise AssertionError(case)
+
+
+JOIN_CASES = ("vectors", "three_d", "zero_size", "contiguous", "transposed", "channels_last", "mixed_layouts", "offset_views", "legacy_empty", "promoted")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32, torch.int64), ids=str)
+@pytest.mark.parametrize("case", JOIN_CASES)
+@pytest.mark.parametrize("func", [aten.cat.default, aten.stack.default], ids=str)
+def test_cat_and_stack_metadata_equal_fake_tensor_mode(mode, func, case, dtype, device) -> None:
+    tensors = _join_inputs(mode, case, dtype, device)
+    if func is aten.stack.default and case == "legacy_empty":
+        tensors = tensors[:1]
+    highest = tensors[0].dim() if func is aten.stack.default else tensors[0].dim() - 1
+    for dim in ([], *([d] for d in (1, -1, highest) if d <= highest)):
+        lean, reference = both_paths(mode, func, (tensors, *dim), {})
+        assert metadata(lean) == metadata(reference), dim
+
+
+def test_cat_errors_are_eagers_and_mixed_devices_are_handed_back(mode) -> None:
+    make = FakeFactory(mode)
+    a, b = make_fake(mode, (4, 6), torch.float32, "cpu"), make_fake(mode, (5, 7), torch.float32, "cpu")
+    with mode, pytest.raises(RuntimeError, match="Sizes of tensors must match except in dimension 0"):
+        lean_dispatch(mode, make, aten.cat.default, ([a, b],), {})
+    cuda = make_fake(mode, (4, 6), torch.float32, "cuda:0")
+    with mode:
+        assert lean_dispatch(mode, make, aten.cat.default, ([a, cuda],), {}) is NotImplemented
+        assert lean_dispatch(mode, make, aten.stack.default, ([a, torch.ones(4, 6)],), {}) is NotImplemented
+        assert lean_dispatch(mode, make, aten.cat.default, ([],), {}) is NotImplemented
+        # stack's own checks are FakeTensorMode's to raise, in eager's words
+        assert lean_dispatch(mode, make, aten.stack.default, ([a, b],), {}) is NotImplemented
+        assert lean_dispatch(mode, make, aten.stack.default, ([a, a], 3), {}) is NotImplemented
+
+
 def test_ops_it_cannot_answer_are_handed_back(mode) -> None:
     make = FakeFactory(mode)
     cpu = make_fake(mode, (3,), torch.float32, "cpu")
