@@ -29,6 +29,7 @@ from ..errors import MaterializationError
 from ..hub_fetch import read_remote, remote_file
 from . import initializers  # noqa: F401 - defines the `explorer` op namespace this extends
 from .lean_fake import register_factory
+from .plans import layout_free_arguments
 from .scope import recording_graph
 
 _LIBRARY = torch.library.Library("explorer", "FRAGMENT")
@@ -77,6 +78,7 @@ READ_SAFETENSORS = torch.ops.explorer.read_safetensors.default
 register_factory(
     READ_SAFETENSORS, lambda path, key, shape, dtype, device=None: torch.empty(shape, dtype=dtype, device=device)
 )
+layout_free_arguments(READ_SAFETENSORS, (0, 1))  # the file and the key
 
 _ORIGINAL: dict[str, Any] = {}
 

@@ -77,12 +77,16 @@ class FactoryPlans:
 def signature(func: Any, takes_dtype: bool, args: tuple, kwargs: dict) -> tuple | None:
     """The key of a factory call's plan (note [Op plans]), or None when it cannot have one (a
     tensor, a float size or any other argument that is not a plain scalar or a list of ints).
-    `takes_dtype`: the op has a keyword-only dtype (`OpFacts.takes_dtype`)."""
+    `takes_dtype`: the op has a keyword-only dtype (`OpFacts.takes_dtype`). Positional arguments
+    that `layout_free_arguments` names for the op are left out."""
     key: list[Any] = [id(func), torch.is_inference_mode_enabled()]
     if takes_dtype and kwargs.get("dtype") is None:
         key.append(torch.get_default_dtype())
     scalars = _SCALARS
-    for value in args:
+    free = _LAYOUT_FREE.get(id(func), ())
+    for position, value in enumerate(args):
+        if position in free:
+            continue
         kind = type(value)
         if kind in scalars:
             key.append(kind)
@@ -103,6 +107,19 @@ def signature(func: Any, takes_dtype: bool, args: tuple, kwargs: dict) -> tuple 
         key.append(kind)
         key.append(value)
     return tuple(key)
+
+
+# By id(func): the positions of a factory's arguments that do not decide its result's layout.
+_LAYOUT_FREE: dict[int, frozenset[int]] = {}
+_KEPT_ALIVE: list[Any] = []  # the ops of _LAYOUT_FREE, so that their ids stay theirs
+
+
+def layout_free_arguments(func: Any, positions: tuple[int, ...]) -> None:
+    """Let plans ignore `func`'s positional arguments at `positions`: they name what the result
+    holds, not its layout (`explorer::read_safetensors`' file and key: every read of a [7168, 2048]
+    bf16 tensor shares one plan, where each would otherwise learn a plan of its own)."""
+    _KEPT_ALIVE.append(func)
+    _LAYOUT_FREE[id(func)] = frozenset(positions)
 
 
 def plan_of(

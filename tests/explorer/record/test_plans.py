@@ -11,10 +11,12 @@ from collections.abc import Callable
 import pytest
 import torch
 import transformers
+from safetensors import safe_open
 from torch import nn
 
 from explorer import deferred_init, materialize_module
 from explorer.record import modes
+from explorer.record.checkpoint_reads import READ_SAFETENSORS
 from explorer.record.lean_fake import FACTORIES
 from explorer.record.plans import FactoryPlans, plans_disabled
 from tests.support.graphs import assert_same_graph, graph_of
@@ -101,7 +103,12 @@ class _Counted(FactoryPlans):
 
     def __init__(self) -> None:
         super().__init__()
+        self.learned_ops: list[int] = []  # id() of each plan's op, in the order learned
         _Counted.made.append(self)
+
+    def learn(self, key: tuple, plan) -> None:
+        self.learned_ops.append(key[0])
+        super().learn(key, plan)
 
 
 def _record(build: Callable[[], nn.Module], monkeypatch: pytest.MonkeyPatch) -> tuple[nn.Module, FactoryPlans]:
@@ -162,3 +169,26 @@ def test_repeated_llama_layers_reuse_plans_and_write_the_general_records_graph(m
     # without a plan (the first use of each signature, and small CPU aranges, which get none)
     assert plans.hits > 0 and factories - plans.hits <= factories // layers
     assert_same_graph(graph_of(planned), graph_of(general))
+
+
+def test_checkpoint_reads_of_one_layout_share_a_plan_and_write_the_general_paths_graph(
+    tmp_path, monkeypatch, restore_rng
+):
+    """A read's file and key decide what it holds, not its layout: from_pretrained of a 4-layer
+    Llama learns one plan per read layout, and the graph still names each read's own file and key."""
+    torch.manual_seed(0)
+    _llama(4).save_pretrained(tmp_path)
+    load = lambda: transformers.LlamaForCausalLM.from_pretrained(tmp_path)  # noqa: E731
+    planned, plans = _record(load, monkeypatch)
+    with plans_disabled():
+        general = deferred_init(load)
+    assert_same_graph(graph_of(planned), graph_of(general))
+    reads = [op for op in graph_of(planned).ops if op.func is READ_SAFETENSORS]
+    layouts = {(tuple(op.args[2]), op.args[3]) for op in reads}
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as stored:
+        assert sorted(op.args[1] for op in reads) == sorted(stored.keys())  # each key read once, by name
+    assert plans.learned_ops.count(id(READ_SAFETENSORS)) == len(layouts) < len(reads)
+    eager = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    materialize_module(planned)
+    for (key, ours), (_, theirs) in zip(planned.state_dict().items(), eager.state_dict().items(), strict=True):
+        assert same_bits(ours, theirs), key
