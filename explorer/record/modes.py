@@ -23,6 +23,7 @@ from .._torch_compat.fake import (
     FakeTensor,
     FakeTensorMode,
     fake_device_of,
+    in_kernel_invocation,
 )
 from ..errors import DeferredInitError, MaterializationError
 from ..graph import is_inplace_random
@@ -77,6 +78,11 @@ class RecordingDispatchMode(TorchDispatchMode):
         entry = _KINDS.get(id(func)) or _entry(func)
         kind = entry.kind
         if kind is _PASS_THROUGH:
+            if func is _PRIM_DEVICE and type(args[0]) is DeferredTensor and args[0].fake_mode is self.fake_mode:
+                # `t.device` (each `.to(device)` asks it once): FakeTensorMode's answer outside a
+                # kernel, without its dispatch
+                if not in_kernel_invocation(self.fake_mode):
+                    return fake_device_of(args[0])
             return func(*args, **kwargs)
         if kind is _RESOLVE and not _RESOLVE_BIT[func](args[0]):
             return args[0]  # eager returns its argument itself when there is nothing to resolve
@@ -220,6 +226,8 @@ class RecordingDispatchMode(TorchDispatchMode):
             plans.learn(key, plan_of(call, meta_kwargs(kwargs), graph, graph.ops[-1]))
         return out
 
+
+_PRIM_DEVICE = torch.ops.prim.device.default
 
 _PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLVE, _CREATE, _DETACH_OP, _OTHER = (
     "pass-through",
