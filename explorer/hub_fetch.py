@@ -279,19 +279,24 @@ def _failure(remote: RemoteFile, begin: int, end: int, what: str, why: str) -> M
     return MaterializationError(f"fetching {what} (bytes {begin:,}-{end - 1:,}) of {remote.label()} failed: {why}")
 
 
+def _retried_get(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    """huggingface_hub's backoff arguments for a GET of `url` under `RETRY` (both request kinds)."""
+    return {
+        "method": "GET",
+        "url": url,
+        "headers": headers,
+        "max_retries": RETRY.attempts - 1,
+        "base_wait_time": RETRY.first_wait_s,
+        "max_wait_time": RETRY.max_wait_s,
+        "timeout": RETRY.timeout_s,
+        "follow_redirects": True,
+    }
+
+
 def _stream_with_retries(url: str, headers: dict[str, str]) -> contextlib.AbstractContextManager[Any]:
     from huggingface_hub.utils import http_stream_backoff
 
-    return http_stream_backoff(
-        "GET",
-        url,
-        headers=headers,
-        max_retries=RETRY.attempts - 1,
-        base_wait_time=RETRY.first_wait_s,
-        max_wait_time=RETRY.max_wait_s,
-        timeout=RETRY.timeout_s,
-        follow_redirects=True,
-    )
+    return http_stream_backoff(**_retried_get(url, headers))
 
 
 def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int, body: bytes | None = b"") -> str | None:
@@ -322,16 +327,7 @@ def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int, bod
 def _get_with_retries(url: str, headers: dict[str, str]) -> Any:
     from huggingface_hub.utils import http_backoff
 
-    return http_backoff(
-        "GET",
-        url,
-        headers=headers,
-        max_retries=RETRY.attempts - 1,
-        base_wait_time=RETRY.first_wait_s,
-        max_wait_time=RETRY.max_wait_s,
-        timeout=RETRY.timeout_s,
-        follow_redirects=True,
-    )
+    return http_backoff(**_retried_get(url, headers))
 
 
 # -- the range cache -------------------------------------------------------------------------------
