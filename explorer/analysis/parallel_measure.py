@@ -178,7 +178,8 @@ class Measurements:
                 rank.peak_bytes,
                 rank.peak,
                 rank.phase,
-                at=f"{rank.at}, {_in_flight(step)} microbatches in flight",
+                at=f"{rank.at}, {_in_flight(step)} microbatches in flight "
+                f"(composed from {counts[0]} and {counts[1]} blocks per stage)",
                 measured_blocks=tuple(stages * count for count in counts),
             )
             for rank, step in zip(composed, short, strict=True)

@@ -97,7 +97,10 @@ def test_plan_parallel_composes_pipelined_layouts_of_alike_blocks_as_the_whole_m
     assert communication == {kind: whole_communication.get(kind, 0) for kind in communication}
     assert communication["send_recv"] == whole_communication["send_recv"] > 0
     assert all(rank.measured_blocks == (6, 8) for rank in ranks)
-    assert all("microbatch" in rank.at and "microbatches in flight" in rank.at for rank in ranks)
+    assert all(
+        "microbatch" in rank.at and "microbatches in flight (composed from 3 and 4 blocks per stage)" in rank.at
+        for rank in ranks
+    )
 
 
 def test_too_few_blocks_per_stage_to_gain_from_composing_run_the_whole_model(llama12: torch.nn.Module) -> None:
