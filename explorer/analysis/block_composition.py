@@ -65,7 +65,8 @@ class BlockStack:
 @dataclass(frozen=True)
 class PeakCandidates:
     """One measured step's candidate peaks: (kind, position) → (total bytes, bytes by category).
-    Kinds: "phase:<phase>", "block:<phase>"; positions index the blocks (None for phases)."""
+    Kinds: "phase:<phase>", "block:<phase>"; positions index the blocks (None for phases). A detail
+    may follow the phase after a space (a pipelined step's, note [Composing a pipelined step])."""
 
     blocks: int
     values: dict[tuple[str, int | None], tuple[int, dict[str, int]]]
@@ -189,5 +190,5 @@ def compose_peak(short: PeakCandidates, longer: PeakCandidates, blocks: int) -> 
     if best is None:
         raise ValueError("no candidate peaks to compose: the measured steps recorded no memory")
     kind, position = best[2]
-    phase = kind.partition(":")[2]
+    phase = kind.partition(":")[2].partition(" ")[0]  # "block:backward 1.2": a detail may follow the phase
     return ComposedPeak(best[0], best[1], phase, kind if position is None else f"{kind}@{position}")

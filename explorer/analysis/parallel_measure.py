@@ -3,8 +3,9 @@
 `Measurements.ranks(layout)` gives each kind of rank's peak under a layout and one rank's
 collectives: without pipelining from `layout_step` on the first 3 and 4 repeated blocks, composed
 (note [Composing a step from two block counts]); with pipelining from `pipeline_step`, a rank per
-stage. Replicas do not change a rank's memory, so layouts that differ only in `dp_replicate` share
-one measurement. `measure_in_workers` runs the distinct measurements in forked processes.
+stage, on the model cut to 3 and 4 blocks per stage, composed (note [Composing a pipelined step]).
+Replicas do not change a rank's memory, so layouts that differ only in `dp_replicate` share one
+measurement. `measure_in_workers` runs the distinct measurements in forked processes.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from torch import nn
 from .block_composition import SHORT_BLOCKS, BlockStack, block_stack, candidates_of, compose_peak, truncated
 from .layout_step import LayoutStep, layout_step
 from .parallel_layout import Layout, LayoutError
+from .pipeline_composition import compose_ranks
 from .pipeline_split import PipelineSplitError
-from .pipeline_step import pipeline_step
+from .pipeline_step import PipelineStageStep, pipeline_step
 from .tp_plans import TensorParallelPlanError
 from .train_step import LossFunction, OptimizerFactory
 
@@ -37,7 +39,9 @@ class RankPeak:
     most bytes alive at once, `peak` those bytes by category (train_step's categories), `phase`
     the phase of the peak, `at` where in the step it falls ("backward of model.layers.79", "the
     optimizer"), `measured_blocks` the block counts the fake steps ran (composed from them,
-    note [Composing a step from two block counts]; empty: the whole model ran)."""
+    note [Composing a step from two block counts], and with pipelining note [Composing a pipelined
+    step]: the blocks in all, `pp × stages_per_rank` times those per stage; empty: the whole model
+    ran)."""
 
     rank: str
     peak_bytes: int
@@ -59,7 +63,7 @@ Measured = tuple[tuple[RankPeak, ...], dict[str, int]]
 
 class Measurements:
     """Fake steps, each measured once per distinct configuration (replicas do not change a rank's
-    memory) and, without pipelining, composed over the blocks when they are alike."""
+    memory) and composed over the blocks when they are alike (per stage, with pipelining)."""
 
     def __init__(
         self,
@@ -152,19 +156,55 @@ class Measurements:
         return (rank,), communication
 
     def _pipelined(self, layout: Layout) -> Measured:
-        """A rank per stage, the whole model split (not composed); collectives: each kind's most
-        over the stage ranks, and the most any rank sends and receives point to point."""
-        inputs, kwargs = self._arguments(layout)
-        steps = pipeline_step(
-            self.module, *inputs, layout=layout, optimizer=self.optimizer, keep_outputs=self.keep_outputs, **kwargs
+        """A rank per stage; collectives: each kind's most over the stage ranks, and the most any rank
+        sends and receives point to point. Composed from 3 and 4 blocks per stage when the blocks
+        are alike and split evenly (note [Composing a pipelined step]); otherwise the whole model is
+        split and run (blocks not alike, or not divisible into the stages: `plan_stages` refuses those)."""
+        stages = layout.pp * layout.stages_per_rank
+        stack = self.stack
+        if stack is None or not stack.alike or stack.container != "model.layers" or stack.count % stages:
+            return self._whole_pipeline(layout)
+        per_stage = stack.count // stages
+        counts = (SHORT_BLOCKS, SHORT_BLOCKS + 1)
+        if per_stage <= counts[1]:  # the two short steps would cost more than the whole one
+            return self._whole_pipeline(layout)
+        short, longer = (
+            self._pipeline_steps(truncated(self.module, stack, stages * count), layout) for count in counts
         )
+        composed = compose_ranks(short, longer, per_stage, stack)
         ranks = tuple(
             RankPeak(
-                f"stage {', '.join(map(str, step.stages))}",
+                _stage_name(step),
+                rank.peak_bytes,
+                rank.peak,
+                rank.phase,
+                at=f"{rank.at}, {_in_flight(step)} microbatches in flight "
+                f"(composed from {counts[0]} and {counts[1]} blocks per stage)",
+                measured_blocks=tuple(stages * count for count in counts),
+            )
+            for rank, step in zip(composed, short, strict=True)
+        )
+        kinds = {kind for rank in composed for kind in rank.communication}
+        communication = {kind: max(rank.communication.get(kind, 0) for rank in composed) for kind in kinds}
+        communication["send_recv"] = max(rank.p2p_total for rank in composed)
+        return ranks, communication
+
+    def _pipeline_steps(self, module: nn.Module, layout: Layout) -> list[PipelineStageStep]:
+        inputs, kwargs = self._arguments(layout)
+        return pipeline_step(
+            module, *inputs, layout=layout, optimizer=self.optimizer, keep_outputs=self.keep_outputs, **kwargs
+        )
+
+    def _whole_pipeline(self, layout: Layout) -> Measured:
+        """The pipelined layout measured on the whole model, split (not composed)."""
+        steps = self._pipeline_steps(self.module, layout)
+        ranks = tuple(
+            RankPeak(
+                _stage_name(step),
                 step.peak_bytes,
                 step.peak,
                 step.phase,
-                at=f"the {step.phase}, {max(step.in_flight.values(), default=0)} microbatches in flight",
+                at=f"the {step.phase}, {_in_flight(step)} microbatches in flight",
             )
             for step in steps
         )
@@ -173,6 +213,15 @@ class Measurements:
         }
         communication["send_recv"] = max(step.p2p_total for step in steps)
         return ranks, communication
+
+
+def _stage_name(step: PipelineStageStep) -> str:
+    return f"stage {', '.join(map(str, step.stages))}"
+
+
+def _in_flight(step: PipelineStageStep) -> int:
+    """The most microbatches any of the rank's stages held activations for (whatever its blocks)."""
+    return max(step.in_flight.values(), default=0)
 
 
 def _where(candidate: str, stack: BlockStack) -> str:

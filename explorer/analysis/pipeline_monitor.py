@@ -25,7 +25,13 @@ __all__ = ["StepMonitor", "monitored_stage"]
 class StepMonitor:
     """The running account of one rank's step: the phase running, the phase each rise of the peak
     happened in, each phase's running peak at its last action's end, microbatches in flight per
-    stage (now and at most), and the bytes passed to sends and receives."""
+    stage (now and at most), and the bytes passed to sends and receives.
+
+    `windows`: the step cut into windows, in order, each with its own peak snapshot (the device
+    holding most; category → bytes, "Total"): each action ("forward 1.0": the forward of microbatch
+    0 on stage 1), what ran between two actions ("between"), the optimizer. Their peaks are the
+    candidate peaks a pipelined step is composed from (note [Composing a pipelined step]); they need
+    a tracker with windows (`FastMemTracker`'s `start_window`), and stay empty without one."""
 
     tracker: MemTracker | None = None
     phase: str = "forward"
@@ -39,6 +45,18 @@ class StepMonitor:
             ("activations_sent", "activations_received", "gradients_sent", "gradients_received"), 0
         )
     )
+    windows: list[tuple[str, dict]] = field(default_factory=list)
+    started: dict[int, int] = field(default_factory=dict)
+
+    def close_window(self, label: str) -> None:
+        """The window since the last one closed (since the tracker started, for the first) is
+        `label`'s: its own peak is noted, and the next window starts from the bytes alive now."""
+        window_peak = getattr(self.tracker, "window_peak", None)
+        if window_peak is None:
+            return
+        snapshots = window_peak().values()
+        self.windows.append((label, dict(max(snapshots, key=lambda snap: snap["Total"])) if snapshots else {}))
+        self.tracker.start_window()  # type: ignore[union-attr]  # a tracker with window_peak has start_window
 
     def peak_snapshot(self) -> dict:
         """The tracker's peak snapshot of the device holding most (category → bytes, "Total")."""
@@ -63,14 +81,25 @@ class StepMonitor:
 
     def forward(self, stage: int) -> None:
         self.between_actions()
+        self.close_window("between")
         self.phase = "forward"
         self.in_flight[stage] = self.in_flight.get(stage, 0) + 1
         self.most_in_flight[stage] = max(self.most_in_flight.get(stage, 0), self.in_flight[stage])
 
     def backward(self, stage: int) -> None:
         self.between_actions()
+        self.close_window("between")
         self.phase = "backward"
         self.in_flight[stage] -= 1
+
+    def action_done(self, phase: str, stage: int) -> None:
+        """`phase`'s action on `stage` is done: the running peak (`finish`) and its window, named by
+        the stage and the microbatch (the stage's `started`-th of that phase, counted from 0)."""
+        self.finish(phase)
+        key = stage if phase == "forward" else -1 - stage
+        microbatch = self.started.get(key, 0)
+        self.started[key] = microbatch + 1
+        self.close_window(f"{phase} {stage}.{microbatch}")
 
     def passed(self, kind: str, ops: list) -> list:
         self.p2p_bytes[kind] += sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
@@ -85,13 +114,13 @@ class _MonitoredStage(LocallyVotedStage):
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         self.monitor.forward(self.stage_index)
         output = super().forward_one_chunk(*args, **kwargs)
-        self.monitor.finish("forward")
+        self.monitor.action_done("forward", self.stage_index)
         return output
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         self.monitor.backward(self.stage_index)
         result = super().backward_one_chunk(*args, **kwargs)
-        self.monitor.finish("backward")
+        self.monitor.action_done("backward", self.stage_index)
         return result
 
     def get_fwd_send_ops(self, fwd_chunk_id: int) -> list:

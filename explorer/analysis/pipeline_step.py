@@ -65,6 +65,7 @@ from .parallel_layout import Layout, LayoutError
 from .pipeline_monitor import StepMonitor, monitored_stage
 from .pipeline_split import DecoderStage, StagePlan, plan_stages
 from .tp_plans import check_tp_plan, plan_for_part, tp_plan_of
+from .train_modules import block_call_snapshots
 from .train_step import CATEGORY_OF, FSDP_CATEGORIES, SINGLE_CATEGORIES, OptimizerFactory, TrainStepError
 from .train_twin import fake_twin
 
@@ -93,6 +94,12 @@ class PipelineStageStep:
     categories are FSDP's (`train_step.FSDP_CATEGORIES`, note [Parallel stages]);
     `communication`: this rank's collectives in the step (FSDP's and TP's, not the P2P; note
     [Collective bytes]).
+
+    `window_peaks`: the step's windows in order (each action, "forward 1.0" being the forward of
+    microbatch 0 on stage 1; "between" two actions; "optimizer") with each one's own peak, as (label,
+    total, by category); `block_peaks`: per (block path in the model, "forward" or "backward"), the
+    peak of each call, by microbatch. The candidate peaks of the step (note [Composing a pipelined
+    step] in pipeline_composition): the step's peak is the largest window peak.
     """
 
     rank: int
@@ -110,6 +117,8 @@ class PipelineStageStep:
     in_flight: dict[int, int]
     p2p_bytes: dict[str, int] = field(default_factory=dict)
     communication: Communication = field(default_factory=Communication)
+    window_peaks: tuple[tuple[str, int, dict[str, int]], ...] = ()
+    block_peaks: dict[tuple[str, str], tuple[tuple[int, dict[str, int]], ...]] = field(default_factory=dict)
 
     @property
     def p2p_total(self) -> int:
@@ -275,15 +284,15 @@ class _RankRun:
         monitor, counter = StepMonitor(), CollectiveCounter()
         if not _parallel(layout):
             with fake_process_group(layout.pp, "cpu", rank=rank), self.mode, CpuGroupedMm(), torch.enable_grad():
-                self._run([self.stages[i] for i in indices], indices, monitor, counter, None)
-            return self._result(rank, indices, monitor, counter)
+                blocks = self._run([self.stages[i] for i in indices], indices, monitor, counter, None)
+            return self._result(rank, indices, monitor, counter, blocks)
         shape = (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp)
         global_rank = rank * (layout.gpus // layout.pp)  # "pp" coordinate `rank`, the others 0
         with fake_process_group(layout.gpus, "cpu", shape, PIPELINE_MESH_DIMS, rank=global_rank) as mesh:
             modules = self._parallel_stages(indices, mesh)
             with self.mode, CpuGroupedMm(), torch.enable_grad():
-                self._run(modules, indices, monitor, counter, mesh["pp"].get_group())
-        return self._result(rank, indices, monitor, counter)
+                blocks = self._run(modules, indices, monitor, counter, mesh["pp"].get_group())
+        return self._result(rank, indices, monitor, counter, blocks)
 
     def _parallel_stages(self, indices: list[int], mesh: Any) -> list[DecoderStage]:
         """The stages at `indices`, cut from a twin of their own and parallelized (note [Parallel stages])."""
@@ -302,7 +311,9 @@ class _RankRun:
         monitor: StepMonitor,
         counter: CollectiveCounter,
         group: Any,
-    ) -> None:
+    ) -> dict[tuple[str, str], list[dict]]:
+        """Run the rank's step under its tracker; each of its blocks' per-call peak snapshots, by
+        (path in the model, pass)."""
         layout, count = self.layout, len(self.stages)
         pipeline = [
             monitored_stage(module, i, count, self.boundaries[i], self.boundaries[i + 1], monitor, group)
@@ -329,25 +340,29 @@ class _RankRun:
             with tracker, counter:
                 output = schedule.step(*args, return_outputs=self.keep_outputs, **kwargs)
                 monitor.between_actions()
+                monitor.close_window("between")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 monitor.finish("optimizer")
+                monitor.close_window("optimizer")
                 del output
         except Exception as error:
             raise TrainStepError(
                 f"the pipeline step of stages {indices} cannot run on fake tensors, in the {monitor.phase}: "
                 f"{type(error).__name__}: {error}"
             ) from error
+        return _block_calls(modules, tracker)
 
     def _result(
-        self, rank: int, indices: list[int], monitor: StepMonitor, counter: CollectiveCounter
+        self,
+        rank: int,
+        indices: list[int],
+        monitor: StepMonitor,
+        counter: CollectiveCounter,
+        blocks: dict[tuple[str, str], list[dict]],
     ) -> PipelineStageStep:
-        snapshot = monitor.peak_snapshot()
         categories = FSDP_CATEGORIES if self.layout.data_parallel > 1 else SINGLE_CATEGORIES
-        peak: dict[str, int] = dict.fromkeys(categories, 0)
-        for key, value in snapshot.items():
-            if key != "Total":
-                peak[CATEGORY_OF[getattr(key, "value", key)]] += value
+        peak_bytes, peak = _categorized(monitor.peak_snapshot(), categories)
         plans = [self.stages[i].plan for i in indices]
         return PipelineStageStep(
             rank=rank,
@@ -358,14 +373,36 @@ class _RankRun:
             blocks=tuple(path for plan in plans for path in plan.blocks),
             embedding=any(plan.embedding for plan in plans),
             head=any(plan.head for plan in plans),
-            peak_bytes=snapshot.get("Total", 0),
+            peak_bytes=peak_bytes,
             peak=peak,
             phase=monitor.peak_phase,
             phase_peaks=dict(monitor.phase_peaks),
             in_flight=dict(monitor.most_in_flight),
             p2p_bytes=dict(monitor.p2p_bytes),
             communication=counter.communication,
+            window_peaks=tuple((label, *_categorized(snap, categories)) for label, snap in monitor.windows),
+            block_peaks={key: tuple(_categorized(snap, categories) for snap in calls) for key, calls in blocks.items()},
         )
+
+
+def _categorized(snapshot: dict, categories: tuple[str, ...]) -> tuple[int, dict[str, int]]:
+    """A tracker snapshot (category enum → bytes, "Total") as (total, bytes by `categories`)."""
+    peak: dict[str, int] = dict.fromkeys(categories, 0)
+    for key, value in snapshot.items():
+        if key != "Total":
+            peak[CATEGORY_OF[getattr(key, "value", key)]] += value
+    return snapshot.get("Total", 0), peak
+
+
+def _block_calls(modules: Sequence[nn.Module], tracker: MemTracker) -> dict[tuple[str, str], list[dict]]:
+    """The per-call peak snapshots of the blocks of the rank's stages, by (path in the model, pass)."""
+    found: dict[tuple[str, str], list[dict]] = {}
+    for module in modules:
+        plan = getattr(module, "plan")  # noqa: B009 - a DecoderStage, possibly FSDP's subclass of it
+        in_stage = {f"layers.{path.rpartition('.')[2]}": path for path in plan.blocks}
+        for (path, phase), calls in block_call_snapshots(module, tracker, list(in_stage)).items():
+            found[(in_stage[path], phase)] = calls
+    return found
 
 
 def _tracker(modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer, *inputs: torch.Tensor) -> MemTracker:

@@ -67,22 +67,38 @@ def block_peak_snapshots(twin: nn.Module, tracker: MemTracker, blocks: list[str]
     """For each block path in `blocks` and each of "forward" and "backward", the snapshot (category →
     bytes, "Total") of the device holding most at the block's peak while that pass of it ran; blocks
     the step did not run are left out. Paths are the twin's, checkpoint wrappers folded."""
+    return {
+        key: max(calls, key=lambda snap: snap["Total"])
+        for key, calls in block_call_snapshots(twin, tracker, blocks).items()
+    }
+
+
+def block_call_snapshots(root: nn.Module, tracker: MemTracker, blocks: list[str]) -> dict[tuple[str, str], list[dict]]:
+    """For each block path in `blocks` (paths in `root`, checkpoint wrappers folded) and each of
+    "forward" and "backward", the peak snapshot of each call of that pass, in call order (the device
+    holding most; category → bytes, "Total"): a pipeline stage's block runs once per microbatch,
+    and each call's peak is a candidate of its own (note [Composing a pipelined step]). The trackers
+    start a peak snapshot at each call's start and raise only that one while the call runs."""
     peak_fw, peak_bw, _, _ = _states(tracker)
     tracked: dict[str, object] = {}  # the outermost tracked module at each unwrapped path
-    for path, sub in twin.named_modules():
+    for path, sub in root.named_modules():
         stats = tracker.memory_tracking.get(sub)
         if stats is not None:
             tracked.setdefault(_unwrapped(path), stats)
-    found: dict[tuple[str, str], dict] = {}
+    found: dict[tuple[str, str], list[dict]] = {}
     for path in blocks:
         stats = tracked.get(path)
         if stats is None:
             continue
         snapshots = _by_state(stats)
         for phase, state in (("forward", peak_fw), ("backward", peak_bw)):
-            device_snaps = [snap for per_device in snapshots.get(state, []) for snap in per_device.values()]
-            if device_snaps:
-                found[(path, phase)] = max(device_snaps, key=lambda snap: snap["Total"])
+            calls = [
+                max(per_device.values(), key=lambda snap: snap["Total"])
+                for per_device in snapshots.get(state, [])
+                if per_device
+            ]
+            if calls:
+                found[(path, phase)] = calls
     return found
 
 
