@@ -225,7 +225,7 @@ class PlanPanel(w.VBox):
                 w.HTML("<b>Parallel layouts</b>"),
                 w.HBox([self.gpus, self.gpu_memory, self.shapes, self.input_dtype]),
                 w.HBox([self.optimizer, self.fsdp, self.tp, self.pp, self.checkpointing]),
-                w.HBox([self.run_button, self.status]),
+                w.HBox([self.precision, self.run_button, self.status]),
                 self.table,
                 self.proxy_note,
                 self.layout_line,
@@ -249,6 +249,13 @@ class PlanPanel(w.VBox):
         self.tp = _text_field("1, 2, 4, 8", "TP", 120, "de-parallel-tp")
         self.pp = _text_field("1, 2, 4", "PP", 110, "de-parallel-pp")
         self.checkpointing = _text_field("none, block", "AC", 170, "de-parallel-ac")
+        self.precision = w.Dropdown(  # Layout.mixed_precision: bf16 is FSDP2's policy, as torchtitan's default
+            options=[("model dtype", "none"), ("bf16 (FSDP2)", "bfloat16")],
+            value="none",
+            description="precision",
+            **_compact(210),
+        )
+        self.precision.add_class("de-parallel-precision")
 
     def _build_outputs(self) -> None:
         self.run_button = w.Button(description="Plan layouts")
@@ -303,6 +310,7 @@ class PlanPanel(w.VBox):
             gpu_memory=self.gpu_memory.value,
             optimizer=OPTIMIZERS[self.optimizer.value],
             fsdp=parse_degrees(self.fsdp.value, "FSDP"),
+            mixed_precision=self.precision.value,
             **{name: value for name, value in space.items() if value is not None},
             **labels,
         )

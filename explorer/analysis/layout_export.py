@@ -77,7 +77,13 @@ def to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
     sections: dict[str, Mapping[str, int | str]] = {
         "parallelism": parallelism,
         "activation_checkpoint": checkpoint,
-        "training": {"local_batch_size": local_batch, "global_batch_size": layout.global_batch},
+        "training": {
+            "local_batch_size": local_batch,
+            "global_batch_size": layout.global_batch,
+            # torchtitan's default is bfloat16: "none" is said, as float32 (its other choice)
+            "mixed_precision_param": "bfloat16" if layout.mixed_precision == "bfloat16" else "float32",
+            "mixed_precision_reduce": "float32",
+        },
     }
     return f"# {layout.label()}\n" + "\n".join(_toml_section(name, values) for name, values in sections.items())
 
@@ -172,6 +178,9 @@ def _header(layout: Layout) -> str:
         "from torch.distributed.device_mesh import init_device_mesh",
         "from torch.distributed.fsdp import fully_shard",
     ]
+    if layout.mixed_precision != "none":
+        imports[-1] = "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard"
+        imports.insert(1, "import torch")
     if layout.tp > 1:
         imports += [
             "from torch.distributed.tensor import Replicate",
@@ -236,11 +245,16 @@ def _apply_source(layout: Layout, blocks_path: str, has_block_plan: bool, has_ro
         lines.append("        blocks.register_module(name, checkpoint_wrapper(block))")
     if layout.data_parallel > 1:
         dp = '"dp_replicate", "dp_shard"' if layout.dp_replicate > 1 else '"dp_shard"'
+        policy = ""
+        if layout.mixed_precision != "none":
+            dtype = f"torch.{layout.mixed_precision}"
+            lines.append(f"    policy = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype=torch.float32)")
+            policy = ", mp_policy=policy"
         lines += [
             f"    dp_mesh = world_mesh[{dp}]",
             "    for block in blocks:",
-            "        fully_shard(block, mesh=dp_mesh)",
-            "    fully_shard(model, mesh=dp_mesh)",
+            f"        fully_shard(block, mesh=dp_mesh{policy})",
+            f"    fully_shard(model, mesh=dp_mesh{policy})",
         ]
     lines.append("    return model")
     return "\n".join(lines)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from .._torch_compat.fake import FakeTensorMode, unset_fake_temporarily
 from .._torch_compat.memory_tracker import FastFSDPMemTracker, FastMemTracker, MemTracker
@@ -56,7 +56,7 @@ from .train_step import (
 )
 from .train_twin import fake_twin
 
-__all__ = ["MESH_DIMS", "LayoutStep", "layout_step", "parallelize_twin"]
+__all__ = ["MESH_DIMS", "LayoutStep", "layout_step", "mixed_precision_policy", "parallelize_twin"]
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 
@@ -186,10 +186,24 @@ def parallelize_twin(
         checkpoint_blocks(twin, [(path, twin.get_submodule(path)) for path in checkpointed])
         if layout.data_parallel > 1:
             dp_mesh = mesh["dp_shard"] if layout.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
+            policy, reshard = mixed_precision_policy(layout), reshard_after_forward
             for path in blocks:
-                fully_shard(twin.get_submodule(path), mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-            fully_shard(twin, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+                fully_shard(twin.get_submodule(path), mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+            fully_shard(twin, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+        elif layout.mixed_precision != "none":
+            raise LayoutError(
+                f"mixed_precision={layout.mixed_precision!r} is FSDP2's MixedPrecisionPolicy: it needs data "
+                "parallelism (dp_shard × dp_replicate > 1)"
+            )
     return blocks, checkpointed
+
+
+def mixed_precision_policy(layout: Layout) -> MixedPrecisionPolicy:
+    """FSDP2's policy for `layout.mixed_precision` (torchtitan's: bf16 parameters and compute,
+    gradients reduced in fp32), or FSDP2's default (no casting) for "none"."""
+    if layout.mixed_precision == "bfloat16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
 
 
 def _checkpointed(blocks: list[str], layout: Layout) -> list[str]:

@@ -16,6 +16,7 @@ __all__ = [
     "ActivationCheckpointing",
     "Layout",
     "LayoutError",
+    "MixedPrecision",
     "ModelFacts",
     "PipelineSchedule",
     "layout_problems",
@@ -23,8 +24,10 @@ __all__ = [
 
 ActivationCheckpointing = Literal["none", "block", "selective"]
 PipelineSchedule = Literal["1F1B", "Interleaved1F1B", "GPipe"]
+MixedPrecision = Literal["none", "bfloat16"]
 ACTIVATION_CHECKPOINTING: tuple[ActivationCheckpointing, ...] = ("none", "block", "selective")
 PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = ("1F1B", "Interleaved1F1B", "GPipe")
+MIXED_PRECISION: tuple[MixedPrecision, ...] = ("none", "bfloat16")
 
 
 class LayoutError(ValueError):
@@ -43,7 +46,12 @@ class Layout:
     block recomputed in backward) or "selective" (every other block, as torchtitan's
     `selective_ac_option="2"`); `micro_batch_size`: sequences per forward on each data-parallel rank;
     `accumulation_steps`: micro-batches per optimizer step (with pipelining, the schedule's
-    microbatches). Mesh order, outermost first: pp, dp_replicate, dp_shard, tp (torchtitan's).
+    microbatches); `mixed_precision`: "none" (parameters, activations and gradients in the
+    model's dtype) or "bfloat16" (FSDP2's `MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+    reduce_dtype=torch.float32)`, torchtitan's `mixed_precision_param = "bfloat16"`: sharded
+    parameters and optimizer state stay in the model's dtype, the unsharded parameters, the compute
+    and the activations are bf16, gradients are reduced in fp32; it needs data parallelism, which
+    carries the policy). Mesh order, outermost first: pp, dp_replicate, dp_shard, tp (torchtitan's).
     """
 
     dp_shard: int = 1
@@ -55,6 +63,7 @@ class Layout:
     activation_checkpointing: ActivationCheckpointing = "none"
     micro_batch_size: int = 1
     accumulation_steps: int = 1
+    mixed_precision: MixedPrecision = "none"
 
     def __post_init__(self) -> None:
         degrees = ("dp_shard", "dp_replicate", "tp", "pp", "stages_per_rank", "micro_batch_size", "accumulation_steps")
@@ -67,6 +76,8 @@ class Layout:
                 f"Layout.activation_checkpointing must be one of {ACTIVATION_CHECKPOINTING}, "
                 f"got {self.activation_checkpointing!r}"
             )
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise LayoutError(f"Layout.mixed_precision must be one of {MIXED_PRECISION}, got {self.mixed_precision!r}")
         if self.pp_schedule not in PIPELINE_SCHEDULES:
             raise LayoutError(f"Layout.pp_schedule must be one of {PIPELINE_SCHEDULES}, got {self.pp_schedule!r}")
         if self.stages_per_rank > 1 and self.pp_schedule != "Interleaved1F1B":
@@ -101,6 +112,8 @@ class Layout:
         parts.append(f"PP {self.pp}{schedule if self.pp > 1 else ''}")
         parts.append(f"AC {self.activation_checkpointing}")
         parts.append(f"mb {self.micro_batch_size} × {self.accumulation_steps}")
+        if self.mixed_precision != "none":
+            parts.append("bf16")
         return " · ".join(parts)
 
 
@@ -140,4 +153,9 @@ def layout_problems(layout: Layout, facts: ModelFacts, gpus: int | None = None) 
             )
     if layout.activation_checkpointing != "none" and not facts.blocks:
         problems.append(f"{facts.root_class} has no repeated blocks to checkpoint")
+    if layout.mixed_precision != "none" and layout.data_parallel == 1:
+        problems.append(
+            f"mixed precision {layout.mixed_precision} is FSDP2's MixedPrecisionPolicy, and the layout has no data "
+            "parallelism to carry it"
+        )
     return problems

@@ -107,6 +107,7 @@ class Measurements:
             layout.pp_schedule,
             layout.stages_per_rank,
             layout.activation_checkpointing,
+            layout.mixed_precision,
             layout.micro_batch_size,
             layout.accumulation_steps,
         )

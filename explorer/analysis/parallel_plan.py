@@ -19,7 +19,7 @@ from torch import nn
 from .block_composition import BlockStack, block_stack, truncated
 from .fake_fsdp import repeated_blocks
 from .parallel_cost import Hardware, ModelCost, step_cost
-from .parallel_layout import ActivationCheckpointing, Layout, LayoutError, ModelFacts, layout_problems
+from .parallel_layout import ActivationCheckpointing, Layout, LayoutError, MixedPrecision, ModelFacts, layout_problems
 from .parallel_measure import Measurements, RankPeak, Refused, measure_in_workers
 from .tp_plans import tp_plan_of
 from .train_budget import parse_budget
@@ -149,11 +149,13 @@ def candidate_layouts(
     activation_checkpointing: Iterable[ActivationCheckpointing] = SEARCH_AC,
     micro_batch_size: int = 1,
     accumulation_steps: int = 1,
+    mixed_precision: MixedPrecision = "none",
 ) -> list[Layout]:
     """Every layout of `gpus` ranks with FSDP degree in `fsdp` (default: the powers of two up to
     `gpus`), TP in `tp` and PP in `pp` whose product divides `gpus` (the rest are HSDP replicas),
     each with every checkpointing mode in `activation_checkpointing`. Pipelined layouts run at
-    least `pp` microbatches (`accumulation_steps` raised to it)."""
+    least `pp` microbatches (`accumulation_steps` raised to it). Every layout trains with
+    `mixed_precision`."""
     layouts = []
     for shard in fsdp if fsdp is not None else _powers_of_two(gpus):
         for tensor in tp:
@@ -171,6 +173,7 @@ def candidate_layouts(
                             activation_checkpointing=mode,
                             micro_batch_size=micro_batch_size,
                             accumulation_steps=max(accumulation_steps, stages) if stages > 1 else accumulation_steps,
+                            mixed_precision=mixed_precision,
                         )
                     )
     return layouts
@@ -240,6 +243,7 @@ def plan_parallel(
     pp: Iterable[int] = SEARCH_PP,
     activation_checkpointing: Iterable[ActivationCheckpointing] = SEARCH_AC,
     accumulation_steps: int = 1,
+    mixed_precision: MixedPrecision = "none",
     tp_plan: Mapping[str, str] | None = None,
     hardware: Hardware = DEFAULT_HARDWARE,
     keep_outputs: bool = True,
@@ -252,7 +256,8 @@ def plan_parallel(
     `train_step` reads them; a layout with another `micro_batch_size` runs them resized along their
     first dimension (tensors and shapes whose first size is the inputs' batch; one tensor passed twice
     stays one). `layouts`: the layouts to evaluate (default: `candidate_layouts` over `fsdp`, `tp`,
-    `pp` and `activation_checkpointing`, with `accumulation_steps` micro-batches).
+    `pp` and `activation_checkpointing`, with `accumulation_steps` micro-batches, each with
+    `mixed_precision`: "none", or "bfloat16" for FSDP2's bf16 policy, see `Layout`).
     Each valid layout's rank peak comes from fake steps of the loop users write (note [The loop as
     users write it]) under that layout; repeated blocks that are alike are measured at 3 and 4
     blocks and composed (note [Composing a step from two block counts]). Communication and the
@@ -277,6 +282,7 @@ def plan_parallel(
             activation_checkpointing=activation_checkpointing,
             micro_batch_size=batch,
             accumulation_steps=accumulation_steps,
+            mixed_precision=mixed_precision,
         )
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")

@@ -28,7 +28,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -57,6 +57,7 @@ SCENARIOS: dict[int, dict[str, Layout]] = {
     2: {
         "tp2": Layout(tp=2),
         "fsdp2-ac-block": Layout(dp_shard=2, activation_checkpointing="block"),
+        "fsdp2-bf16": Layout(dp_shard=2, mixed_precision="bfloat16"),
     },
     4: {"fsdp2-tp2": Layout(dp_shard=2, tp=2), "hsdp2x2": Layout(dp_replicate=2, dp_shard=2)},
 }
@@ -75,7 +76,7 @@ def named(snapshot: dict) -> dict[str, int]:
 
 def parallelize_by_hand(model: torch.nn.Module, mesh: DeviceMesh, layout: Layout) -> None:
     """TP, then activation checkpointing of every decoder layer, then FSDP2 (HSDP with replicas) per
-    layer and root."""
+    layer and root, with the layout's mixed precision policy."""
     if layout.tp > 1:
         parallelize_module(model, mesh["tp"], EAGER_TP_PLAN)
     layers = model.model.layers
@@ -84,9 +85,12 @@ def parallelize_by_hand(model: torch.nn.Module, mesh: DeviceMesh, layout: Layout
             layers[index] = checkpoint_wrapper(layer)
     if layout.dp_shard > 1:
         dp_mesh = mesh["dp_shard"] if layout.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
+        policy = MixedPrecisionPolicy()  # FSDP2's default: no casting
+        if layout.mixed_precision == "bfloat16":  # torchtitan's mixed_precision_param = "bfloat16"
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in layers:
-            fully_shard(layer, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
+            fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
+        fully_shard(model, mesh=dp_mesh, mp_policy=policy)
 
 
 def measured_step(model: torch.nn.Module, batch: dict) -> dict[str, Any]:

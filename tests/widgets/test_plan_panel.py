@@ -222,6 +222,7 @@ def test_the_button_is_disabled_with_a_busy_line_while_planning(monkeypatch):
     panel.gpus.value, panel.shapes.value, panel.tp.value = "16", "1x8", "1 2 4"
     panel.run_button.click()
     assert seen == [(True, "planning: fake training steps for the layouts (seconds to a minute)…", 16, None, (1, 2, 4))]
+    assert panel.precision.value == "none"
     assert panel.status.value == "planning failed: RuntimeError: stopped by the test"
     assert panel.run_button.disabled is False
 
@@ -233,3 +234,17 @@ def test_degrees_that_make_no_layout_of_the_gpus_say_so():
     panel.run_button.click()
     assert panel.status.value == "no layout: no product of the FSDP, TP and PP degrees typed divides 4 GPUs"
     assert panel.table.rows == [] and panel.last_plan is not None and panel.last_plan.results == ()
+
+
+def test_bf16_precision_plans_every_layout_with_fsdp2s_policy_and_exports_it():
+    torch.manual_seed(0)
+    panel = widgets.ExplorerWidget(_llama()).memory_tab.plan_panel
+    panel.gpus.value, panel.shapes.value, panel.fsdp.value, panel.tp.value, panel.pp.value = "4", "2x16", "4", "1", "1"
+    panel.checkpointing.value, panel.precision.value = "none", "bfloat16"
+    panel.run_button.click()
+    plan = panel.last_plan
+    assert plan is not None and [result.layout.mixed_precision for result in plan.results] == ["bfloat16"]
+    assert panel.table.row_keys == ["FSDP 4 · TP 1 · PP 1 · AC none · mb 2 × 1 · bf16"]
+    panel.table.selected = panel.table.row_keys[0]
+    assert 'mixed_precision_param = "bfloat16"' in panel.torchtitan.value
+    assert "mp_policy=policy" in panel.python.value

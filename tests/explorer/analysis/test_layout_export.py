@@ -45,8 +45,16 @@ def test_fsdp_tp_selective_layout_reads_back_as_torchtitan_keys() -> None:
             "pipeline_parallel_degree": 1,
         },
         "activation_checkpoint": {"mode": "selective", "selective_ac_option": "2"},
-        "training": {"local_batch_size": 2, "global_batch_size": 64},  # 2 × 4 steps × 8 ranks
-    }
+        "training": {  # 2 × 4 steps × 8 ranks; torchtitan's default bf16 said off, as float32
+            "local_batch_size": 2, "global_batch_size": 64, "mixed_precision_param": "float32",
+            "mixed_precision_reduce": "float32",
+        },
+    }  # fmt: skip
+
+
+def test_bf16_mixed_precision_is_torchtitans_mixed_precision_param() -> None:
+    training = tomllib.loads(to_torchtitan(Layout(dp_shard=4, mixed_precision="bfloat16")))["training"]
+    assert (training["mixed_precision_param"], training["mixed_precision_reduce"]) == ("bfloat16", "float32")
 
 
 def test_block_checkpointing_is_torchtitans_full_mode_and_none_is_none() -> None:
@@ -73,7 +81,7 @@ def test_pipelined_layout_puts_every_microbatch_in_the_local_batch() -> None:
         "pipeline_parallel_last_stage_less_layers": 0,
         "pipeline_parallel_layers_per_stage": 4,  # 32 layers / (4 ranks × 2 stages)
     }
-    assert config["training"] == {"local_batch_size": 16, "global_batch_size": 64}
+    assert (config["training"]["local_batch_size"], config["training"]["global_batch_size"]) == (16, 64)
 
 
 def test_torchtitan_refuses_what_it_cannot_express_naming_the_degree() -> None:
@@ -112,6 +120,16 @@ def test_generated_fsdp_tp_source_compiles_with_the_plan_as_parallel_styles() ->
     assert "parallelize_module(model, tp_mesh, ROOT_TP_PLAN)" in source
     assert "blocks.register_module(name, checkpoint_wrapper(block))" in source
     assert 'dp_mesh = world_mesh["dp_shard"]' in source
+
+
+def test_bf16_source_shards_with_fsdp2s_mixed_precision_policy() -> None:
+    source = to_python(Layout(dp_shard=2, dp_replicate=2, mixed_precision="bfloat16"))
+    generated = _namespace(source)
+    assert generated["MixedPrecisionPolicy"].__module__.startswith("torch.distributed.fsdp")
+    assert "    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n" in source
+    assert "        fully_shard(block, mesh=dp_mesh, mp_policy=policy)\n" in source
+    assert "    fully_shard(model, mesh=dp_mesh, mp_policy=policy)\n" in source
+    assert "MixedPrecisionPolicy" not in to_python(Layout(dp_shard=2))
 
 
 def test_hsdp_source_shards_over_the_two_dimensional_data_mesh() -> None:

@@ -7,7 +7,8 @@ size) join a gloo group on 127.0.0.1, parallelize the eager tiny Llama by hand
 root), and run the loop users write under `MemTracker` (TP only) or `FSDPMemTracker` (with FSDP).
 Rank 0 then runs the same step on fakes: the deferred model's twin parallelized by layout_step's own
 `parallelize_twin` under the same tracker code (every module-boundary snapshot), and `layout_step`.
-Layouts: TP 2 and FSDP 2 with block checkpointing on 2 ranks; FSDP 2 × TP 2 and HSDP 2 × 2 on 4.
+Layouts: TP 2, FSDP 2 with block checkpointing and FSDP 2 with FSDP2's bf16 mixed precision policy
+on 2 ranks; FSDP 2 × TP 2 and HSDP 2 × 2 on 4.
 
 What is equal to the byte: the forward peak, the snapshot at the end of forward, every boundary
 snapshot before backward, and layout_step's forward peak and end of forward. One named difference,
@@ -188,6 +189,18 @@ def test_tp_and_checkpointed_fsdp_on_two_fake_ranks_equal_pytorchs_trackers_on_t
         checkpointed["tracker_counts_dtensor_meta_fakes"],
     )
     _assert_layout_step_matches(checkpointed, staged_at_most=max(staging.values()))
+
+    # FSDP2's bf16 policy: parameters gathered and computed in bf16, gradients reduced in fp32 (the
+    # staged reduce-scatter input is the fp32 one, as without the policy)
+    mixed = results["fsdp2-bf16"]
+    assert mixed["eager"]["reduce_scatter_bytes"] == mixed["fake"]["reduce_scatter_bytes"] == staging
+    _assert_fake_matches(mixed)
+    _assert_boundaries_equal_up_to_gloo_staging(
+        mixed["fake"]["boundaries"], mixed["eager"]["boundaries"], staging, mixed["tracker_counts_dtensor_meta_fakes"]
+    )
+    _assert_layout_step_matches(mixed, staged_at_most=max(staging.values()))
+    gathered = [result["layout_step"]["communication"]["all_gather"] for result in (mixed, checkpointed)]
+    assert gathered[0] * 2 == gathered[1]  # the same gathers, of bf16 parameters
 
 
 @pytest.mark.slow

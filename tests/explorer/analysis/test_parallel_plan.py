@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -141,3 +143,33 @@ def test_dropping_the_outputs_early_is_the_loop_measured(llama5: torch.nn.Module
     whole = layout_step(llama5, IDS, labels=IDS, layout=layout, keep_outputs=False)
     kept = layout_step(llama5, IDS, labels=IDS, layout=layout)
     assert result.peak_bytes == whole.peak_bytes < kept.peak_bytes
+
+
+def test_mixed_precision_is_a_layout_of_its_own_and_needs_data_parallelism() -> None:
+    layout = Layout(dp_shard=8, tp=2, mixed_precision="bfloat16")
+    assert layout.label() == "FSDP 8 · TP 2 · PP 1 · AC none · mb 1 × 1 · bf16"
+    assert layout != Layout(dp_shard=8, tp=2)
+    with pytest.raises(LayoutError, match=r"Layout.mixed_precision must be one of \('none', 'bfloat16'\), got 'fp8'"):
+        Layout(mixed_precision="fp8")  # type: ignore[arg-type]
+    assert layout_problems(Layout(tp=2, mixed_precision="bfloat16"), ModelFacts(4, 4, 2, True)) == [
+        "mixed precision bfloat16 is FSDP2's MixedPrecisionPolicy, and the layout has no data parallelism to carry it"
+    ]
+
+
+def test_bf16_mixed_precision_measures_fsdp2s_policy_composed_as_the_whole_step(llama5: torch.nn.Module) -> None:
+    """Unsharded parameters and activations in bf16, sharded parameters, gradients and optimizer
+    state in the model's fp32: each category, composed over blocks, equals the whole model's step."""
+    plan = plan_parallel(
+        llama5, IDS, labels=IDS, gpus=4, fsdp=(2, 4), tp=(1,), pp=(1,), mixed_precision="bfloat16"
+    )
+    assert {result.layout.mixed_precision for result in plan.results} == {"bfloat16"}
+    for result in plan.results:
+        whole = layout_step(llama5, IDS, labels=IDS, layout=result.layout)
+        full = layout_step(llama5, IDS, labels=IDS, layout=dataclasses.replace(result.layout, mixed_precision="none"))
+        (rank,) = result.ranks
+        assert (rank.peak_bytes, rank.peak) == (whole.peak_bytes, whole.peak)
+        assert whole.peak_bytes < full.peak_bytes
+        assert whole.end_of_forward["sharded_parameters"] == full.end_of_forward["sharded_parameters"]  # fp32
+        assert whole.end_of_forward["activations"] < full.end_of_forward["activations"]  # bf16
+        assert result.communication["reduce_scatter"] == full.communication.bytes["reduce_scatter"]  # fp32 reduce
+        assert result.communication["all_gather"] * 2 == full.communication.bytes["all_gather"]  # bf16 gather

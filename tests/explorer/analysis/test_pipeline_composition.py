@@ -44,6 +44,10 @@ def llama24() -> torch.nn.Module:
 CASES = {
     "1F1B": (12, Layout(pp=2, accumulation_steps=3)),
     "FSDP 2 in stages": (12, Layout(pp=2, dp_shard=2, accumulation_steps=2)),
+    "FSDP 2 in stages, bf16 mixed precision": (
+        12,
+        Layout(pp=2, dp_shard=2, accumulation_steps=2, mixed_precision="bfloat16"),
+    ),
     "TP 2 in stages": (12, Layout(pp=2, tp=2, accumulation_steps=2)),
     "block checkpointing": (12, Layout(pp=2, activation_checkpointing="block", accumulation_steps=3)),
     "FSDP 2, TP 2 and block checkpointing": (
