@@ -11,7 +11,8 @@ torchtitan parallelizes a model:
    every other one, the second, fourth... (0-based odd indices), as torchtitan's
    `selective_ac_option="2"` does;
 3. FSDP2 over the "dp_shard" dim (HSDP over ("dp_replicate", "dp_shard") when `dp_replicate > 1`):
-   `fully_shard` on each repeated block, then on the root.
+   `fully_shard` on each repeated block, then on the root, with the layout's mixed precision policy
+   (`mixed_precision_policy`).
 
 The mesh always has the three dims ("dp_replicate", "dp_shard", "tp"), outermost first, those of
 degree 1 included, so that its dims are found by name whatever the layout. FSDP2 is applied when
