@@ -183,12 +183,17 @@ def _stage_batch(args: tuple, kwargs: dict, layout: Layout) -> tuple[torch.Tenso
     return ids, target
 
 
-def _boundaries(stages: list[DecoderStage], ids: torch.Tensor) -> list[torch.Tensor]:
+def _boundaries(stages: list[DecoderStage], ids: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
     """What crosses each stage boundary, found by running the chained stages once (fakes): entry i is
-    stage i's input, the last entry the last stage's output."""
+    stage i's input, the last entry the last stage's output. Under bf16 mixed precision the stages
+    compute in bf16 (FSDP2 casts their inputs and parameters), so what crosses is bf16: the schedule's
+    receive buffers are allocated from these, and torch 2.11 checks each stage's outputs against them."""
     found = [ids]
     for stage in stages:
-        found.append(stage(found[-1]).detach().requires_grad_(True))
+        out = stage(found[-1]).detach()
+        if layout.mixed_precision == "bfloat16" and out.is_floating_point():
+            out = out.to(torch.bfloat16)
+        found.append(out.requires_grad_(True))
     return found
 
 
@@ -252,7 +257,7 @@ def pipeline_step(
         ids, target = _stage_batch(args, kwargs, layout)
         stages = [DecoderStage(twin, plan) for plan in plans]
         with mode, CpuGroupedMm(), torch.enable_grad():
-            boundaries = _boundaries(stages, ids)
+            boundaries = _boundaries(stages, ids, layout)
         run = _RankRun(layout, stages, boundaries, ids, target, optimizer or torch.optim.AdamW,
                        loss or _causal_lm_loss(twin), keep_outputs, mode, module, tp_plan)  # fmt: skip
         return [run.measure(r) for r in ranks]
