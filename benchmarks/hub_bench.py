@@ -256,23 +256,7 @@ def _from_pretrained(hub: Any, workdir: Path) -> dict[str, float]:
     apparent = write_repo(repo, quantized=False)
     hub.add_repo(BF16_REPO, repo)
     before = hub.bytes_served()
-    env = {
-        **os.environ,
-        "HF_ENDPOINT": hub.endpoint,
-        "HF_HOME": str(workdir / "hf-open"),
-        "EXPLORER_HUB_CACHE": str(workdir / "cache-open"),
-        "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
-    }
-    env.pop("HF_TOKEN", None)
-    child = subprocess.run(
-        [sys.executable, __file__, "--open", BF16_REPO],
-        env=env,
-        cwd=HERE.parent,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    got = json.loads(child.stdout.strip().splitlines()[-1])
+    got = _hub_child([__file__, "--open", BF16_REPO], hub, workdir, "open")
     return {**got, "bf16_bytes": hub.bytes_served() - before, "bf16_apparent": apparent}
 
 
@@ -307,25 +291,27 @@ def _save_from_hub(hub: Any, workdir: Path, dtype: str) -> dict[str, float]:
         transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(repo, max_shard_size="100MB")
         hub.add_repo(LLAMA_REPO, repo)
     before = hub.bytes_served(".safetensors")
+    probe = ["-m", "tests.support.hub_save_probe", LLAMA_REPO, str(workdir / f"out-{dtype}"), dtype]
+    got = _hub_child(probe, hub, workdir, f"save-{dtype}")
+    stored = sum(p.stat().st_size for p in repo.glob("*.safetensors"))
+    return {**got, "served": hub.bytes_served(".safetensors") - before, "stored": stored}
+
+
+def _hub_child(arguments: list[str], hub: Any, workdir: Path, name: str) -> dict[str, Any]:
+    """The last JSON line of `python arguments...` run against `hub` over HTTP, with caches of its
+    own (`name`) and no token."""
     env = {
         **os.environ,
         "HF_ENDPOINT": hub.endpoint,
-        "HF_HOME": str(workdir / f"hf-save-{dtype}"),
-        "EXPLORER_HUB_CACHE": str(workdir / f"cache-save-{dtype}"),
+        "HF_HOME": str(workdir / f"hf-{name}"),
+        "EXPLORER_HUB_CACHE": str(workdir / f"cache-{name}"),
         "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
     }
     env.pop("HF_TOKEN", None)
     child = subprocess.run(
-        [sys.executable, "-m", "tests.support.hub_save_probe", LLAMA_REPO, str(workdir / f"out-{dtype}"), dtype],
-        env=env,
-        cwd=HERE.parent,
-        capture_output=True,
-        text=True,
-        check=True,
+        [sys.executable, *arguments], env=env, cwd=HERE.parent, capture_output=True, text=True, check=True
     )
-    got = json.loads(child.stdout.strip().splitlines()[-1])
-    stored = sum(p.stat().st_size for p in repo.glob("*.safetensors"))
-    return {**got, "served": hub.bytes_served(".safetensors") - before, "stored": stored}
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def bench(report: Report, quick: bool, timeout: float) -> None:
