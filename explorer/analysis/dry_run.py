@@ -34,6 +34,7 @@ from ..inspection.census import Census, take_census
 from ..naming import dtype_name
 from ..record.scope import recording_graph
 from ..record.source import innermost_user_frame, traceback_frames
+from .cpu_fake_mode import CpuFakeTensorMode
 from .fake_copies import FakeCopies, layout_extent
 from .forward_record import FLOP_MAPPING
 
@@ -174,64 +175,6 @@ def _fake_inputs(
         else:
             fake_args.append(_fake_input(mode, value))
     return tuple(fake_args), {key: _fake_input(mode, value) for key, value in kwargs.items()}
-
-
-# -- fake kernels torch gets wrong on CPU -----------------------------------------------------------
-
-
-def _grouped_mm_shape(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None) -> list[int]:
-    """The output shape of `aten._grouped_mm` (torch 2.13 `_create_grouped_mm_output_tensor`'s rules)."""
-    if mat_a.dim() == 2 and mat_b.dim() == 2:
-        torch._check(offs is not None, lambda: "_grouped_mm of two 2-D matrices needs offs")
-        return [cast(torch.Tensor, offs).size(0), mat_a.size(0), mat_b.size(1)]
-    if mat_a.dim() == 2:
-        return [mat_a.size(0), mat_b.size(-1)]
-    if mat_b.dim() == 2:
-        return [mat_a.size(1), mat_b.size(1)]
-    torch._check(mat_a.size(0) == mat_b.size(0), lambda: "batched dimension has to match")
-    return [mat_a.size(0), mat_a.size(1), mat_b.size(-1)]
-
-
-def _check_grouped_mm_strides(name: str, mat: torch.Tensor) -> None:
-    """The CPU kernel's rule: the non-unit stride of the last two dims is a multiple of 16 bytes."""
-    strides, last = mat.stride(), mat.dim() - 1
-    leading = strides[last - 1] if strides[last] == 1 else strides[last]
-    torch._check(
-        (leading * mat.element_size()) % 16 == 0,
-        lambda: f"_grouped_mm: {name}'s strides {strides} are not multiples of 16 bytes",
-    )
-
-
-class CpuGroupedMm(TorchDispatchMode):
-    """Makes `aten._grouped_mm` run on CPU fakes of any floating dtype, as the CPU kernel does.
-
-    torch 2.13's fake (meta) kernel applies CUDA's rules and refuses anything but bfloat16, while
-    the CPU kernel takes float32 too; transformers 5 runs every fused MoE experts layer (Mixtral,
-    Qwen2-MoE, OLMoE, ...) through it on CPU, so their forward could not run on fakes. Under this
-    mode (entered just above the FakeTensorMode, below recorders) such a call returns a contiguous
-    fake of the CPU kernel's output shape and dtype (`out_dtype`, else mat_a's), after the kernel's
-    checks (same dtypes, 2-D or 3-D operands, matching contraction dim, 16-byte strides); every
-    other call, bfloat16 or off-CPU ones included, goes to the fake kernel unchanged.
-    """
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is not torch.ops.aten._grouped_mm.default or args[0].device.type != "cpu":
-            return func(*args, **kwargs)
-        bound = dict(zip(("mat_a", "mat_b", "offs", "bias", "out_dtype"), args)) | kwargs
-        mat_a, mat_b, offs = bound["mat_a"], bound["mat_b"], bound.get("offs")
-        if mat_a.dtype == torch.bfloat16 and mat_b.dtype == torch.bfloat16:
-            return func(*args, **kwargs)
-        torch._check(mat_a.dtype == mat_b.dtype, lambda: f"_grouped_mm: dtypes {mat_a.dtype} and {mat_b.dtype} differ")
-        torch._check(
-            mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3), lambda: "_grouped_mm: operands must be 2-D or 3-D"
-        )
-        if mat_a.dim() == 3 or mat_b.dim() == 3:
-            torch._check(mat_a.size(-1) == mat_b.size(-2), lambda: "_grouped_mm: contraction dims differ")
-        _check_grouped_mm_strides("mat_a", mat_a)
-        _check_grouped_mm_strides("mat_b", mat_b)
-        out_dtype = bound.get("out_dtype") or mat_a.dtype
-        return torch.empty(_grouped_mm_shape(mat_a, mat_b, offs), dtype=out_dtype, device=mat_a.device)
 
 
 # -- tracking --------------------------------------------------------------------------------------
@@ -413,7 +356,7 @@ def prepare_fake_forward(
     if recording_graph() is not None:
         raise error(f"{caller} cannot run inside deferred_init: call it on the module deferred_init returned")
     census = take_census(module)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = CpuFakeTensorMode(allow_non_fake_inputs=True)
     state = fake_state(census, mode)
     device = next(iter(state.values())).device if state else torch.device("cpu")
     args, kwargs = fake_forward_arguments(module, mode, device, inputs, kwargs)
@@ -457,7 +400,7 @@ def dry_run(module: nn.Module, *inputs: Any, **kwargs: Any) -> DryRun:
     state_tensors = cast(dict[str, torch.Tensor], state)
     rng_state = torch.get_rng_state()
     try:
-        with torch.no_grad(), mode, CpuGroupedMm(), counter, tracker, hooks:
+        with torch.no_grad(), mode, counter, tracker, hooks:
             try:
                 output = torch.func.functional_call(module, state_tensors, tuple(args), kwargs, strict=False)
             except Exception as error:

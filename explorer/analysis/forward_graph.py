@@ -25,7 +25,7 @@ from ..graph import InitGraph
 from ..inspection.census import Census
 from ..inspection.ops import op_kind
 from ..naming import dtype_name, is_inside
-from .dry_run import CpuGroupedMm, DryRunError, not_on_fakes_message, prepare_fake_forward
+from .dry_run import DryRunError, not_on_fakes_message, prepare_fake_forward
 from .forward_record import ForwardRecorder, ModuleStack
 
 OP_COLUMNS = [
@@ -178,7 +178,7 @@ def forward_graph(module: nn.Module, *inputs: Any, **kwargs: Any) -> ForwardGrap
     state_tensors = cast(dict[str, torch.Tensor], state)
     rng_state = torch.get_rng_state()
     try:
-        with torch.no_grad(), mode, CpuGroupedMm(), recorder, modules:
+        with torch.no_grad(), mode, recorder, modules:
             try:
                 output = torch.func.functional_call(module, state_tensors, args, kwargs, strict=False)
             except Exception as error:

@@ -34,11 +34,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from .._torch_compat.fake import FakeTensorMode, unset_fake_temporarily
+from .._torch_compat.fake import unset_fake_temporarily
 from .._torch_compat.memory_tracker import FastFSDPMemTracker, FastMemTracker, MemTracker
 from ..record.scope import recording_graph
 from .comm_count import CollectiveCounter, Communication
-from .dry_run import CpuGroupedMm, fake_forward_arguments
+from .cpu_fake_mode import CpuFakeTensorMode
+from .dry_run import fake_forward_arguments
 from .fake_fsdp import checkpoint_blocks, fake_process_group, lazy_fsdp_chunks, repeated_blocks
 from .parallel_layout import Layout, LayoutError
 from .tp_plans import apply_tp_plan, tp_plan_of
@@ -104,7 +105,7 @@ def layout_step(
     loop = TrainingLoop(keep_outputs, layout.accumulation_steps)
     check_loop(loop)
     rng_state = torch.get_rng_state()
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = CpuFakeTensorMode(allow_non_fake_inputs=True)
     try:
         twin = fake_twin(module, mode).train()
         first = next(iter(twin.parameters()), None)
@@ -113,7 +114,7 @@ def layout_step(
         shape = (layout.dp_replicate, layout.dp_shard, layout.tp)
         with fake_process_group(layout.gpus, device.type, shape, MESH_DIMS) as mesh:
             blocks, checkpointed = parallelize_twin(twin, mesh, layout, plan)
-            with mode, CpuGroupedMm(), torch.enable_grad():
+            with mode, torch.enable_grad():
                 tracker, run, counter = _measure(twin, args, kwargs, optimizer, loss, loop)
     finally:
         torch.set_rng_state(rng_state)

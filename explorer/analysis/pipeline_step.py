@@ -58,7 +58,8 @@ from .._torch_compat.memory_tracker import FastFSDPPipelineMemTracker, FastPipel
 from .._torch_compat.pipelining import SCHEDULES
 from ..record.scope import recording_graph
 from .comm_count import CollectiveCounter, Communication
-from .dry_run import CpuGroupedMm, fake_forward_arguments
+from .cpu_fake_mode import CpuFakeTensorMode
+from .dry_run import fake_forward_arguments
 from .fake_fsdp import checkpoint_blocks, fake_process_group
 from .layout_step import MESH_DIMS, parallelize_twin
 from .parallel_layout import Layout, LayoutError
@@ -245,7 +246,7 @@ def pipeline_step(
     if rank is not None and not 0 <= rank < layout.pp:
         raise ValueError(f"rank must be in 0..{layout.pp - 1} for Layout.pp={layout.pp}, got {rank!r}")
     rng_state = torch.get_rng_state()
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = CpuFakeTensorMode(allow_non_fake_inputs=True)
     try:
         twin = fake_twin(module, mode).train()
         _check_on_cpu(twin, type(module).__name__)
@@ -256,7 +257,7 @@ def pipeline_step(
         args, kwargs = fake_forward_arguments(module, mode, torch.device("cpu"), inputs, forward_kwargs)
         ids, target = _stage_batch(args, kwargs, layout)
         stages = [DecoderStage(twin, plan) for plan in plans]
-        with mode, CpuGroupedMm(), torch.enable_grad():
+        with mode, torch.enable_grad():
             boundaries = _boundaries(stages, ids, layout)
         run = _RankRun(layout, stages, boundaries, ids, target, optimizer or torch.optim.AdamW,
                        loss or _causal_lm_loss(twin), keep_outputs, mode, module, tp_plan)  # fmt: skip
@@ -288,14 +289,14 @@ class _RankRun:
         indices = [rank + k * layout.pp for k in range(layout.stages_per_rank)]
         monitor, counter = StepMonitor(), CollectiveCounter()
         if not _parallel(layout):
-            with fake_process_group(layout.pp, "cpu", rank=rank), self.mode, CpuGroupedMm(), torch.enable_grad():
+            with fake_process_group(layout.pp, "cpu", rank=rank), self.mode, torch.enable_grad():
                 blocks = self._run([self.stages[i] for i in indices], indices, monitor, counter, None)
             return self._result(rank, indices, monitor, counter, blocks)
         shape = (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp)
         global_rank = rank * (layout.gpus // layout.pp)  # "pp" coordinate `rank`, the others 0
         with fake_process_group(layout.gpus, "cpu", shape, PIPELINE_MESH_DIMS, rank=global_rank) as mesh:
             modules = self._parallel_stages(indices, mesh)
-            with self.mode, CpuGroupedMm(), torch.enable_grad():
+            with self.mode, torch.enable_grad():
                 blocks = self._run(modules, indices, monitor, counter, mesh["pp"].get_group())
         return self._result(rank, indices, monitor, counter, blocks)
 

@@ -40,7 +40,8 @@ from .._torch_compat.memory_tracker import (
     innermost_module,
 )
 from ..record.scope import recording_graph
-from .dry_run import CpuGroupedMm, fake_forward_arguments, tensor_leaves
+from .cpu_fake_mode import CpuFakeTensorMode
+from .dry_run import fake_forward_arguments, tensor_leaves
 from .fake_fsdp import (
     checkpoint_blocks,
     fake_process_group,
@@ -457,14 +458,14 @@ def train_step(
     _check_arguments(module, world_size, shard, loop)
     make_optimizer = optimizer or torch.optim.AdamW
     rng_state = torch.get_rng_state()
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = CpuFakeTensorMode(allow_non_fake_inputs=True)
     try:
         twin, blocks = _prepare_twin(module, mode, activation_checkpointing)
         first = next(iter(twin.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
         args, kwargs = fake_forward_arguments(module, mode, device, inputs_or_shapes, forward_kwargs)
         if world_size == 1:
-            with mode, CpuGroupedMm(), torch.enable_grad():
+            with mode, torch.enable_grad():
                 tracker, run = _single(
                     twin,
                     args,
@@ -478,7 +479,6 @@ def train_step(
             with (
                 fake_process_group(world_size, device.type) as mesh,
                 mode,
-                CpuGroupedMm(),
                 torch.enable_grad(),
             ):
                 tracker, run = _sharded(

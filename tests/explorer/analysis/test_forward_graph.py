@@ -183,7 +183,7 @@ def test_forward_graph_refuses_what_is_not_a_module():
 
 def test_fused_moe_experts_run_grouped_mm_in_float32_on_cpu_fakes():
     # transformers 5 runs Mixtral's fused experts through aten._grouped_mm, whose fake kernel in
-    # torch 2.13 accepts only bfloat16 while the CPU kernel takes float32 (explorer.analysis.dry_run.CpuGroupedMm)
+    # torch 2.13 accepts only bfloat16 while the CPU kernel takes float32 (explorer.analysis.cpu_fake_mode)
     arch = HF_BY_NAME["mixtral"]  # hidden 32, intermediate 64, 4 experts, 2 per token, 2 layers
     eager = build_eager(arch).eval()
     torch.manual_seed(0)
