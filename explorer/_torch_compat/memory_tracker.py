@@ -45,8 +45,9 @@ __all__ = [
     "innermost_module",
 ]
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -150,22 +151,30 @@ class _FrozenParameters:
 
 
 class _FailureSite:
-    """Mixin: remembers the innermost module running when an op raised, as `failed_in`.
+    """Mixin: remembers the innermost module running when an op raised, as `failed_in`; and hands
+    every op the tracker ran to `op_observer`, when one is set.
 
     ModTracker's forward hooks always run, so by the time an error leaves the step the modules it
     was raised in are no longer "running"; the op that raised still passes through this mode.
+    `op_observer(func, args, kwargs, result)` sees each op the tracker sees (both trackers decline
+    DTensor ops, so that DTensor's own collectives reach them desugared): what a dispatch mode
+    entered just inside the tracker would see, without the cost of one more mode per op.
     """
 
     failed_in: str | None = None
+    op_observer: Callable[[Any, tuple, dict, Any], None] | None = None
     _mod_tracker: ModTracker  # MemTracker's, after this mixin in the MRO
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         try:
-            return super().__torch_dispatch__(func, types, args, kwargs)  # MemTracker's, next in the MRO
+            result = super().__torch_dispatch__(func, types, args, kwargs)  # MemTracker's, next in the MRO
         except Exception:
             if self.failed_in is None:
                 self.failed_in = innermost_module(self._mod_tracker)
             raise
+        if self.op_observer is not None and result is not NotImplemented:
+            self.op_observer(func, args, kwargs or {}, result)
+        return result
 
 
 class _ActivationOwners:

@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from .._torch_compat.fake import unset_fake_temporarily
-from .._torch_compat.memory_tracker import FastFSDPMemTracker, FastMemTracker, MemTracker
+from .._torch_compat.memory_tracker import FastFSDPMemTracker, FastMemTracker, FastTracker, MemTracker
 from ..record.scope import recording_graph
 from .comm_count import CollectiveCounter, Communication
 from .cpu_fake_mode import CpuFakeTensorMode
@@ -227,12 +227,13 @@ def _measure(
 ) -> tuple[MemTracker, Any, CollectiveCounter]:
     """The loop of the parallelized `twin` under the tracker its sharding asks for, collectives counted."""
     make_optimizer = optimizer or torch.optim.AdamW
-    tracker: MemTracker
+    tracker: FastTracker
     if isinstance(twin, FSDPModule):
         tracker = FastFSDPMemTracker(twin, make_optimizer(twin.parameters()))
     else:
         tracker = FastMemTracker()
     counter = CollectiveCounter()
+    tracker.op_observer = counter.observe  # the tracker's ops, counted without a mode of its own
     root_class = type(twin).__name__.removeprefix("FSDP")
-    run = run_step(twin, args, kwargs, make_optimizer, loss or default_loss, tracker, root_class, loop, inner=counter)
+    run = run_step(twin, args, kwargs, make_optimizer, loss or default_loss, tracker, root_class, loop)
     return tracker, run, counter

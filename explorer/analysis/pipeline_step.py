@@ -339,11 +339,12 @@ class _RankRun:
         # the ids themselves when no labels were given: one tensor, as `schedule.step(ids, target=ids)` passes
         target = batch if self.target is self.ids else torch.cat([self.target] * layout.accumulation_steps)
         tracker = _tracker(modules, optimizer, batch, target)
+        tracker.op_observer = counter.observe  # the tracker's ops, counted without a mode of its own
         monitor.tracker = tracker
         args = (batch,) if 0 in indices else ()
         kwargs = {"target": target} if count - 1 in indices else {}
         try:
-            with tracker, counter:
+            with tracker:
                 output = schedule.step(*args, return_outputs=self.keep_outputs, **kwargs)
                 monitor.between_actions()
                 monitor.close_window("between")
@@ -411,7 +412,9 @@ def _block_calls(modules: Sequence[nn.Module], tracker: MemTracker) -> dict[tupl
     return found
 
 
-def _tracker(modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer, *inputs: torch.Tensor) -> MemTracker:
+def _tracker(
+    modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer, *inputs: torch.Tensor
+) -> FastPipelineMemTracker | FastFSDPPipelineMemTracker:
     """The tracker for the rank's stages: FSDP's when they are sharded, the batch and target as inputs."""
     if isinstance(modules[0], FSDPModule):
         fsdp = FastFSDPPipelineMemTracker(modules, optimizer)
