@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 
 from tests.support import distributed_worker as worker
 from tests.support.hf_configs import HF_BY_NAME, build_eager
+from tests.support.ports import free_port
 
 LAUNCH_TIMEOUT_S = 120  # a guard against hangs on a loaded machine, not a timing check
 # What a rank may allocate beyond its own shards and one full tensor: FSDP/DTensor bookkeeping,
@@ -42,11 +42,6 @@ class Launch:
         return json.loads((self.out / f"{scenario}-rank{rank}.json").read_text())
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 class Ranks:
     """`world_size` ranks forked from this process (torch is already imported here, which saves
@@ -56,7 +51,7 @@ class Ranks:
     def __init__(self, out: Path, world_size: int, scenarios: list[str]) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.out, self.world_size, self.scenarios = out, world_size, scenarios
-        port = _free_port()
+        port = free_port()
         context = multiprocessing.get_context("fork")
         self.started = time.monotonic()
         self.processes = [

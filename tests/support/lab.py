@@ -11,7 +11,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from typing import Iterator
 import nbformat
 import pytest
 from playwright.sync_api import Locator, Page
+
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -40,11 +41,6 @@ LAB_START_TIMEOUT_S = 90
 NOTEBOOK_RUN_TIMEOUT_MS = 180_000
 KERNEL_REPLY_TIMEOUT_MS = 60_000
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_until_serving(process: subprocess.Popen, status_url: str, log: Path) -> None:
@@ -100,7 +96,7 @@ def jupyter_server(root: Path, home: Path, app: str = "lab") -> Iterator[tuple[s
         "IPYTHONDIR": str(ipython_dir),
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
     }
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     log = home / "jupyter-lab.log"
     command = [
         sys.executable, "-m", "jupyter", app, "--allow-root", "--no-browser",

@@ -5,26 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import explorer
 from explorer.analysis.block_composition import block_stack, candidates_of, compose_peak, truncated
+from tests.support.small_llama import deferred_llama
 
 IDS = torch.zeros(2, 64, dtype=torch.long)
 
 
 @pytest.fixture(scope="module")
 def llama8() -> torch.nn.Module:
-    config = LlamaConfig(
-        hidden_size=256,
-        intermediate_size=2048,
-        num_hidden_layers=8,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=300,
-    )
-    torch.manual_seed(0)
-    return explorer.deferred_init(LlamaForCausalLM, config)
+    return deferred_llama(8, hidden_size=256, intermediate_size=2048, vocab_size=300)
 
 
 def _step(module: torch.nn.Module, world_size: int, checkpointing: bool) -> explorer.TrainStep:

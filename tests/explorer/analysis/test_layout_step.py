@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import socket
 import time
 from pathlib import Path
 
@@ -61,16 +60,12 @@ from explorer.analysis.train_step import train_step
 from explorer.analysis.train_twin import fake_twin
 from tests.support import layout_worker
 from tests.support.hf_configs import HF_BY_NAME
+from tests.support.ports import free_port
 
 LLAMA = HF_BY_NAME["llama"]
 IDS = torch.ones(1, 8, dtype=torch.long)
 TIMEOUT_S = 300  # for every rank together: a guard against hangs, not a timing check
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _run_ranks(world: int, out: Path) -> dict[str, dict]:
@@ -78,7 +73,7 @@ def _run_ranks(world: int, out: Path) -> dict[str, dict]:
     Forked on CPU builds of torch; spawned on CUDA builds, where a process forked after this one ran a
     backward cannot run one (autograd's device threads do not survive fork)."""
     context = multiprocessing.get_context("fork" if torch.version.cuda is None else "spawn")
-    port = _free_port()
+    port = free_port()
     ranks = [context.Process(target=layout_worker.run_rank, args=(r, world, port, out)) for r in range(world)]
     for process in ranks:
         process.start()

@@ -9,27 +9,19 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import explorer
+from explorer.analysis.layout_step import layout_step
 from explorer.analysis.parallel_cost import ModelCost, step_cost
 from explorer.analysis.parallel_layout import Layout, LayoutError, ModelFacts, layout_problems
-from explorer.analysis.layout_step import layout_step
 from explorer.analysis.parallel_plan import candidate_layouts, plan_parallel
 from explorer.analysis.pipeline_step import pipeline_step
+from tests.support.small_llama import deferred_llama
 
 IDS = torch.zeros(2, 32, dtype=torch.long)
 
 
 @pytest.fixture(scope="module")
 def llama5() -> torch.nn.Module:
-    config = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=5,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=500,
-    )
-    torch.manual_seed(0)
-    return explorer.deferred_init(LlamaForCausalLM, config)
+    return deferred_llama(5, hidden_size=128, intermediate_size=256, vocab_size=500)
 
 
 def test_a_layout_names_why_it_cannot_run() -> None:

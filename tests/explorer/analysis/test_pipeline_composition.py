@@ -6,29 +6,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-import explorer
 from explorer.analysis.block_composition import block_stack, truncated
 from explorer.analysis.parallel_layout import Layout
 from explorer.analysis.parallel_measure import Measurements, Refused
 from explorer.analysis.pipeline_composition import compose_ranks
 from explorer.analysis.pipeline_step import pipeline_step
+from tests.support.small_llama import deferred_llama
 
 IDS = torch.zeros(1, 32, dtype=torch.long)
 
 
 def _llama(layers: int) -> torch.nn.Module:
-    config = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=512,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=300,
-    )
-    torch.manual_seed(0)
-    return explorer.deferred_init(LlamaForCausalLM, config)
+    return deferred_llama(layers, hidden_size=128, intermediate_size=512, vocab_size=300)
 
 
 @pytest.fixture(scope="module")

@@ -53,7 +53,6 @@ import datetime
 import json
 import multiprocessing
 import os
-import socket
 import time
 import traceback
 from fnmatch import fnmatchcase
@@ -78,6 +77,7 @@ from explorer.analysis.tp_plans import apply_tp_plan, plan_for_part, tp_plan_of
 from explorer.analysis.train_step import CATEGORY_OF, FSDP_CATEGORIES, TrainStepError
 from tests.support.gloo_threads import GlooThreadsCatchUp
 from tests.support.hf_configs import HF_BY_NAME, VOCAB
+from tests.support.ports import free_port
 
 LLAMA = HF_BY_NAME["llama"]
 WORLD = 2
@@ -161,14 +161,9 @@ def _rank(rank: int, port: int, out: Path) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 def _start_ranks(tmp_path: Path) -> list:
-    port = _free_port()
+    port = free_port()
     context = multiprocessing.get_context("spawn")
     ranks = [context.Process(target=_rank, args=(rank, port, tmp_path), daemon=True) for rank in range(WORLD)]
     for process in ranks:
@@ -307,7 +302,7 @@ def _parallel_rank(rank: int, port: int, out: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.pinned
 def test_fsdp_or_tp_stage_ranks_equal_pytorchs_trackers_on_four_gloo_ranks(tmp_path):
-    port = _free_port()
+    port = free_port()
     context = multiprocessing.get_context("spawn")
     ranks = [context.Process(target=_parallel_rank, args=(r, port, tmp_path), daemon=True) for r in range(FSDP_WORLD)]
     for process in ranks:

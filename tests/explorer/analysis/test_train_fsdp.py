@@ -24,7 +24,6 @@ import datetime
 import json
 import multiprocessing
 import os
-import socket
 import time
 import traceback
 from pathlib import Path
@@ -40,6 +39,7 @@ from explorer.analysis.fake_fsdp import fake_process_group, shard_blocks
 from explorer.analysis.train_step import default_loss, train_step
 from explorer.analysis.train_twin import fake_twin
 from tests.support.hf_configs import HF_BY_NAME, build_eager
+from tests.support.ports import free_port
 
 LLAMA = HF_BY_NAME["llama"]
 WORLD = 2
@@ -145,14 +145,9 @@ def _rank(rank: int, port: int, out: Path) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 def test_two_fake_ranks_equal_fsdp_memtracker_on_a_real_gloo_run(tmp_path):
-    port = _free_port()
+    port = free_port()
     context = multiprocessing.get_context("spawn")
     ranks = [context.Process(target=_rank, args=(rank, port, tmp_path), daemon=True) for rank in range(WORLD)]
     for process in ranks:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import multiprocessing
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 
 from tests.support import distributed_worker as worker
 from tests.support.hf_configs import HF_BY_NAME, build_eager
+from tests.support.ports import free_port
 
 LAUNCH_TIMEOUT_S = 120  # a guard against hangs on a loaded machine, not a timing check
 WORLD = 2
@@ -77,11 +77,6 @@ def save_then_load(rank: int, port: int, out: Path) -> None:
     finally:
         dist.destroy_process_group()
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
