@@ -1,13 +1,11 @@
 """FSDP2 on one process: a fake process group of N ranks, repeated blocks, activation checkpointing.
 
-`fake_process_group(N)` makes this process rank 0 of a world of N whose collectives do nothing
-(PyTorch's "fake" backend, `torch.testing._internal.distributed.fake_pg.FakeStore`): FSDP2 then
-shards, all-gathers and reduce-scatters with rank 0's shapes, which is all a memory estimate of
-fake tensors needs. Every rank holds the same padded shard sizes, so rank 0 stands for each.
+`fake_process_group(N)` (from `fake_groups`) makes this process rank 0 of a world of N whose
+collectives do nothing: FSDP2 then shards, all-gathers and reduce-scatters with rank 0's shapes,
+which is all a memory estimate of fake tensors needs. Every rank holds the same padded shard sizes,
+so rank 0 stands for each.
 
-The process-group globals, DTensor's caches and FSDP2's chunking hook it touches are reached through
-explorer/_torch_compat/distributed.py (notes [Process-group state], [DTensor caches hold the fake
-rank]).
+FSDP2's chunking hook is reached through explorer/_torch_compat/distributed.py.
 """
 
 from __future__ import annotations
@@ -16,19 +14,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from .._torch_compat.distributed import (
-    FakeStore,
-    caller_groups_set_aside,
-    checkpoint_wrapper,
-    clear_dtensor_caches,
-    dtensor_meta_propagation_hidden,
-    fsdp_chunks_replaced,
-)
+from .._torch_compat.distributed import checkpoint_wrapper, clear_dtensor_caches, fsdp_chunks_replaced
+from .fake_groups import fake_process_group
 
 __all__ = [
     "LazyChunks",
@@ -39,39 +30,6 @@ __all__ = [
     "repeated_blocks",
     "shard_blocks",
 ]
-
-
-@contextmanager
-def fake_process_group(
-    world_size: int,
-    device_type: str = "cpu",
-    mesh_shape: tuple[int, ...] | None = None,
-    mesh_dim_names: tuple[str, ...] | None = None,
-    rank: int = 0,
-) -> Iterator[DeviceMesh]:
-    """A default process group of `world_size` fake ranks (this process is `rank`, by default 0) and
-    its mesh: 1-d by default, or `mesh_shape` (whose product is `world_size`) with `mesh_dim_names`,
-    the outermost dim first, as `init_device_mesh` takes them (`layout_step` names its dims
-    ("dp_replicate", "dp_shard", "tp"), as torchtitan does). Its sends and receives, like its
-    collectives, move nothing.
-
-    The global process-group state is restored on every exit (note [Process-group state]), and
-    DTensor's sharding caches are emptied on entry and on every exit, so that no mesh of ours (rank 0)
-    is handed later to a real job of this process or of one forked from it (note [DTensor caches
-    hold the fake rank]). While it is up, DTensor's metadata propagation is hidden from the dispatch
-    modes (a tracker, our fake mode), as it is in eager (note [DTensor's meta propagation under our
-    fake mode]).
-    """
-    with caller_groups_set_aside(), dtensor_meta_propagation_hidden():
-        clear_dtensor_caches()
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-        try:
-            yield init_device_mesh(device_type, mesh_shape or (world_size,), mesh_dim_names=mesh_dim_names)
-        finally:
-            try:
-                dist.destroy_process_group()
-            finally:
-                clear_dtensor_caches()
 
 
 class LazyChunks(Sequence):

@@ -19,11 +19,12 @@ import torch
 from torch import nn
 
 from .block_composition import SHORT_BLOCKS, BlockStack, block_stack, candidates_of, compose_peak, truncated
+from .fake_groups import hold_fake_groups_until_exit
 from .layout_step import LayoutStep, layout_step
 from .parallel_layout import Layout, LayoutError
 from .pipeline_composition import compose_ranks
 from .pipeline_split import PipelineSplitError
-from .pipeline_step import PipelineStageStep, pipeline_step
+from .pipeline_step import PipelineStageStep, pipeline_steps
 from .tp_plans import TensorParallelPlanError
 from .train_step import LossFunction, OptimizerFactory
 
@@ -169,8 +170,8 @@ class Measurements:
         counts = (SHORT_BLOCKS, SHORT_BLOCKS + 1)
         if per_stage <= counts[1]:  # the two short steps would cost more than the whole one
             return self._whole_pipeline(layout)
-        short, longer = (
-            self._pipeline_steps(truncated(self.module, stack, stages * count), layout) for count in counts
+        short, longer = self._pipeline_steps(
+            [truncated(self.module, stack, stages * count) for count in counts], layout
         )
         composed = compose_ranks(short, longer, per_stage, stack)
         ranks = tuple(
@@ -190,15 +191,15 @@ class Measurements:
         communication["send_recv"] = max(rank.p2p_total for rank in composed)
         return ranks, communication
 
-    def _pipeline_steps(self, module: nn.Module, layout: Layout) -> list[PipelineStageStep]:
+    def _pipeline_steps(self, modules: list[nn.Module], layout: Layout) -> list[list[PipelineStageStep]]:
         inputs, kwargs = self._arguments(layout)
-        return pipeline_step(
-            module, *inputs, layout=layout, optimizer=self.optimizer, keep_outputs=self.keep_outputs, **kwargs
+        return pipeline_steps(
+            modules, *inputs, layout=layout, optimizer=self.optimizer, keep_outputs=self.keep_outputs, **kwargs
         )
 
     def _whole_pipeline(self, layout: Layout) -> Measured:
         """The pipelined layout measured on the whole model, split (not composed)."""
-        steps = self._pipeline_steps(self.module, layout)
+        (steps,) = self._pipeline_steps([self.module], layout)
         ranks = tuple(
             RankPeak(
                 _stage_name(step),
@@ -261,6 +262,7 @@ class _WorkerFailed:
 def _measure_forked(layout: Layout) -> tuple[tuple, Measured | Refused | _WorkerFailed]:
     assert _FORKED is not None
     torch.set_num_threads(1)
+    hold_fake_groups_until_exit()  # this worker's steps share fake groups and DTensor's caches until it exits
     try:
         return Measurements.key(layout), _FORKED.measure(layout)
     except Exception as error:  # any failure here is measured again, and raised, in the parent
@@ -284,7 +286,9 @@ def measure_in_workers(measurements: Measurements, layouts: Iterable[Layout], wo
     _FORKED = measurements
     try:
         with multiprocessing.get_context("fork").Pool(min(workers, len(distinct))) as pool:
-            for key, measured in pool.imap_unordered(_measure_forked, list(distinct.values())):
+            # two by two: layouts next to each other differ in checkpointing only, so one worker measures
+            # both on one held fake group (note [Fake groups held across steps])
+            for key, measured in pool.imap_unordered(_measure_forked, list(distinct.values()), chunksize=2):
                 if not isinstance(measured, _WorkerFailed):
                     measurements.cache[key] = measured
     finally:

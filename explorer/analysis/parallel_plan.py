@@ -18,6 +18,7 @@ from torch import nn
 
 from .block_composition import BlockStack, block_stack, truncated
 from .fake_fsdp import repeated_blocks
+from .fake_groups import fake_groups_held
 from .parallel_cost import Hardware, ModelCost, step_cost
 from .parallel_layout import ActivationCheckpointing, Layout, LayoutError, MixedPrecision, ModelFacts, layout_problems
 from .parallel_measure import Measurements, RankPeak, Refused, measure_in_workers
@@ -293,7 +294,8 @@ def plan_parallel(
             measurements, [layout for layout in layouts if not layout_problems(layout, facts, gpus)], workers
         )
     cost_model = _model_cost(module, inputs, forward_kwargs, measurements.stack)
-    results = [_evaluate(layout, facts, gpus, batch, measurements, cost_model, hardware) for layout in layouts]
+    with fake_groups_held():  # the steps measured here share fake groups (note [Fake groups held across steps])
+        results = [_evaluate(layout, facts, gpus, batch, measurements, cost_model, hardware) for layout in layouts]
     return ParallelPlan(type(module).__name__, gpus, memory, tuple(results), proxy_note=_PROXY_NOTE)
 
 

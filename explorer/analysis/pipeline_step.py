@@ -70,7 +70,7 @@ from .train_modules import block_call_snapshots
 from .train_step import CATEGORY_OF, FSDP_CATEGORIES, SINGLE_CATEGORIES, OptimizerFactory, TrainStepError
 from .train_twin import fake_twin
 
-__all__ = ["PIPELINE_MESH_DIMS", "PipelineLoss", "PipelineStageStep", "pipeline_step"]
+__all__ = ["PIPELINE_MESH_DIMS", "PipelineLoss", "PipelineStageStep", "pipeline_step", "pipeline_steps"]
 
 PIPELINE_MESH_DIMS = ("pp", *MESH_DIMS)
 
@@ -233,37 +233,76 @@ def pipeline_step(
     TensorParallelPlanError for a plan it cannot apply, PipelineSplitError for a model it cannot
     split, TrainStepError when a step cannot run on fakes.
     """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"explorer.pipeline_step expects an nn.Module, got {type(module).__name__}")
+    (steps,) = pipeline_steps(
+        [module], *inputs, layout=layout, optimizer=optimizer, loss=loss, ranks=None if rank is None else [rank],
+        keep_outputs=keep_outputs, **forward_kwargs,
+    )  # fmt: skip
+    return steps
+
+
+def pipeline_steps(
+    modules: Sequence[nn.Module],
+    *inputs: Any,
+    layout: Layout,
+    optimizer: OptimizerFactory | None = None,
+    loss: PipelineLoss | None = None,
+    ranks: Sequence[int] | None = None,
+    keep_outputs: bool = True,
+    **forward_kwargs: Any,
+) -> list[list[PipelineStageStep]]:
+    """`pipeline_step` of each of `modules` under one layout (each entry: that module's ranks), run
+    rank by rank: rank r of every module before rank r + 1. Consecutive steps of one rank then ask for
+    the same fake process group, which `fake_groups_held()` keeps up between them, DTensor's caches
+    with it (note [Fake groups held across steps]). Raises as `pipeline_step` does."""
+    for module in modules:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"explorer.pipeline_step expects an nn.Module, got {type(module).__name__}")
     if recording_graph() is not None:
         raise TrainStepError(
             "pipeline_step cannot run inside deferred_init: call it on the module deferred_init returned"
         )
-    tp_plan = _tp_plan(module, layout)
-    stage_count = layout.pp * layout.stages_per_rank
-    plans = plan_stages(module, stage_count)
-    ranks = range(layout.pp) if rank is None else [rank]
-    if rank is not None and not 0 <= rank < layout.pp:
-        raise ValueError(f"rank must be in 0..{layout.pp - 1} for Layout.pp={layout.pp}, got {rank!r}")
     rng_state = torch.get_rng_state()
-    mode = CpuFakeTensorMode(allow_non_fake_inputs=True)
     try:
-        twin = fake_twin(module, mode).train()
-        _check_on_cpu(twin, type(module).__name__)
-        if _parallel(layout):
-            check_tp_plan(twin, tp_plan)  # keyed by the model's paths: checked once, on the whole twin
-        else:
-            _checkpointed(twin, plans, layout.activation_checkpointing)
-        args, kwargs = fake_forward_arguments(module, mode, torch.device("cpu"), inputs, forward_kwargs)
-        ids, target = _stage_batch(args, kwargs, layout)
-        stages = [DecoderStage(twin, plan) for plan in plans]
-        with mode, torch.enable_grad():
-            boundaries = _boundaries(stages, ids, layout)
-        run = _RankRun(layout, stages, boundaries, ids, target, optimizer or torch.optim.AdamW,
-                       loss or _causal_lm_loss(twin), keep_outputs, mode, module, tp_plan)  # fmt: skip
-        return [run.measure(r) for r in ranks]
+        runs = [_prepared(module, inputs, forward_kwargs, layout, optimizer, loss, keep_outputs) for module in modules]
+        for rank in ranks or ():
+            if not 0 <= rank < layout.pp:
+                raise ValueError(f"rank must be in 0..{layout.pp - 1} for Layout.pp={layout.pp}, got {rank!r}")
+        measured: list[list[PipelineStageStep]] = [[] for _ in runs]
+        for rank in range(layout.pp) if ranks is None else ranks:
+            for run, steps in zip(runs, measured, strict=True):
+                steps.append(run.measure(rank))
+        return measured
     finally:
         torch.set_rng_state(rng_state)
+
+
+def _prepared(
+    module: nn.Module,
+    inputs: tuple,
+    forward_kwargs: dict,
+    layout: Layout,
+    optimizer: OptimizerFactory | None,
+    loss: PipelineLoss | None,
+    keep_outputs: bool,
+) -> _RankRun:
+    """What every rank's step of `module` shares: its fake twin cut into stages, the stage boundaries
+    (one forward of the chained stages), the batch and the loop's choices."""
+    tp_plan = _tp_plan(module, layout)
+    plans = plan_stages(module, layout.pp * layout.stages_per_rank)
+    mode = CpuFakeTensorMode(allow_non_fake_inputs=True)
+    twin = fake_twin(module, mode).train()
+    _check_on_cpu(twin, type(module).__name__)
+    if _parallel(layout):
+        check_tp_plan(twin, tp_plan)  # keyed by the model's paths: checked once, on the whole twin
+    else:
+        _checkpointed(twin, plans, layout.activation_checkpointing)
+    args, kwargs = fake_forward_arguments(module, mode, torch.device("cpu"), inputs, forward_kwargs)
+    ids, target = _stage_batch(args, kwargs, layout)
+    stages = [DecoderStage(twin, plan) for plan in plans]
+    with mode, torch.enable_grad():
+        boundaries = _boundaries(stages, ids, layout)
+    return _RankRun(layout, stages, boundaries, ids, target, optimizer or torch.optim.AdamW,
+                    loss or _causal_lm_loss(twin), keep_outputs, mode, module, tp_plan)  # fmt: skip
 
 
 @dataclass
