@@ -283,12 +283,15 @@ def measure_in_workers(measurements: Measurements, layouts: Iterable[Layout], wo
             distinct.setdefault(key, layout)
     if not distinct:
         return
+    # the longest first (pipelined steps run every stage rank), so that no long one is left for last;
+    # the sort is stable: layouts next to each other stay together
+    todo = sorted(distinct.values(), key=lambda layout: -layout.pp * layout.stages_per_rank)
     _FORKED = measurements
     try:
         with multiprocessing.get_context("fork").Pool(min(workers, len(distinct))) as pool:
             # two by two: layouts next to each other differ in checkpointing only, so one worker measures
             # both on one held fake group (note [Fake groups held across steps])
-            for key, measured in pool.imap_unordered(_measure_forked, list(distinct.values()), chunksize=2):
+            for key, measured in pool.imap_unordered(_measure_forked, todo, chunksize=2):
                 if not isinstance(measured, _WorkerFailed):
                     measurements.cache[key] = measured
     finally:
