@@ -82,16 +82,17 @@ def _open(
     world_size: int, device_type: str, mesh_shape: tuple[int, ...], mesh_dim_names: tuple[str, ...] | None, rank: int
 ) -> tuple[DeviceMesh, ExitStack]:
     """A fake group up, its mesh, and what tears it down (run here if opening fails)."""
-    stack = ExitStack()
-    with stack:
-        stack.enter_context(caller_groups_set_aside())
-        stack.callback(clear_dtensor_caches)  # callbacks run last first: this one once the group is gone
+    teardown = ExitStack()
+    try:
+        teardown.enter_context(caller_groups_set_aside())
+        teardown.callback(clear_dtensor_caches)  # callbacks run last first: this one once the group is gone
         clear_dtensor_caches()
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-        stack.callback(dist.destroy_process_group)
-        mesh = init_device_mesh(device_type, mesh_shape, mesh_dim_names=mesh_dim_names)
-        return mesh, stack.pop_all()
-    raise AssertionError("unreachable: the block returns or raises")
+        teardown.callback(dist.destroy_process_group)
+        return init_device_mesh(device_type, mesh_shape, mesh_dim_names=mesh_dim_names), teardown
+    except BaseException:
+        teardown.close()
+        raise
 
 
 @contextmanager

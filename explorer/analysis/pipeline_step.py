@@ -127,10 +127,8 @@ class PipelineStageStep:
         return sum(self.p2p_bytes.values())
 
 
-def _tp_plan(module: nn.Module, layout: Any) -> dict[str, str]:
-    """The model's own tensor-parallel plan ({} without TP), after checking the layout."""
-    if not isinstance(layout, Layout):
-        raise TypeError(f"layout must be an explorer Layout, got {type(layout).__name__}")
+def _tp_plan(module: nn.Module, layout: Layout) -> dict[str, str]:
+    """The model's own tensor-parallel plan ({} without TP)."""
     if layout.tp == 1:
         return {}
     plan = tp_plan_of(module)
@@ -261,12 +259,14 @@ def pipeline_steps(
         raise TrainStepError(
             "pipeline_step cannot run inside deferred_init: call it on the module deferred_init returned"
         )
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be an explorer Layout, got {type(layout).__name__}")
+    for rank in ranks or ():
+        if not 0 <= rank < layout.pp:
+            raise ValueError(f"rank must be in 0..{layout.pp - 1} for Layout.pp={layout.pp}, got {rank!r}")
     rng_state = torch.get_rng_state()
     try:
         runs = [_prepared(module, inputs, forward_kwargs, layout, optimizer, loss, keep_outputs) for module in modules]
-        for rank in ranks or ():
-            if not 0 <= rank < layout.pp:
-                raise ValueError(f"rank must be in 0..{layout.pp - 1} for Layout.pp={layout.pp}, got {rank!r}")
         measured: list[list[PipelineStageStep]] = [[] for _ in runs]
         for rank in range(layout.pp) if ranks is None else ranks:
             for run, steps in zip(runs, measured, strict=True):

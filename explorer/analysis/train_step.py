@@ -19,7 +19,6 @@ fragmentation, CUDA context or kernel workspaces.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -335,12 +334,11 @@ def run_step(
     tracker: FastTracker,
     root_class: str,
     loop: TrainingLoop = TrainingLoop(),
-    inner: AbstractContextManager | None = None,
 ) -> _StepRun:
     """`loop` (note [The loop as users write it]) of `twin` under `tracker` (created by the caller:
     `FastMemTracker()` or `FastFSDPMemTracker(twin, optimizer)`), exactly as one would write it in
-    eager; inputs are tracked as "inputs". `inner`: a context entered inside the tracker for the
-    loop (a `CollectiveCounter`). Raises TrainStepError naming phase and module."""
+    eager; inputs are tracked as "inputs" (a tracker's `op_observer` sees every op of the loop).
+    Raises TrainStepError naming phase and module."""
     optimizer = getattr(tracker, "_optm", None) or make_optimizer(twin.parameters())
     run = _StepRun(tracker, type(optimizer).__name__)
     if isinstance(tracker, FastFSDPMemTracker):
@@ -349,7 +347,7 @@ def run_step(
         tracker.track_external(twin, optimizer, *tensor_leaves((args, kwargs)))
     running = "no module"
     try:
-        with tracker, inner or nullcontext():
+        with tracker:
             try:
                 _run_loop(run, twin, args, kwargs, optimizer, loss, loop)
             except Exception:
