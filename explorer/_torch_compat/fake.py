@@ -14,6 +14,19 @@ one; `FakeTemplate` makes one fake per device the normal way and copies its inst
 onto the next fakes of that device (made with `_make_subclass`, as __new__ does). Whether that
 gives the same fake is checked once per device against the normally made one; where it does not
 (a release that keeps fake state outside `__dict__`), fakes are made with __new__ itself.
+
+Note: [A fake's cache key, kept]
+FakeTensorMode caches each op's output by a key made of every argument's metadata. For each fake
+argument it rebuilds that metadata from scratch (`extract_tensor_metadata`, then a walk over its
+seventeen fields): about a sixth of a planner's fake step went there, most of it on the same
+parameters and activations again and again. `KeyedFakeTensorMode` keeps, on each fake, the part of
+the key FakeTensorMode made for it, with the metadata it was made from: what a live fake can change
+(shape, stride, storage offset, storage size, requires_grad, conjugate and negative bits) and what
+`.data = ...` can swap under the same object (dtype, layout, device, inference bit). While those
+are the same the kept part is used; else FakeTensorMode makes it again. The kept part is
+FakeTensorMode's own, so keys are unchanged. Fakes with symbolic shapes, constants and other
+modes' fakes take FakeTensorMode's path every time. Re-check `_prep_args_for_hash` (its container
+and argument walk) on upgrades.
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ __all__ = [
     "FakeTemplate",
     "FakeTensor",
     "FakeTensorMode",
+    "KeyedFakeTensorMode",
     "UnsupportedFakeTensorException",
     "allows_unsafe_data_ptr",
     "fake_device_of",
@@ -184,3 +198,55 @@ class FakeTemplate:
         alias = elem.detach()
         alias.requires_grad_(grad)
         return self.cls(self.fake_mode, alias, normalized)
+
+
+class _KeptKey(tuple):
+    """A fake's part of a cache key, standing in for the fake in the arguments walked."""
+
+    __slots__ = ()
+
+
+_KEPT = "_explorer_kept_key"  # on a fake: (what it was made from, the kept part)
+
+
+class KeyedFakeTensorMode(FakeTensorMode):
+    """FakeTensorMode that keeps each fake's part of its op cache keys (note [A fake's cache key, kept])."""
+
+    def _prep_args_for_hash(self, result, args, state, id_hashed_objects) -> None:
+        if type(args) is _KeptKey:
+            result.extend(args)
+            return
+        if type(args) is tuple or type(args) is list:
+            if any(isinstance(arg, FakeTensor) for arg in args):
+                args = type(args)(self._kept_key(arg, state) if isinstance(arg, FakeTensor) else arg for arg in args)
+        elif not isinstance(args, (dict, tuple, list)):  # a dict's keys or values: walked without a length prefix
+            args = iter([self._kept_key(arg, state) if isinstance(arg, FakeTensor) else arg for arg in args])
+        super()._prep_args_for_hash(result, args, state, id_hashed_objects)
+
+    def _kept_key(self, fake: FakeTensor, state: Any) -> object:
+        """`fake`'s part of the key, kept on it while its mutable metadata holds; `fake` itself where
+        FakeTensorMode must see it (other modes', constants, symbolic shapes)."""
+        if fake.fake_mode is not self or fake.constant is not None or fake._has_symbolic_sizes_strides:
+            return fake
+        made_from = (
+            id(fake),
+            fake.dtype,  # `.data = ...` can swap dtype, layout and device under the same Python object
+            fake.layout,
+            fake_device_of(fake),
+            fake.is_inference(),
+            fake.shape,
+            fake.stride(),
+            fake.storage_offset(),
+            fake.untyped_storage().nbytes(),
+            fake.requires_grad,
+            fake.is_conj(),
+            fake.is_neg(),
+        )
+        kept = fake.__dict__.get(_KEPT)
+        if kept is not None and kept[0] == made_from:
+            return kept[1]
+        part: list[object] = []
+        super()._prep_args_for_hash(part, iter((fake,)), state, [])  # no container: no length prefix
+        key = _KeptKey(part)
+        fake.__dict__[_KEPT] = (made_from, key)
+        return key

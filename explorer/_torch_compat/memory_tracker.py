@@ -27,6 +27,24 @@ a submodule called twice (the module's input bytes and a fresh forward snapshot;
 categorized differently). `FSDPMemTracker` refuses the same in its wrapper of FSDP's pre-forward
 (`_fsdp_state_pre_forward`), by the same condition; `FastFSDPPipelineMemTracker` marks the
 placeholder there too. Re-check both conditions on upgrades.
+
+Note: [An op's outputs, mapped directly]
+After every op, PyTorch's trackers hand each output tensor to their bookkeeping with pytree's
+`tree_map_only`, which builds a wrapper, flattens and rebuilds the outputs: a tenth of a planner's
+fake step. The trackers' modules look the function up as a global at each call; importing this
+module points both at `_flat_tree_map_only`, which gives the same result (a tensor, or a plain tuple or
+list of leaves, is mapped directly; anything else, pytree's own walk). Nothing else changes, for
+PyTorch's own trackers either: tests/explorer/test_torch_compat.py compares the two on every kind
+of tree. Re-check that the trackers still call it by that global name on upgrades.
+
+Note: [Device queries are not ops]
+A fake tensor keeps its device in Python, so every `.device` asked of it, from Python or from C++
+(the autograd engine asks of each gradient it routes), is dispatched as `prim.device` through every
+mode. A real tensor answers in C++ without any: PyTorch's trackers never see the query in a real
+run. The fast trackers answer it without their bookkeeping (no storage is created, nothing is
+categorized, no peak is taken), as a real run's tracker would never have been asked, and answer a
+fake tensor's as FakeTensorMode does, without passing through it. It was half of the ops a fake
+FSDP step dispatched.
 """
 
 from __future__ import annotations
@@ -53,12 +71,37 @@ import torch
 
 # Importing the module registers fake (meta) kernels for c10d collectives, used under FakeTensorMode.
 import torch.distributed._tools.fake_collectives
+import torch.distributed._tools.fsdp2_mem_tracker as _fsdp2_mem_tracker_module
+import torch.distributed._tools.mem_tracker as _mem_tracker_module
+import torch.utils._pytree as _pytree
 from torch import nn
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils.weak import WeakIdKeyDictionary
+
+from .fake import FakeTensor, fake_device_of, in_kernel_invocation
+
+_tree_map_only = _pytree.tree_map_only
+_NODES = _pytree.SUPPORTED_NODES  # the types pytree walks into; every other object is a leaf
+
+
+def _flat_tree_map_only(type_or_types_or_pred, func, tree, is_leaf=None):
+    """`tree_map_only`, the same result, without pytree's walk for what an op returns: a tensor, or a
+    plain tuple or list of leaves (note [An op's outputs, mapped directly])."""
+    if type_or_types_or_pred is torch.Tensor and is_leaf is None:
+        if isinstance(tree, torch.Tensor) and type(tree) not in _NODES:
+            return func(tree)
+        kind = type(tree)
+        if (kind is tuple or kind is list) and not any(type(leaf) in _NODES for leaf in tree):
+            return kind(func(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in tree)
+    return _tree_map_only(type_or_types_or_pred, func, tree, is_leaf=is_leaf)
+
+
+for _module in (_mem_tracker_module, _fsdp2_mem_tracker_module):
+    if getattr(_module, "tree_map_only", None) is _tree_map_only:
+        _module.tree_map_only = _flat_tree_map_only  # type: ignore[attr-defined]  # the trackers' global lookup
 
 
 class _FastPeaks:
@@ -150,6 +193,20 @@ class _FrozenParameters:
         self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)  # type: ignore[attr-defined]  # MemTracker's, after this mixin in the MRO
 
 
+# A fake tensor answers `.device` through dispatch (it reports a device it has no storage on).
+_DEVICE_QUERY = torch.ops.prim.device.default
+_META = torch.device("meta")
+
+
+def _device_of(tensor: object) -> torch.device:
+    """`prim.device` of `tensor`, as FakeTensorMode answers it (its `_device_handler`: the fake device,
+    or meta while a kernel of the fake mode runs) without passing through the mode; any other
+    tensor asks the modes below."""
+    if isinstance(tensor, FakeTensor):
+        return _META if in_kernel_invocation(tensor.fake_mode) else fake_device_of(tensor)
+    return _DEVICE_QUERY(tensor)
+
+
 class _FailureSite:
     """Mixin: remembers the innermost module running when an op raised, as `failed_in`; and hands
     every op the tracker ran to `op_observer`, when one is set.
@@ -166,6 +223,10 @@ class _FailureSite:
     _mod_tracker: ModTracker  # MemTracker's, after this mixin in the MRO
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE_QUERY:
+            # a fake tensor's `.device`, asked by C++ (the autograd engine asks of every gradient):
+            # no storage comes of it (note [Device queries are not ops])
+            return _device_of(args[0]) if len(args) == 1 and not kwargs else func(*args, **(kwargs or {}))
         try:
             result = super().__torch_dispatch__(func, types, args, kwargs)  # MemTracker's, next in the MRO
         except Exception:

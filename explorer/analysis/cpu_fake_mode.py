@@ -19,7 +19,7 @@ from typing import cast
 
 import torch
 
-from .._torch_compat.fake import FakeTensorMode
+from .._torch_compat.fake import KeyedFakeTensorMode
 
 __all__ = ["CpuFakeTensorMode"]
 
@@ -27,8 +27,9 @@ _GROUPED_MM = torch.ops.aten._grouped_mm.default
 _EMPTY = torch.ops.aten.empty.memory_format
 
 
-class CpuFakeTensorMode(FakeTensorMode):
-    """FakeTensorMode, but `aten._grouped_mm` on CPU fakes follows the CPU kernel (module docstring)."""
+class CpuFakeTensorMode(KeyedFakeTensorMode):
+    """FakeTensorMode, but `aten._grouped_mm` on CPU fakes follows the CPU kernel (module docstring); each
+    fake keeps its part of the op cache keys (note [A fake's cache key, kept])."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _GROUPED_MM:

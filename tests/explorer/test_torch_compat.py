@@ -271,3 +271,120 @@ def test_a_locally_voted_stage_runs_pytorchs_1f1b_as_rank_1_of_a_fake_group_on_f
         stage = LocallyVotedStage(model, 1, 2, torch.device("cpu"), input_args=(example,), output_args=(example,))
         Schedule1F1B(stage, 2, loss_fn=lambda output, target: output.sum()).step(target=torch.empty(4, 4))
         assert model.weight.grad is not None and model.weight.grad.shape == (4, 4)
+
+
+def _stock_key_part(mode: FakeTensorMode, args: tuple) -> list:
+    """The key values FakeTensorMode's own walk gives `args` (no kept parts)."""
+    from torch._subclasses.fake_tensor import _CacheKeyState
+
+    values: list = []
+    FakeTensorMode._prep_args_for_hash(mode, values, args, _CacheKeyState(), [])
+    return values
+
+
+def _keyed_key_part(mode: FakeTensorMode, args: tuple) -> list:
+    from torch._subclasses.fake_tensor import _CacheKeyState
+
+    values: list = []
+    mode._prep_args_for_hash(values, args, _CacheKeyState(), [])
+    return values
+
+
+def test_a_kept_cache_key_part_equals_fake_modes_own_through_every_change_a_live_fake_can_take() -> None:
+    """note [A fake's cache key, kept]: after each change the key is FakeTensorMode's own again,
+    never the part kept from before it."""
+    from explorer._torch_compat.fake import KeyedFakeTensorMode
+
+    mode = KeyedFakeTensorMode()
+    with mode:
+        x = torch.empty(2, 3)
+        y = torch.empty(6)
+    changes = [
+        ("none", lambda: None),
+        ("transpose in place", lambda: x.t_()),
+        ("resize", lambda: x.resize_(4, 5)),
+        ("as_strided in place", lambda: x.as_strided_((2, 2), (1, 2), 3)),
+        ("storage resized", lambda: y.untyped_storage().resize_(0)),
+        ("requires_grad", lambda: x.requires_grad_(True)),
+    ]
+    seen = []
+    for name, change in changes:
+        with mode:
+            change()
+        args = (x, [y, 2.0], {"alpha": x})
+        keyed, stock = _keyed_key_part(mode, args), _stock_key_part(mode, args)
+        assert keyed == stock, name
+        seen.append(tuple(map(str, keyed)))
+    assert len(set(seen)) == len(changes)  # every change changed the key
+
+
+def test_a_kept_cache_key_part_follows_data_swapped_to_another_dtype() -> None:
+    from explorer._torch_compat.fake import KeyedFakeTensorMode
+
+    mode = KeyedFakeTensorMode()
+    with mode:
+        x, half = torch.empty(4, 4), torch.empty(4, 4, dtype=torch.float16)
+        before = _keyed_key_part(mode, (x,))
+        x.data = half
+        after = _keyed_key_part(mode, (x,))
+        doubled = x + x
+    assert after == _stock_key_part(mode, (x,)) and after != before
+    assert doubled.dtype == torch.float16
+
+
+def test_ops_on_a_fake_changed_in_place_give_the_shapes_eager_gives() -> None:
+    from explorer._torch_compat.fake import KeyedFakeTensorMode
+
+    def shapes(tensor: torch.Tensor) -> tuple:
+        first = tensor.add(tensor)
+        tensor.t_()
+        second = tensor.add(tensor)
+        return first.shape, first.stride(), second.shape, second.stride()
+
+    results = [shapes(torch.zeros(2, 3))]
+    with KeyedFakeTensorMode():
+        results.append(shapes(torch.zeros(2, 3)))
+    assert results[0] == results[1] == ((2, 3), (3, 1), (3, 2), (1, 3))
+
+
+def test_the_fast_trackers_answer_a_fakes_device_query_without_taking_it_as_an_op() -> None:
+    """note [Device queries are not ops]: the query a real tensor answers in C++ reaches no tracker
+    bookkeeping (here: the op observer sees none), and its answer is the fake mode's."""
+    from explorer._torch_compat.memory_tracker import FastMemTracker
+
+    mode = FakeTensorMode()
+    with mode:
+        fake = torch.empty(2, 2, device="cuda")
+    seen = []
+    tracker = FastMemTracker()
+    tracker.op_observer = lambda func, args, kwargs, result: seen.append(str(func))
+    with mode, tracker:
+        answered = torch.ops.prim.device.default(fake)
+        fake.add(fake)
+    assert answered == torch.device("cuda", 0) == fake.device
+    assert seen == ["aten.add.Tensor"]
+
+
+def test_the_trackers_direct_output_map_gives_pytrees_result_on_every_kind_of_tree() -> None:
+    """note [An op's outputs, mapped directly]: same result and same calls, in the same order, as
+    pytree's `tree_map_only`, which the trackers' modules no longer call directly."""
+    import collections
+
+    import torch.distributed._tools.fsdp2_mem_tracker as fsdp2_mem_tracker
+    import torch.distributed._tools.mem_tracker as mem_tracker
+    import torch.utils._pytree as pytree
+
+    from explorer._torch_compat.memory_tracker import _flat_tree_map_only
+
+    assert mem_tracker.tree_map_only is fsdp2_mem_tracker.tree_map_only is _flat_tree_map_only
+    pair = collections.namedtuple("pair", "a b")
+    a, b = torch.ones(2), torch.zeros(3, dtype=torch.int64)
+    trees = [a, (a, None, 3), [a, b], (a, (b,)), pair(a, b), {"x": a}, torch.Size([2, 3]), None, 2.5, ([a], b), ()]
+    for tree in trees:
+        calls: list[list] = [[], []]
+        results = [
+            mapper(torch.Tensor, lambda t, seen=seen: seen.append(t) or t.shape, tree)
+            for mapper, seen in ((_flat_tree_map_only, calls[0]), (pytree.tree_map_only, calls[1]))
+        ]
+        assert results[0] == results[1] and type(results[0]) is type(results[1]), tree
+        assert [id(t) for t in calls[0]] == [id(t) for t in calls[1]], tree
