@@ -15,18 +15,18 @@ onto the next fakes of that device (made with `_make_subclass`, as __new__ does)
 gives the same fake is checked once per device against the normally made one; where it does not
 (a release that keeps fake state outside `__dict__`), fakes are made with __new__ itself.
 
-Note: [A fake's cache key, kept]
+Note: [A dense fake's cache key, read directly]
 FakeTensorMode caches each op's output by a key made of every argument's metadata. For each fake
-argument it rebuilds that metadata from scratch (`extract_tensor_metadata`, then a walk over its
-seventeen fields): about a sixth of a planner's fake step went there, most of it on the same
-parameters and activations again and again. `KeyedFakeTensorMode` keeps, on each fake, the part of
-the key FakeTensorMode made for it, with the metadata it was made from: what a live fake can change
-(shape, stride, storage offset, storage size, requires_grad, conjugate and negative bits) and what
-`.data = ...` can swap under the same object (dtype, layout, device, inference bit). While those
-are the same the kept part is used; else FakeTensorMode makes it again. The kept part is
-FakeTensorMode's own, so keys are unchanged. Fakes with symbolic shapes, constants and other
-modes' fakes take FakeTensorMode's path every time. Re-check `_prep_args_for_hash` (its container
-and argument walk) on upgrades.
+argument it builds `TensorMetadata` (seventeen fields, sparse and quantized ones included) and walks
+it: about a sixth of a planner's fake step went there. `KeyedFakeTensorMode` puts in its place, for
+a dense fake (strided, unquantized, static shapes, of this mode, not a constant), the metadata an
+output can depend on, read directly: dtype, device, shape, stride, storage offset and size,
+requires_grad, the conjugate, negative and inference bits (the memory format FakeTensorMode also
+keys on follows from shape and stride; the rest are fixed for a dense fake). A marker opens that
+part, so no key of FakeTensorMode's own (the other fakes', other modes') can equal one of these.
+Keys stay equal exactly when FakeTensorMode's are: `tests/explorer/test_torch_compat.py` checks it,
+pair by pair, over fakes differing in each of those, on every tested release. Re-check
+`_prep_args_for_hash` (its container and argument walk) and `TensorMetadata`'s fields on upgrades.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ __all__ = [
     "FakeTensor",
     "FakeTensorMode",
     "KeyedFakeTensorMode",
+    "dense_key_part",
     "UnsupportedFakeTensorException",
     "allows_unsafe_data_ptr",
     "fake_device_of",
@@ -200,53 +201,66 @@ class FakeTemplate:
         return self.cls(self.fake_mode, alias, normalized)
 
 
-class _KeptKey(tuple):
-    """A fake's part of a cache key, standing in for the fake in the arguments walked."""
+class _DenseKey(tuple):
+    """A dense fake's part of a cache key, standing in for the fake in the arguments walked."""
 
     __slots__ = ()
 
 
-_KEPT = "_explorer_kept_key"  # on a fake: (what it was made from, the kept part)
+class _DenseMark:
+    """Opens every `_DenseKey`: no key FakeTensorMode makes holds it, so the two never collide."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<dense fake>"
+
+
+_DENSE = _DenseMark()
+
+
+def dense_key_part(fake: FakeTensor) -> tuple:
+    """The metadata an op's cached output can depend on, for a dense (strided, unquantized) fake with
+    static shapes (note [A dense fake's cache key, read directly])."""
+    return (
+        _DENSE,
+        fake.dtype,
+        fake_device_of(fake),
+        fake.shape,
+        fake.stride(),
+        fake.storage_offset(),
+        fake.untyped_storage().nbytes(),
+        fake.requires_grad,
+        fake.is_conj(),
+        fake.is_neg(),
+        fake.is_inference(),
+    )
 
 
 class KeyedFakeTensorMode(FakeTensorMode):
-    """FakeTensorMode that keeps each fake's part of its op cache keys (note [A fake's cache key, kept])."""
+    """FakeTensorMode that reads a dense fake's part of its op cache keys directly (note [A dense
+    fake's cache key, read directly])."""
 
     def _prep_args_for_hash(self, result, args, state, id_hashed_objects) -> None:
-        if type(args) is _KeptKey:
+        if type(args) is _DenseKey:
             result.extend(args)
             return
         if type(args) is tuple or type(args) is list:
             if any(isinstance(arg, FakeTensor) for arg in args):
-                args = type(args)(self._kept_key(arg, state) if isinstance(arg, FakeTensor) else arg for arg in args)
+                args = type(args)(self._key_part(arg) if isinstance(arg, FakeTensor) else arg for arg in args)
         elif not isinstance(args, (dict, tuple, list)):  # a dict's keys or values: walked without a length prefix
-            args = iter([self._kept_key(arg, state) if isinstance(arg, FakeTensor) else arg for arg in args])
+            args = iter([self._key_part(arg) if isinstance(arg, FakeTensor) else arg for arg in args])
         super()._prep_args_for_hash(result, args, state, id_hashed_objects)
 
-    def _kept_key(self, fake: FakeTensor, state: Any) -> object:
-        """`fake`'s part of the key, kept on it while its mutable metadata holds; `fake` itself where
-        FakeTensorMode must see it (other modes', constants, symbolic shapes)."""
-        if fake.fake_mode is not self or fake.constant is not None or fake._has_symbolic_sizes_strides:
+    def _key_part(self, fake: FakeTensor) -> object:
+        """`fake`'s part of the key, read directly; `fake` itself where FakeTensorMode must see it
+        (other modes' fakes, constants, symbolic shapes, sparse, quantized or other layouts)."""
+        if (
+            fake.fake_mode is not self
+            or fake.constant is not None
+            or fake.layout is not torch.strided
+            or fake.is_quantized
+            or fake._has_symbolic_sizes_strides
+        ):
             return fake
-        made_from = (
-            id(fake),
-            fake.dtype,  # `.data = ...` can swap dtype, layout and device under the same Python object
-            fake.layout,
-            fake_device_of(fake),
-            fake.is_inference(),
-            fake.shape,
-            fake.stride(),
-            fake.storage_offset(),
-            fake.untyped_storage().nbytes(),
-            fake.requires_grad,
-            fake.is_conj(),
-            fake.is_neg(),
-        )
-        kept = fake.__dict__.get(_KEPT)
-        if kept is not None and kept[0] == made_from:
-            return kept[1]
-        part: list[object] = []
-        super()._prep_args_for_hash(part, iter((fake,)), state, [])  # no container: no length prefix
-        key = _KeptKey(part)
-        fake.__dict__[_KEPT] = (made_from, key)
-        return key
+        return _DenseKey(dense_key_part(fake))

@@ -28,8 +28,8 @@ _EMPTY = torch.ops.aten.empty.memory_format
 
 
 class CpuFakeTensorMode(KeyedFakeTensorMode):
-    """FakeTensorMode, but `aten._grouped_mm` on CPU fakes follows the CPU kernel (module docstring); each
-    fake keeps its part of the op cache keys (note [A fake's cache key, kept])."""
+    """FakeTensorMode, but `aten._grouped_mm` on CPU fakes follows the CPU kernel (module docstring); a dense
+    fake's part of the op cache keys is read directly (note [A dense fake's cache key, read directly])."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _GROUPED_MM:

@@ -274,7 +274,7 @@ def test_a_locally_voted_stage_runs_pytorchs_1f1b_as_rank_1_of_a_fake_group_on_f
 
 
 def _stock_key_part(mode: FakeTensorMode, args: tuple) -> list:
-    """The key values FakeTensorMode's own walk gives `args` (no kept parts)."""
+    """The key values FakeTensorMode's own walk gives `args`."""
     from torch._subclasses.fake_tensor import _CacheKeyState
 
     values: list = []
@@ -290,9 +290,67 @@ def _keyed_key_part(mode: FakeTensorMode, args: tuple) -> list:
     return values
 
 
-def test_a_kept_cache_key_part_equals_fake_modes_own_through_every_change_a_live_fake_can_take() -> None:
-    """note [A fake's cache key, kept]: after each change the key is FakeTensorMode's own again,
-    never the part kept from before it."""
+def _assert_keys_equal_exactly_when_fake_modes_do(mode: FakeTensorMode, cases: list[tuple[str, tuple]]) -> None:
+    keyed = [(name, _keyed_key_part(mode, args), _stock_key_part(mode, args)) for name, args in cases]
+    for name, ours, stock in keyed:
+        for other, other_ours, other_stock in keyed:
+            assert (ours == other_ours) == (stock == other_stock), (name, other)
+
+
+def _metadata(tensor: torch.Tensor) -> tuple:
+    return (tensor.dtype, tensor.shape, tensor.stride(), tensor.storage_offset(), tensor.untyped_storage().nbytes(),
+            tensor.requires_grad, tensor.is_conj(), tensor.is_neg(), tensor.is_inference())  # fmt: skip
+
+
+def test_dense_fakes_cache_keys_are_equal_exactly_when_fake_modes_own_are() -> None:
+    """note [A dense fake's cache key, read directly]: fakes differing in each piece of metadata an op's
+    output can depend on, and fakes alike but for their identity. Each fake is made by ops the mode
+    caches, and must match the eager tensor the same ops make: a key too coarse would hand one of
+    them another's cached output."""
+    from explorer._torch_compat.fake import KeyedFakeTensorMode
+
+    def made(device: str) -> dict[str, torch.Tensor]:
+        base = torch.zeros(4, 6, device=device)
+        made = {
+            "base": base,
+            "alike": torch.zeros(4, 6, device=device),
+            "half": torch.zeros(4, 6, dtype=torch.float16, device=device),
+            "int32": torch.zeros(4, 6, dtype=torch.int32, device=device),  # as many bytes as float32
+            "shape": torch.zeros(6, 4, device=device),
+            "narrower": torch.zeros(4, 6, device=device).narrow(1, 0, 5),  # base's strides and storage
+            "transposed": base.t(),
+            "offset": torch.zeros(5, 6, device=device).narrow(0, 1, 4),
+            "larger storage": torch.zeros(5, 6, device=device).narrow(0, 0, 4),
+            "requires_grad": torch.zeros(4, 6, requires_grad=True, device=device),
+        }
+        if device == "cpu":  # on a fake CUDA tensor these ask for a real CUDA device
+            complex_base = torch.zeros(4, 6, dtype=torch.complex64)
+            made |= {
+                "imag": complex_base.imag,
+                "conjugate": complex_base.conj(),
+                "negative": complex_base.conj().imag,
+                "complex": complex_base,
+            }
+            with torch.inference_mode():
+                made["inference"] = torch.zeros(4, 6)
+        return made
+
+    eager = made("cpu")
+    mode = KeyedFakeTensorMode()
+    with mode:
+        fakes = made("cpu")
+        fakes |= {f"cuda {name}": fake for name, fake in made("cuda").items()}
+        fakes["cuda:1"] = torch.zeros(4, 6, device="cuda:1")
+    for name, tensor in eager.items():
+        assert _metadata(fakes[name]) == _metadata(tensor) == _metadata(fakes.get(f"cuda {name}", tensor)), name
+    base, half = fakes["base"], fakes["half"]
+    cases = [(name, (fake,)) for name, fake in fakes.items()]
+    cases += [("in a list", ([base, 2.0],)), ("in a dict", ({"alpha": base},)), ("pair", (base, half))]
+    _assert_keys_equal_exactly_when_fake_modes_do(mode, cases)
+    assert _keyed_key_part(mode, (base,)) == _keyed_key_part(mode, (fakes["alike"],))
+
+
+def test_dense_fakes_cache_keys_follow_every_change_a_live_fake_can_take() -> None:
     from explorer._torch_compat.fake import KeyedFakeTensorMode
 
     mode = KeyedFakeTensorMode()
@@ -306,30 +364,36 @@ def test_a_kept_cache_key_part_equals_fake_modes_own_through_every_change_a_live
         ("as_strided in place", lambda: x.as_strided_((2, 2), (1, 2), 3)),
         ("storage resized", lambda: y.untyped_storage().resize_(0)),
         ("requires_grad", lambda: x.requires_grad_(True)),
+        ("data swapped to half", lambda: setattr(y, "data", torch.empty(6, dtype=torch.float16))),
     ]
-    seen = []
+    cases = []
     for name, change in changes:
         with mode:
             change()
-        args = (x, [y, 2.0], {"alpha": x})
-        keyed, stock = _keyed_key_part(mode, args), _stock_key_part(mode, args)
-        assert keyed == stock, name
-        seen.append(tuple(map(str, keyed)))
-    assert len(set(seen)) == len(changes)  # every change changed the key
+        args = (x, [y, 2.0])
+        cases.append((name, _keyed_key_part(mode, args), _stock_key_part(mode, args)))
+    for name, ours, stock in cases:
+        for other, other_ours, other_stock in cases:
+            assert (ours == other_ours) == (stock == other_stock), (name, other)
+    assert len({tuple(map(str, stock)) for _, _, stock in cases}) == len(changes)  # every change changed the key
 
 
-def test_a_kept_cache_key_part_follows_data_swapped_to_another_dtype() -> None:
+def test_fakes_fake_mode_must_see_keep_its_own_cache_key_walk() -> None:
+    """A constant (and any fake of another mode) goes through FakeTensorMode's walk: the same refusal."""
+    from torch._subclasses.fake_tensor import _BypassDispatchCache
+
     from explorer._torch_compat.fake import KeyedFakeTensorMode
 
-    mode = KeyedFakeTensorMode()
+    mode, other = KeyedFakeTensorMode(), KeyedFakeTensorMode()
     with mode:
-        x, half = torch.empty(4, 4), torch.empty(4, 4, dtype=torch.float16)
-        before = _keyed_key_part(mode, (x,))
-        x.data = half
-        after = _keyed_key_part(mode, (x,))
-        doubled = x + x
-    assert after == _stock_key_part(mode, (x,)) and after != before
-    assert doubled.dtype == torch.float16
+        constant = torch.tensor(3.0)  # a one-element literal: FakeTensorMode keeps its value
+    with other:
+        foreign = torch.empty(2)
+    assert constant.constant is not None
+    for fake, reason in ((constant, "constant attribute"), (foreign, "not our fake")):
+        for walk in (_keyed_key_part, _stock_key_part):
+            with pytest.raises(_BypassDispatchCache, match=reason):
+                walk(mode, (fake,))
 
 
 def test_ops_on_a_fake_changed_in_place_give_the_shapes_eager_gives() -> None:

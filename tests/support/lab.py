@@ -184,11 +184,16 @@ def write_notebook(path: Path, cells: list[str]) -> Path:
 
 
 def kernel_answer(page: Page, code: str, marker: str) -> str:
-    """Run `code` in a new cell; return the text of the output that contains `marker`."""
+    """Run `code` in a new cell; return the text of the output that contains `marker`.
+
+    Outputs already on the page may contain the marker too (a failure banner's "RuntimeError:"
+    holds "error:", matched without case): the answer is the first match beyond those, waited for."""
+    answers = page.locator(".jp-OutputArea-output", has_text=marker)
+    already = answers.count()
     run_new_cell(page, code)
-    answer = page.locator(".jp-OutputArea-output", has_text=marker)
-    answer.last.wait_for(timeout=KERNEL_REPLY_TIMEOUT_MS)
-    return answer.last.inner_text().strip()
+    answer = answers.nth(already)
+    answer.wait_for(timeout=KERNEL_REPLY_TIMEOUT_MS)
+    return answer.inner_text().strip()
 
 
 def wait_for_idle_kernel(base: str, token: str, timeout_s: float = NOTEBOOK_RUN_TIMEOUT_MS / 1000) -> None:
