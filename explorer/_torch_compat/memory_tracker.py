@@ -38,9 +38,9 @@ PyTorch's own trackers either: tests/explorer/test_torch_compat.py compares the 
 of tree. Re-check that the trackers still call it by that global name on upgrades.
 
 Note: [Device queries are not ops]
-A fake tensor keeps its device in Python, so every `.device` asked of it, from Python or from C++
-(the autograd engine asks of each gradient it routes), is dispatched as `prim.device` through every
-mode. A real tensor answers in C++ without any: PyTorch's trackers never see the query in a real
+A fake tensor keeps its device in Python: Python's `.device` reads it, but every `.device` C++
+asks of it (the autograd engine asks of each gradient it routes) is dispatched as `prim.device`
+through every mode. A real tensor answers in C++ without any: PyTorch's trackers never see the query in a real
 run. The fast trackers answer it without their bookkeeping (no storage is created, nothing is
 categorized, no peak is taken), as a real run's tracker would never have been asked, and answer a
 fake tensor's as FakeTensorMode does, without passing through it. It was half of the ops a fake
