@@ -411,6 +411,150 @@ def test_ops_on_a_fake_changed_in_place_give_the_shapes_eager_gives() -> None:
     assert results[0] == results[1] == ((2, 3), (3, 1), (3, 2), (1, 3))
 
 
+def _direct_hit_calls(tensors: dict[str, torch.Tensor]) -> list:
+    """Calls covering each kind of cached output: new tensors, views (one and several), in-place
+    results, constants; scalars of each type, lists, sizes, keywords, a factory on another device."""
+    x, y, ints, cplx = tensors["x"], tensors["y"], tensors["ints"], tensors["complex"]
+    return [
+        x + y,
+        torch.add(x, y, alpha=2),
+        ints * 1,
+        ints * 1.0,  # the same value as a float: another dtype out
+        ints * True,
+        x.view(24),
+        x.t(),
+        x.split([1, 3]),
+        x.unsqueeze(0).expand(2, 4, 6),
+        torch.ops.aten.sum.dim_IntList(x, [0, 1]),
+        torch.ops.aten.sum.dim_IntList(x, (0,)),
+        x.new_zeros(torch.Size([2, 3])),
+        torch.empty(3, 5, dtype=torch.float16, device="cuda"),
+        x.is_same_size(y),
+        cplx.conj(),
+        cplx.conj().imag,
+        y.mul_(2),
+        torch.ops.aten._unsafe_view(x, [6, 4]),  # cached from torch 2.15 on
+    ]
+
+
+def _described(value: object, inputs: dict[str, torch.Tensor]) -> object:
+    """What a caller can tell of an output: its metadata, device, class, and what input it is or
+    shares storage with."""
+    if isinstance(value, tuple):
+        return tuple(_described(item, inputs) for item in value)
+    if not isinstance(value, torch.Tensor):
+        return (type(value), value)
+    same = [name for name, tensor in inputs.items() if value is tensor]
+    shared = [
+        name for name, tensor in inputs.items() if value.untyped_storage()._cdata == tensor.untyped_storage()._cdata
+    ]
+    return (type(value), _metadata(value), value.device, value.fake_mode is not None, same, shared)
+
+
+def test_a_cache_hit_taken_directly_gives_fake_modes_own_output() -> None:
+    """note [A cache hit, taken directly]: the second run of each call is answered by the direct path,
+    and every output matches FakeTensorMode's own on the same calls (its second run, from its cache),
+    down to identity and storage sharing."""
+    from explorer._torch_compat.fake import KeyedFakeTensorMode
+
+    def inputs() -> dict[str, torch.Tensor]:
+        return {
+            "x": torch.zeros(4, 6),
+            "y": torch.zeros(4, 6),
+            "ints": torch.zeros(3, dtype=torch.int32),
+            "complex": torch.zeros(2, 2, dtype=torch.complex64),
+        }
+
+    described = {}
+    for mode in (FakeTensorMode(), KeyedFakeTensorMode()):
+        with mode:
+            for _ in range(2):
+                tensors = inputs()
+                outputs = _direct_hit_calls(tensors)
+        described[type(mode)] = [_described(output, tensors) for output in outputs]
+    stock, direct = described.values()
+    assert direct == stock
+    assert stock[16][-2:] == (["y"], ["y"]) and stock[5][-1] == ["x"]  # in place: the input; view: its storage
+
+    def dispatched(mode: FakeTensorMode) -> tuple[set[str], set[str], int]:
+        """The third run's ops FakeTensorMode.dispatch saw, those its cache answered, and the hits."""
+        with mode:
+            for _ in range(2):
+                _direct_hit_calls(inputs())
+        seen: set[str] = set()
+        from_cache: set[str] = set()
+        dispatch, from_entry = FakeTensorMode.dispatch, FakeTensorMode._output_from_cache_entry
+
+        calls: list[str] = []
+
+        def counted(self, func, types, args=(), kwargs=None):
+            seen.add(str(func))
+            calls.append(str(func))
+            try:
+                return dispatch(self, func, types, args, kwargs or {})
+            finally:
+                calls.pop()
+
+        def answered(self, *args):  # its arguments differ between releases
+            from_cache.add(calls[-1])
+            return from_entry(self, *args)
+
+        hits = FakeTensorMode.cache_hits
+        FakeTensorMode.dispatch, FakeTensorMode._output_from_cache_entry = counted, answered
+        try:
+            with mode:
+                _direct_hit_calls(inputs())
+        finally:
+            FakeTensorMode.dispatch, FakeTensorMode._output_from_cache_entry = dispatch, from_entry
+        return seen, from_cache, FakeTensorMode.cache_hits - hits
+
+    stock_seen, stock_cached, stock_hits = dispatched(FakeTensorMode())
+    seen, cached, hits = dispatched(KeyedFakeTensorMode())
+    # FakeTensorMode answers exactly what its own cache does not hold
+    assert seen == stock_seen - stock_cached and "prim.device.default" in seen
+    assert not cached and hits == stock_hits >= 20
+
+
+def test_a_cached_call_follows_the_default_dtype_and_device() -> None:
+    """The defaults are part of the direct key: a float scalar takes the default dtype, a factory
+    the default device."""
+    from explorer._torch_compat.fake import KeyedFakeTensorMode
+
+    made = []
+    with KeyedFakeTensorMode():
+        ints = torch.zeros(3, dtype=torch.int32)
+        for dtype, device in ((torch.float32, "cpu"), (torch.float64, "cpu"), (torch.float32, "cuda"), (None, None)):
+            previous_dtype = torch.get_default_dtype()
+            if dtype is not None:
+                torch.set_default_dtype(dtype)
+                torch.set_default_device(device)
+            try:
+                made.append(((ints * 1.5).dtype, torch.empty(2).device.type))
+            finally:
+                torch.set_default_dtype(previous_dtype)
+                torch.set_default_device(None)
+    assert made == [(torch.float32, "cpu"), (torch.float64, "cpu"), (torch.float32, "cuda"), (torch.float32, "cpu")]
+
+
+def test_a_call_fake_mode_no_longer_caches_goes_back_to_it() -> None:
+    """A cleared cache: the direct key stays, its call goes back to FakeTensorMode, which caches it
+    again; the outputs are the same either way."""
+    from explorer._torch_compat.fake import KeyedFakeTensorMode
+
+    mode = KeyedFakeTensorMode()
+    with mode:
+        x = torch.zeros(4, 6)
+        first = x.t()
+        FakeTensorMode.cache_clear()
+        misses = FakeTensorMode.cache_misses
+        second = x.t()
+        assert FakeTensorMode.cache_misses == misses + 1
+        third = x.t()
+    assert FakeTensorMode.cache_misses == misses + 1
+    assert _described(first, {"x": x}) == _described(second, {"x": x}) == _described(third, {"x": x})
+    assert _metadata(third) == (torch.float32, (6, 4), (1, 6), 0, 96, False, False, False, False)
+
+
 def test_the_fast_trackers_answer_a_fakes_device_query_without_taking_it_as_an_op() -> None:
     """note [Device queries are not ops]: the query a real tensor answers in C++ reaches no tracker
     bookkeeping (here: the op observer sees none), and its answer is the fake mode's."""
