@@ -433,7 +433,8 @@ def _direct_hit_calls(tensors: dict[str, torch.Tensor]) -> list:
         cplx.conj(),
         cplx.conj().imag,
         y.mul_(2),
-        torch.ops.aten._unsafe_view(x, [6, 4]),  # cached from torch 2.15 on
+        torch.ops.aten._unsafe_view(x, [6, 4]),  # FakeTensorMode caches it from torch 2.15 on
+        torch.ops.aten._unsafe_view(x.t(), [6, 1, 4]),  # strides of a transpose, viewed
     ]
 
 
@@ -475,6 +476,7 @@ def test_a_cache_hit_taken_directly_gives_fake_modes_own_output() -> None:
     stock, direct = described.values()
     assert direct == stock
     assert stock[16][-2:] == (["y"], ["y"]) and stock[5][-1] == ["x"]  # in place: the input; view: its storage
+    assert stock[17][-1] == stock[18][-1] == ["x"] and stock[18][1][2] == (1, 24, 6)  # _unsafe_view too
 
     def dispatched(mode: FakeTensorMode) -> tuple[set[str], set[str], int]:
         """The third run's ops FakeTensorMode.dispatch saw, those its cache answered, and the hits."""
@@ -510,8 +512,10 @@ def test_a_cache_hit_taken_directly_gives_fake_modes_own_output() -> None:
 
     stock_seen, stock_cached, stock_hits = dispatched(FakeTensorMode())
     seen, cached, hits = dispatched(KeyedFakeTensorMode())
-    # FakeTensorMode answers exactly what its own cache does not hold
-    assert seen == stock_seen - stock_cached and "prim.device.default" in seen
+    # FakeTensorMode answers exactly what its own cache does not hold, but `_unsafe_view` (answered as `view`)
+    unsafe_view = {"aten._unsafe_view.default"}
+    assert seen == stock_seen - stock_cached - unsafe_view and "prim.device.default" in seen
+    # as many hits: where FakeTensorMode does not cache `_unsafe_view`, it runs it as a cached `view`
     assert not cached and hits == stock_hits >= 20
 
 
@@ -534,6 +538,21 @@ def test_a_cached_call_follows_the_default_dtype_and_device() -> None:
                 torch.set_default_dtype(previous_dtype)
                 torch.set_default_device(None)
     assert made == [(torch.float32, "cpu"), (torch.float64, "cpu"), (torch.float32, "cuda"), (torch.float32, "cpu")]
+
+
+def test_an_unsafe_view_fails_as_fake_mode_fails_it() -> None:
+    """`_unsafe_view`, answered as `view`: what cannot be viewed raises FakeTensorMode's own error."""
+    from explorer._torch_compat.fake import KeyedFakeTensorMode
+
+    errors = []
+    for mode in (FakeTensorMode(), KeyedFakeTensorMode()):
+        with mode:
+            transposed = torch.zeros(4, 6).t()
+            for _ in range(2):
+                with pytest.raises((RuntimeError, ValueError)) as raised:
+                    torch.ops.aten._unsafe_view(transposed, [24])
+                errors.append((raised.type, str(raised.value)))
+    assert len(set(errors)) == 1 and "Cannot view a tensor with shape torch.Size([6, 4])" in errors[0][1]
 
 
 def test_a_call_fake_mode_no_longer_caches_goes_back_to_it() -> None:
