@@ -312,14 +312,15 @@ class KeyedFakeTensorMode(FakeTensorMode):
             or _get_dispatch_mode(_PROXY_MODE) is not None
         ):
             return super().dispatch(func, types, args, kwargs or {})
-        if func is _UNSAFE_VIEW:  # the same kernel as `view` (ATen's view_impl); torch 2.15 caches it as one
-            func = _VIEW
-        key = self._direct_key(func, args, kwargs)
+        # `_unsafe_view` is keyed (and first run) as `view`: the same kernel (ATen's view_impl), and torch
+        # 2.15 caches it as one; whatever goes back to FakeTensorMode goes as the op called
+        keyed = _VIEW if func is _UNSAFE_VIEW else func
+        key = self._direct_key(keyed, args, kwargs)
         if key is None:
             return super().dispatch(func, types, args, kwargs or {})
         stock_key = self._direct_keys.get(key)
         if stock_key is None:
-            return self._first_call(key, func, types, args, kwargs or {})
+            return self._first_call(key, keyed, types, args, kwargs or {})
         entry = None if stock_key is _STOCK_ONLY else FakeTensorMode.cache.get(stock_key)
         if type(entry) is not _DispatchCacheValidEntry:  # cleared, or never cached
             return super().dispatch(func, types, args, kwargs or {})
