@@ -7,7 +7,8 @@ steps: the module is not changed; it takes seconds to a minute, run in the click
 step, with the button disabled and a busy line meanwhile). The table is `ParallelPlan.table()`, the
 layouts that fit first; an invalid layout keeps its row, with its `problems`. Clicking a row shows
 a stacked bar per kind of rank (`RankPeak.peak`, drawn by `train_render.stacked_bar_svg`) on a
-scale shared by every layout, with the budget as a line, and the layout exported as torchtitan TOML
+scale shared by every layout, with the budget as a line, and under it the peak by part of the model
+(`RankPeak.by_module`, the largest part first), and the layout exported as torchtitan TOML
 and as Python (`layout_export`), in text areas the user can select and copy but not edit.
 
 The planner loads torch.distributed's tools, so it is imported when a plan first runs (see
@@ -26,7 +27,7 @@ from torch import nn
 
 from explorer.analysis.layout_export import to_python, to_torchtitan
 from explorer.analysis.parallel_layout import ActivationCheckpointing, Layout
-from explorer.analysis.train_render import BAR_HEIGHT, stacked_bar_svg
+from explorer.analysis.train_render import BAR_HEIGHT, category_label, stacked_bar_svg
 
 from .formatting import bytes_text, count_text, seconds_text
 from .table import DataTable
@@ -163,8 +164,28 @@ def rank_html(rank: RankPeak, budget: int, scale: int) -> str:
         f'<div class="de-parallel-rank" data-rank="{html.escape(rank.rank)}">'
         f"<div>{html.escape(headline)}</div>"
         f'<div style="position:relative;width:{BAR_WIDTH}px">{stacked_bar_svg(rank.peak, width=width)}{line}</div>'
-        "</div>"
+        f"{modules_html(rank)}</div>"
     )
+
+
+def modules_html(rank: RankPeak) -> str:
+    """The rank's peak by part of the model (`RankPeak.by_module`), the largest part first: its bytes
+    and its categories, largest first."""
+    rows = []
+    for part, by_category in sorted(rank.by_module.items(), key=lambda item: -sum(item[1].values())):
+        categories = ", ".join(
+            f"{category_label(category)} {bytes_text(value)}"
+            for category, value in sorted(by_category.items(), key=lambda item: -item[1])
+        )
+        rows.append(
+            f'<tr data-part="{html.escape(part)}"><td>{html.escape(part)}</td>'
+            f'<td style="text-align:right">{bytes_text(sum(by_category.values()))}</td>'
+            f"<td>{html.escape(categories)}</td></tr>"
+        )
+    if not rows:
+        return ""
+    head = "<tr><th>module</th><th>bytes at the peak</th><th>by category</th></tr>"
+    return f'<table class="de-parallel-modules" style="font-size:12px">{head}{"".join(rows)}</table>'
 
 
 def layout_text(result: LayoutResult, plan: ParallelPlan) -> str:

@@ -45,6 +45,23 @@ run. The fast trackers answer it without their bookkeeping (no storage is create
 categorized, no peak is taken), as a real run's tracker would never have been asked, and answer a
 fake tensor's as FakeTensorMode does, without passing through it. It was half of the ops a fake
 FSDP step dispatched.
+
+Note: [Bytes by part]
+`split_by_part` makes a tracker also count each storage's bytes under the part of the model that
+owns it: its current snapshot gains `PartKey(part, category)` keys next to PyTorch's categories, so
+every snapshot the tracker copies (its peak, each module's peaks, the windows) carries the split,
+and the split adds up to "Total". A part is whatever the caller names from a module path (the
+planner: the top-level modules, the repeated blocks' container as one part). A storage's part is:
+- for parameters, buffers, gradients and optimizer states, and FSDP's shards and unsharded copies
+  of them: the part of the module holding the parameter, claimed when the tracker categorizes them;
+- for a storage an op makes during the optimizer step (its states, its temporaries): the part of
+  the input it is made from (element i of a foreach op's first list for output i; otherwise the
+  op's first tensor argument), so that the optimizer's peak is split by parameter as it happens;
+- for any other storage (activations, temporaries, all-gather and reduce-scatter buffers, inputs):
+  the part of the innermost module running when the op that made it ran (`part_of_name(None)`
+  outside every module).
+A storage keeps its part when it changes category. Without `split_by_part` nothing changes: the
+snapshots are PyTorch's, byte for byte.
 """
 
 from __future__ import annotations
@@ -58,14 +75,18 @@ __all__ = [
     "FSDPPipelineMemTracker",
     "PipelineMemTracker",
     "MemTracker",
+    "PartKey",
     "activations_by_owner",
+    "bytes_by_part",
     "current_snapshot",
     "innermost_module",
 ]
 
-from collections.abc import Callable, Iterator, Sequence
+import itertools
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -77,13 +98,16 @@ import torch.utils._pytree as _pytree
 from torch import nn
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType, _UpdateType
 from torch.distributed._tools.mod_tracker import ModTracker
+from torch.distributed.fsdp import FSDPModule
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .fake import FakeTensor, fake_device_of, in_kernel_invocation
 
 _tree_map_only = _pytree.tree_map_only
+_MICROBATCH_PLACEHOLDER = "<microbatch>"  # note [A root that runs once per microbatch]
+_NOT_MODULES = frozenset({"Global", _MICROBATCH_PLACEHOLDER})  # ModTracker's parents that name no module
 _NODES = _pytree.SUPPORTED_NODES  # the types pytree walks into; every other object is a leaf
 
 
@@ -289,15 +313,229 @@ def activations_by_owner(tracker: MemTracker, device: torch.device) -> dict[str 
 
 def innermost_module(mod_tracker: ModTracker) -> str | None:
     """The deepest module ModTracker has running (its longest name), None outside any."""
-    names = sorted(mod_tracker.parents - {"Global"}, key=len)
+    names = sorted(mod_tracker.parents - _NOT_MODULES, key=len)
     return names[-1] if names else None
+
+
+class PartKey(NamedTuple):
+    """A snapshot key: the bytes of one part of the model in one of the tracker's categories
+    (note [Bytes by part])."""
+
+    part: str
+    category: str  # the tracker's category name: "Activation", "Sharded Param"...
+
+
+# The categories whose storages belong to a parameter or buffer (note [Bytes by part]); the names
+# of MemTracker's and FSDPMemTracker's enums ("Optstate" and "OptState" are one category).
+_CLAIMED = frozenset(
+    {
+        "Parameter",
+        "Buffer",
+        "Gradient",
+        "Optstate",
+        "OptState",
+        "Sharded Param",
+        "Unsharded Param",
+        "Sharded Grad",
+        "Unsharded Grad",
+    }
+)
+_Claims = dict[int, tuple[weakref.ref, str]]
+
+
+def bytes_by_part(device_snap: dict) -> dict[tuple[str, str], int]:
+    """A device snapshot's bytes by (part, tracker category), nonzero ones only: empty unless the
+    tracker split them (note [Bytes by part])."""
+    return {(key.part, key.category): value for key, value in device_snap.items() if type(key) is PartKey and value}
+
+
+def _fsdp_params(module: nn.Module) -> Sequence[Any]:
+    """FSDP2's per-parameter records of `module`'s own parameter group (none for other modules)."""
+    if not isinstance(module, FSDPModule):
+        return ()
+    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+    return group.fsdp_params if group is not None else ()
+
+
+def _claims_of(
+    roots: Sequence[nn.Module], part_of_module: Callable[[nn.Module], str], optimizer: torch.optim.Optimizer | None
+) -> _Claims:
+    """Each parameter-owned tensor alive now (parameters, buffers, their gradients, FSDP's sharded and
+    unsharded parameters and gradients, optimizer states) → its part, by id, with a weak reference to
+    tell a reused id apart. Weak: holding a gradient here would keep its storage alive."""
+    claims: _Claims = {}
+
+    def claim(tensor: object, part: str) -> None:
+        if isinstance(tensor, torch.Tensor) and id(tensor) not in claims:
+            claims[id(tensor)] = (weakref.ref(tensor), part)
+
+    for root in roots:
+        for module in root.modules():
+            part = part_of_module(module)
+            for param in module._parameters.values():
+                if param is not None:
+                    claim(param, part)
+                    claim(param.grad, part)
+            for buffer in module._buffers.values():
+                claim(buffer, part)
+            for fsdp_param in _fsdp_params(module):
+                owner = part_of_module(fsdp_param._module_info.module)
+                for param in (fsdp_param.sharded_param, getattr(fsdp_param, "_unsharded_param", None)):
+                    if param is not None:
+                        claim(param, owner)
+                        claim(param.grad, owner)
+    if optimizer is not None:
+        for trained, state in optimizer.state.items():
+            entry = claims.get(id(trained))
+            if entry is not None:
+                for value in state.values():
+                    claim(value, entry[1])
+    return claims
+
+
+class _PartShares:
+    """Mixin: with `split_by_part`, the tracker's snapshots also hold its bytes by part of the model
+    (note [Bytes by part])."""
+
+    _part_of_name: Callable[[str | None], str] | None = None
+    _output_parts: Iterator[str | None] | None = None
+    _pending_part: str | None = None
+    # MemTracker's, after this mixin in the MRO: declared (not assigned) for the type checker
+    _curr_mem_snap: dict[torch.device, dict[Any, int]]
+    _mod_tracker: ModTracker
+    _WINFO: WeakIdKeyDictionary
+    _ref_class: Any
+    _in_opt: bool
+
+    def split_by_part(
+        self,
+        part_of_name: Callable[[str | None], str],
+        part_of_module: Callable[[nn.Module], str],
+        roots: Iterable[nn.Module],
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
+        """Count bytes by part from now on (call before anything is tracked). `part_of_name`: the part
+        of a module by ModTracker's name (None: outside every module); `part_of_module`: the part of
+        a module of `roots` (the modules whose parameters the step trains); `optimizer`: the step's,
+        whose states belong to their parameters' parts."""
+        self._part_of_name = part_of_name
+        self._part_of_module = part_of_module
+        self._part_roots = tuple(roots)
+        self._part_optimizer = optimizer
+        self._parts_by_name: dict[str | None, str] = {}
+        self._claims: _Claims = {}
+
+    def _running_part(self) -> str:
+        name = innermost_module(self._mod_tracker)
+        part = self._parts_by_name.get(name)
+        if part is None:
+            assert self._part_of_name is not None
+            part = self._parts_by_name[name] = self._part_of_name(name)
+        return part
+
+    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
+        if self._part_of_name is not None:
+            self._share(u_type, winfo, old_mem_consumed, old_reftype)
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)  # type: ignore[misc]  # MemTracker's, next in the MRO
+
+    def _share(self, u_type, winfo, old_mem_consumed, old_reftype) -> None:
+        """The same change as `MemTracker._update_snap`'s, on the storage's part."""
+        part = winfo.__dict__.get("part")
+        if part is None:
+            part = winfo.part = self._pending_part or self._running_part()
+        snap = self._curr_mem_snap.get(winfo.device)
+        if snap is None:  # as MemTracker's `_update_snap` makes it, which then finds it
+            snap = self._curr_mem_snap[winfo.device] = dict.fromkeys(self._ref_class, 0)
+        size = winfo.mem_consumed
+        if u_type is _UpdateType.ADD:
+            change = size
+        elif u_type is _UpdateType.DEL:
+            change = -size
+        elif u_type is _UpdateType.SIZE:
+            change = size - old_mem_consumed
+        else:  # a change of category
+            old = PartKey(part, old_reftype.value)
+            snap[old] = snap.get(old, 0) - size
+            change = size
+        key = PartKey(part, winfo.reftype.value)
+        snap[key] = snap.get(key, 0) + change
+
+    def _update_and_maybe_create_winfos(self, t, reftype, update_existing: bool = False):
+        winfos = super()._update_and_maybe_create_winfos(t, reftype, update_existing)  # type: ignore[misc]  # MemTracker's, next in the MRO
+        if self._part_of_name is not None and getattr(reftype, "value", None) in _CLAIMED:
+            part = self._claimed_part(t)
+            if part is not None:
+                self._move(winfos, part)
+        return winfos
+
+    def _claimed_part(self, tensor: torch.Tensor) -> str | None:
+        """The part of the parameter `tensor` belongs to; the claims are taken again when it is new."""
+        entry = self._claims.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
+            self._claims = _claims_of(self._part_roots, self._part_of_module, self._part_optimizer)
+            entry = self._claims.get(id(tensor))
+            if entry is None or entry[0]() is not tensor:
+                return None
+        return entry[1]
+
+    def _move(self, winfos: Iterable[Any], part: str) -> None:
+        """Count the storages' bytes under `part` from now on."""
+        for winfo in winfos:
+            old = winfo.__dict__.get("part")
+            if old == part:
+                continue
+            winfo.part = part
+            if old is None or not winfo.mem_consumed:
+                continue
+            snap = self._curr_mem_snap[winfo.device]
+            category = winfo.reftype.value
+            snap[PartKey(old, category)] -= winfo.mem_consumed
+            key = PartKey(part, category)
+            snap[key] = snap.get(key, 0) + winfo.mem_consumed
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._part_of_name is None or not self._in_opt:
+            return super().__torch_dispatch__(func, types, args, kwargs)  # MemTracker's, next in the MRO
+        self._output_parts = self._input_parts(args)
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            self._output_parts = None
+
+    def _input_parts(self, args: tuple) -> Iterator[str | None]:
+        """The parts an optimizer-step op's outputs take, in order (note [Bytes by part])."""
+        first = args[0] if args else None
+        if isinstance(first, (list, tuple)):  # a foreach op: output i is made from element i
+            return iter([self._tensor_part(value) for value in first])
+        tensor = next((value for value in args if isinstance(value, torch.Tensor)), None)
+        return itertools.repeat(self._tensor_part(tensor))
+
+    def _tensor_part(self, tensor: object) -> str | None:
+        if not isinstance(tensor, torch.Tensor):
+            return None
+        for storage in get_untyped_storages(tensor):
+            winfo, _ = self._WINFO.get(storage, (None, None))
+            if winfo is not None:
+                return winfo.__dict__.get("part")
+        return None
+
+    def _track(self, reftype, t) -> None:
+        parts = self._output_parts
+        if parts is None:
+            super()._track(reftype, t)  # type: ignore[misc]  # MemTracker's, next in the MRO
+            return
+        self._pending_part = next(parts, None)
+        try:
+            super()._track(reftype, t)  # type: ignore[misc]
+        finally:
+            self._pending_part = None
 
 
 class _RepeatedRootForwards:
     """Mixin: the root module may run forward again within one tracked step (note [A root that runs
     once per microbatch])."""
 
-    _PLACEHOLDER = "<microbatch>"
+    _PLACEHOLDER = _MICROBATCH_PLACEHOLDER
     memory_tracking: WeakIdKeyDictionary  # MemTracker's, after this mixin in the MRO
     _mod_tracker: ModTracker
 
@@ -324,11 +562,11 @@ class PipelineMemTracker(_RepeatedRootForwards, MemTracker):
     runs once per microbatch]); what a real pipeline run is measured with."""
 
 
-class FastMemTracker(_FailureSite, _ActivationOwners, _FastPeaks, _FrozenParameters, MemTracker):
+class FastMemTracker(_FailureSite, _ActivationOwners, _PartShares, _FastPeaks, _FrozenParameters, MemTracker):
     """`MemTracker` with a cheap peak update; same categories and bytes (note [Fast memory trackers])."""
 
 
-class FastFSDPMemTracker(_FailureSite, _ActivationOwners, _FastPeaks, FSDPMemTracker):
+class FastFSDPMemTracker(_FailureSite, _ActivationOwners, _PartShares, _FastPeaks, FSDPMemTracker):
     """`FSDPMemTracker` with a cheap peak update; same categories and bytes (note [Fast memory trackers])."""
 
 

@@ -12,11 +12,12 @@ layers), is made of candidate peaks, each an affine function of N:
 The step's peak is the largest candidate. So two short steps, of `b` and `b + 1` blocks (the first
 ones of the model; b = 3, the least for which the four positions are each one block's role: with
 b = 2 the last block is also the second, and under FSDP over 4 or 8 ranks the composed peak was off
-by up to 16 MB on a small Llama), give every candidate's value and slope; each is extrapolated to N, by category,
-and the largest is the peak of N blocks. Taking the maximum of the phase peaks alone would not do:
-the maximum of affine functions is not affine. `tests/explorer/analysis/test_block_composition.py`
-checks the composed peak against whole runs of 5 to 8 blocks, by category, with and without FSDP
-and checkpointing.
+by up to 16 MB on a small Llama), give every candidate's value and slope; each is extrapolated to N,
+by category and by part, and the largest is the peak of N blocks. Taking the maximum of the phase
+peaks alone would not do: the maximum of affine functions is not affine.
+`tests/explorer/analysis/test_block_composition.py` checks the composed peak against whole runs
+of 5 to 8 blocks, by category and by part of the model (note [Bytes by part]), with and without
+FSDP and checkpointing.
 
 This holds when the blocks are alike (class, parameter shapes and dtypes, plain settings);
 `blocks_alike` says whether they are, and callers measure the whole model when they are not.
@@ -25,11 +26,14 @@ This holds when the blocks are alike (class, parameter shapes and dtypes, plain 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
 from .fake_fsdp import repeated_blocks
+from .train_step import Breakdown
 
 __all__ = [
     "BlockStack",
@@ -64,22 +68,25 @@ class BlockStack:
 
 @dataclass(frozen=True)
 class PeakCandidates:
-    """One measured step's candidate peaks: (kind, position) → (total bytes, bytes by category).
+    """One measured step's candidate peaks: (kind, position) → `Breakdown` (total bytes, by category,
+    by (part, category)).
     Kinds: "phase:<phase>", "block:<phase>"; positions index the blocks (None for phases). A detail
     may follow the phase after a space (a pipelined step's, note [Composing a pipelined step])."""
 
     blocks: int
-    values: dict[tuple[str, int | None], tuple[int, dict[str, int]]]
+    values: dict[tuple[str, int | None], Breakdown]
 
 
 @dataclass(frozen=True)
 class ComposedPeak:
-    """The composed step's peak: total, by category, the phase it falls in, and the candidate it is."""
+    """The composed step's peak: total, by category, the phase it falls in, the candidate it is, and
+    by (part, category) (note [Bytes by part])."""
 
     peak_bytes: int
     peak: dict[str, int]
     phase: str
     candidate: str
+    by_part: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def _signature(block: nn.Module) -> tuple:
@@ -150,12 +157,12 @@ def _shallow(module: nn.Module) -> nn.Module:
 def candidates_of(
     blocks: int,
     stack: BlockStack,
-    phase_own_peaks: dict[str, tuple[int, dict[str, int]]],
-    block_peaks: dict[tuple[str, str], tuple[int, dict[str, int]]],
+    phase_own_peaks: dict[str, Breakdown],
+    block_peaks: dict[tuple[str, str], Breakdown],
 ) -> PeakCandidates:
     """The candidate peaks of a measured step of the first `blocks` blocks (`TrainStep`'s
     `phase_own_peaks` and `block_peaks`)."""
-    values: dict[tuple[str, int | None], tuple[int, dict[str, int]]] = {}
+    values: dict[tuple[str, int | None], Breakdown] = {}
     for phase, value in phase_own_peaks.items():
         values[(f"phase:{phase}", None)] = value
     for position in _POSITIONS:
@@ -167,8 +174,10 @@ def candidates_of(
     return PeakCandidates(blocks, values)
 
 
-def _extrapolated(short: dict[str, int], longer: dict[str, int], steps: int) -> dict[str, int]:
-    return {key: short[key] + steps * (longer[key] - short[key]) for key in short}
+def _extrapolated(short: Mapping[Any, int], longer: Mapping[Any, int], steps: int) -> dict[Any, int]:
+    """Each key's value at `steps` blocks past `short`'s (a key one of the two lacks is 0 there)."""
+    keys = [*short, *(key for key in longer if key not in short)]
+    return {key: short.get(key, 0) + steps * (longer.get(key, 0) - short.get(key, 0)) for key in keys}
 
 
 def compose_peak(short: PeakCandidates, longer: PeakCandidates, blocks: int) -> ComposedPeak:
@@ -181,14 +190,21 @@ def compose_peak(short: PeakCandidates, longer: PeakCandidates, blocks: int) -> 
             "they must be one block apart, with the same candidate peaks"
         )
     steps = blocks - short.blocks
-    best: tuple[int, dict[str, int], tuple[str, int | None]] | None = None
-    for key, (total, categories) in short.values.items():
-        longer_total, longer_categories = longer.values[key]
-        value = total + steps * (longer_total - total)
+    best: tuple[int, tuple[str, int | None]] | None = None
+    for key, (total, _, _) in short.values.items():
+        value = total + steps * (longer.values[key][0] - total)
         if best is None or value > best[0]:
-            best = (value, _extrapolated(categories, longer_categories, steps), key)
+            best = (value, key)
     if best is None:
         raise ValueError("no candidate peaks to compose: the measured steps recorded no memory")
-    kind, position = best[2]
+    value, key = best
+    (_, categories, parts), (_, longer_categories, longer_parts) = short.values[key], longer.values[key]
+    kind, position = key
     phase = kind.partition(":")[2].partition(" ")[0]  # "block:backward 1.2": a detail may follow the phase
-    return ComposedPeak(best[0], best[1], phase, kind if position is None else f"{kind}@{position}")
+    return ComposedPeak(
+        value,
+        _extrapolated(categories, longer_categories, steps),
+        phase,
+        kind if position is None else f"{kind}@{position}",
+        _extrapolated(parts, longer_parts, steps),
+    )

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
 import torch
 from torch import nn
 
 from .block_composition import SHORT_BLOCKS, BlockStack, block_stack, candidates_of, compose_peak, truncated
 from .fake_groups import hold_fake_groups_until_exit
 from .layout_step import LayoutStep, layout_step
+from .module_parts import module_parts, nested
 from .parallel_layout import Layout, LayoutError
 from .pipeline_composition import compose_ranks
 from .pipeline_split import PipelineSplitError
@@ -42,7 +44,9 @@ class RankPeak:
     optimizer"), `measured_blocks` the block counts the fake steps ran (composed from them,
     note [Composing a step from two block counts], and with pipelining note [Composing a pipelined
     step]: the blocks in all, `pp × stages_per_rank` times those per stage; empty: the whole model
-    ran)."""
+    ran), `by_module` the peak's bytes by part of the model and category (`module_parts`: the
+    top-level modules, the repeated blocks as one part; note [Bytes by part]), adding up to
+    `peak_bytes`)."""
 
     rank: str
     peak_bytes: int
@@ -50,6 +54,18 @@ class RankPeak:
     phase: str = "forward"
     at: str = ""
     measured_blocks: tuple[int, ...] = ()
+    by_module: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def module_table(self) -> pd.DataFrame:
+        """`by_module` as a table: a row per part of the model, the most bytes first; `bytes` (the
+        part's total at the peak), then a column per category the peak holds."""
+        categories = [category for category, value in self.peak.items() if value]
+        rows = [
+            {"module": part, "bytes": sum(by_category.values()), **{c: by_category.get(c, 0) for c in categories}}
+            for part, by_category in self.by_module.items()
+        ]
+        table = pd.DataFrame(rows, columns=["module", "bytes", *categories])
+        return table.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,7 @@ class Measurements:
         self.module, self.inputs, self.kwargs, self.batch = module, inputs, kwargs, batch
         self.tp_plan, self.optimizer, self.loss, self.keep_outputs = tp_plan, optimizer, loss, keep_outputs
         self.stack: BlockStack | None = block_stack(module)
+        self.part_order = module_parts(module).labels()
         self.cache: dict[tuple, Measured | Refused] = {}
 
     def ranks(self, layout: Layout) -> Measured | Refused:
@@ -136,7 +153,14 @@ class Measurements:
         stack = self.stack
         if stack is None or not stack.alike:
             step = self._step(self.module, layout)
-            rank = RankPeak("every rank", step.peak_bytes, step.peak, step.phase, at=f"the {step.phase}")
+            rank = RankPeak(
+                "every rank",
+                step.peak_bytes,
+                step.peak,
+                step.phase,
+                at=f"the {step.phase}",
+                by_module=step.peak_by_module,
+            )
             return (rank,), dict(step.communication.bytes)
         counts = (SHORT_BLOCKS, SHORT_BLOCKS + 1)
         steps = [self._step(truncated(self.module, stack, count), layout) for count in counts]
@@ -154,6 +178,7 @@ class Measurements:
             composed.phase,
             at=_where(composed.candidate, stack),
             measured_blocks=counts,
+            by_module=nested(composed.by_part, self.part_order),
         )
         return (rank,), communication
 
@@ -183,6 +208,7 @@ class Measurements:
                 at=f"{rank.at}, {_in_flight(step)} microbatches in flight "
                 f"(composed from {counts[0]} and {counts[1]} blocks per stage)",
                 measured_blocks=tuple(stages * count for count in counts),
+                by_module=nested(rank.by_part, self.part_order),
             )
             for rank, step in zip(composed, short, strict=True)
         )
@@ -207,6 +233,7 @@ class Measurements:
                 step.peak,
                 step.phase,
                 at=f"the {step.phase}, {_in_flight(step)} microbatches in flight",
+                by_module=step.peak_by_module,
             )
             for step in steps
         )

@@ -14,7 +14,7 @@ backward holds every gradient", as in note [Composing a step from two block coun
 pipelined steps of the model cut to `b` and `b + 1` blocks per stage (`pp × stages_per_rank × b`
 blocks in all, the stages split evenly, the first holding the embedding, the last the norm, head and
 loss) give every candidate's value and slope per rank; each is extrapolated to the real blocks per
-stage, by category, and the largest is the rank's peak. A rank's collectives and its point-to-point
+stage, by category and by part, and the largest is the rank's peak. A rank's collectives and its point-to-point
 bytes are extrapolated the same way (the P2P bytes do not change with the blocks: a slope of 0).
 
 FSDP's tracker keeps one forward peak per block for the whole step (a second forward call raises
@@ -32,10 +32,11 @@ stages (`plan_stages` refuses those anyway).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .block_composition import BlockStack, PeakCandidates, compose_peak
 from .pipeline_step import PipelineStageStep
+from .train_step import Breakdown
 
 __all__ = ["ComposedRank", "compose_ranks", "rank_candidates"]
 
@@ -45,7 +46,8 @@ _POSITIONS = (0, 1, -2, -1)
 @dataclass(frozen=True)
 class ComposedRank:
     """One stage rank's composed step: its peak (total, by category, phase), where it falls (`at`),
-    its collectives by kind and its point-to-point bytes."""
+    its collectives by kind, its point-to-point bytes, and its peak by (part, category) (note
+    [Bytes by part])."""
 
     peak_bytes: int
     peak: dict[str, int]
@@ -53,6 +55,7 @@ class ComposedRank:
     at: str
     communication: dict[str, int]
     p2p_total: int
+    by_part: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def _window_phase(label: str) -> str:
@@ -66,16 +69,16 @@ def rank_candidates(step: PipelineStageStep, per_stage: int, stack: BlockStack) 
     """The candidate peaks of one stage rank's pipelined step of `per_stage` blocks per stage
     (note [Composing a pipelined step]): kinds "window:<phase> <label>" at the window's index, and
     "block:<phase> <local stage>.<call>" at a block position within the stage."""
-    values: dict[tuple[str, int | None], tuple[int, dict[str, int]]] = {}
-    for index, (label, total, categories) in enumerate(step.window_peaks):
-        values[(f"window:{_window_phase(label)} {label}", index)] = (total, categories)
+    values: dict[tuple[str, int | None], Breakdown] = {}
+    for index, (label, value) in enumerate(step.window_peaks):
+        values[(f"window:{_window_phase(label)} {label}", index)] = value
     for local, stage in enumerate(step.stages):
         first = stage * per_stage
         for position in _POSITIONS:
             path = stack.path(first + range(per_stage)[position])
             for phase in ("forward", "backward"):
-                for call, value in enumerate(step.block_peaks.get((path, phase), ())):
-                    values[(f"block:{phase} {local}.{call}", position)] = value
+                for call, measured in enumerate(step.block_peaks.get((path, phase), ())):
+                    values[(f"block:{phase} {local}.{call}", position)] = measured
     return PeakCandidates(per_stage, values)
 
 
@@ -130,6 +133,7 @@ def compose_ranks(
                 _where(composed.candidate, first, per_stage, stack),
                 communication,
                 _extrapolated(first.p2p_total, second.p2p_total, steps),
+                composed.by_part,
             )
         )
     return ranks

@@ -62,12 +62,13 @@ from .cpu_fake_mode import CpuFakeTensorMode
 from .dry_run import fake_forward_arguments
 from .fake_fsdp import checkpoint_blocks, fake_process_group
 from .layout_step import MESH_DIMS, parallelize_twin
+from .module_parts import module_parts, nested, split_by_part, unwrapped
 from .parallel_layout import Layout, LayoutError
 from .pipeline_monitor import StepMonitor, monitored_stage
 from .pipeline_split import DecoderStage, StagePlan, plan_stages
 from .tp_plans import check_tp_plan, plan_for_part, tp_plan_of
 from .train_modules import block_call_snapshots
-from .train_step import CATEGORY_OF, FSDP_CATEGORIES, SINGLE_CATEGORIES, OptimizerFactory, TrainStepError
+from .train_step import FSDP_CATEGORIES, SINGLE_CATEGORIES, Breakdown, OptimizerFactory, TrainStepError, breakdown
 from .train_twin import fake_twin
 
 __all__ = ["PIPELINE_MESH_DIMS", "PipelineLoss", "PipelineStageStep", "pipeline_step", "pipeline_steps"]
@@ -96,10 +97,12 @@ class PipelineStageStep:
     `communication`: this rank's collectives in the step (FSDP's and TP's, not the P2P; note
     [Collective bytes]).
 
+    `peak_by_module`: the peak's bytes by part of the model and category (`module_parts`, note
+    [Bytes by part]).
     `window_peaks`: the step's windows in order (each action, "forward 1.0" being the forward of
     microbatch 0 on stage 1; "between" two actions; "optimizer") with each one's own peak, as (label,
-    total, by category); `block_peaks`: per (block path in the model, "forward" or "backward"), the
-    peak of each call, by microbatch. The candidate peaks of the step (note [Composing a pipelined
+    `Breakdown`); `block_peaks`: per (block path in the model, "forward" or "backward"), the
+    `Breakdown` of each call's peak, by microbatch. The candidate peaks of the step (note [Composing a pipelined
     step] in pipeline_composition): the step's peak is the largest window peak.
     """
 
@@ -118,8 +121,9 @@ class PipelineStageStep:
     in_flight: dict[int, int]
     p2p_bytes: dict[str, int] = field(default_factory=dict)
     communication: Communication = field(default_factory=Communication)
-    window_peaks: tuple[tuple[str, int, dict[str, int]], ...] = ()
-    block_peaks: dict[tuple[str, str], tuple[tuple[int, dict[str, int]], ...]] = field(default_factory=dict)
+    window_peaks: tuple[tuple[str, Breakdown], ...] = ()
+    block_peaks: dict[tuple[str, str], tuple[Breakdown, ...]] = field(default_factory=dict)
+    peak_by_module: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def p2p_total(self) -> int:
@@ -377,7 +381,7 @@ class _RankRun:
         batch = torch.cat([self.ids] * layout.accumulation_steps)
         # the ids themselves when no labels were given: one tensor, as `schedule.step(ids, target=ids)` passes
         target = batch if self.target is self.ids else torch.cat([self.target] * layout.accumulation_steps)
-        tracker = _tracker(modules, optimizer, batch, target)
+        tracker = _tracker(modules, optimizer, self.module, batch, target)
         tracker.op_observer = counter.observe  # the tracker's ops, counted without a mode of its own
         monitor.tracker = tracker
         args = (batch,) if 0 in indices else ()
@@ -408,7 +412,7 @@ class _RankRun:
         blocks: dict[tuple[str, str], list[dict]],
     ) -> PipelineStageStep:
         categories = FSDP_CATEGORIES if self.layout.data_parallel > 1 else SINGLE_CATEGORIES
-        peak_bytes, peak = _categorized(monitor.peak_snapshot(), categories)
+        peak_bytes, peak, peak_parts = breakdown(monitor.peak_snapshot(), categories)
         plans = [self.stages[i].plan for i in indices]
         return PipelineStageStep(
             rank=rank,
@@ -426,18 +430,10 @@ class _RankRun:
             in_flight=dict(monitor.most_in_flight),
             p2p_bytes=dict(monitor.p2p_bytes),
             communication=counter.communication,
-            window_peaks=tuple((label, *_categorized(snap, categories)) for label, snap in monitor.windows),
-            block_peaks={key: tuple(_categorized(snap, categories) for snap in calls) for key, calls in blocks.items()},
+            window_peaks=tuple((label, breakdown(snap, categories)) for label, snap in monitor.windows),
+            block_peaks={key: tuple(breakdown(snap, categories) for snap in calls) for key, calls in blocks.items()},
+            peak_by_module=nested(peak_parts, module_parts(self.module).labels()),
         )
-
-
-def _categorized(snapshot: dict, categories: tuple[str, ...]) -> tuple[int, dict[str, int]]:
-    """A tracker snapshot (category enum → bytes, "Total") as (total, bytes by `categories`)."""
-    peak: dict[str, int] = dict.fromkeys(categories, 0)
-    for key, value in snapshot.items():
-        if key != "Total":
-            peak[CATEGORY_OF[getattr(key, "value", key)]] += value
-    return snapshot.get("Total", 0), peak
 
 
 def _block_calls(modules: Sequence[nn.Module], tracker: MemTracker) -> dict[tuple[str, str], list[dict]]:
@@ -452,13 +448,21 @@ def _block_calls(modules: Sequence[nn.Module], tracker: MemTracker) -> dict[tupl
 
 
 def _tracker(
-    modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer, *inputs: torch.Tensor
+    modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer, model: nn.Module, *inputs: torch.Tensor
 ) -> FastPipelineMemTracker | FastFSDPPipelineMemTracker:
-    """The tracker for the rank's stages: FSDP's when they are sharded, the batch and target as inputs."""
+    """The tracker for the rank's stages: FSDP's when they are sharded, the batch and target as inputs,
+    its bytes split by the parts of `model` (note [Bytes by part])."""
+    tracker: FastPipelineMemTracker | FastFSDPPipelineMemTracker
     if isinstance(modules[0], FSDPModule):
-        fsdp = FastFSDPPipelineMemTracker(modules, optimizer)
-        fsdp.track_inputs(inputs)
-        return fsdp
-    tracker = FastPipelineMemTracker()
-    tracker.track_external(*modules, optimizer, *inputs)
+        tracker = FastFSDPPipelineMemTracker(modules, optimizer)
+    else:
+        tracker = FastPipelineMemTracker()
+    paths: dict[str, str] = {"": "model"}  # a stage's own forward is the decoder's (masks, positions)
+    for module in modules:
+        paths.update(getattr(module, "model_paths")())  # noqa: B009 - a DecoderStage, possibly FSDP's subclass of it
+    split_by_part(tracker, module_parts(model), modules, optimizer, lambda path: unwrapped(paths.get(path, path)))
+    if isinstance(tracker, FastFSDPPipelineMemTracker):
+        tracker.track_inputs(inputs)
+    else:
+        tracker.track_external(*modules, optimizer, *inputs)
     return tracker

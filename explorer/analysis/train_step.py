@@ -34,7 +34,9 @@ from .._torch_compat.memory_tracker import (
     FastMemTracker,
     FastTracker,
     MemTracker,
+    PartKey,
     activations_by_owner,
+    bytes_by_part,
     current_snapshot,
     innermost_module,
 )
@@ -48,6 +50,7 @@ from .fake_fsdp import (
     repeated_blocks,
     shard_blocks,
 )
+from .module_parts import ModuleParts, module_parts, nested, split_by_part
 from .train_budget import parse_budget
 from .train_modules import block_peak_snapshots, forward_activation_table, module_table
 from .train_render import summary_text, train_step_html, verdict_text
@@ -112,6 +115,9 @@ FSDP_CATEGORIES: tuple[Category, ...] = (
 )
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 LossFunction = Callable[[Any], torch.Tensor]
+# One moment's memory: the bytes alive, those bytes by category, and by (part, category)
+# (`module_parts`, note [Bytes by part]).
+Breakdown = tuple[int, dict[str, int], dict[tuple[str, str], int]]
 
 
 class TrainStepError(RuntimeError):
@@ -126,10 +132,12 @@ class TrainStep:
     (`SINGLE_CATEGORIES`, or `FSDP_CATEGORIES` when sharded); `phase`: the phase the peak was
     reached in; `phase_peaks`: the running peak at the end of each phase (of its last micro-batch);
     `modules`: one row per module that ran (`train_modules.MODULE_COLUMNS`; with FSDP, the sharded
-    modules). `phase_own_peaks`: per phase, the most bytes alive while it alone ran and those bytes
-    by category; `block_peaks`: per (repeated block path, "forward" or "backward"), the most bytes
-    alive while that pass of the block ran, and by category (what `plan_parallel` composes across
-    block counts).
+    modules). `peak_by_module`: the peak's bytes by part of the model and category (`module_parts`:
+    the top-level modules, the repeated blocks as one part; note [Bytes by part]), adding up to
+    `peak_bytes`. `phase_own_peaks`: per phase, the most bytes alive while it alone ran, by category
+    and by (part, category) (a `Breakdown`); `block_peaks`: per (repeated block path, "forward" or
+    "backward"), the `Breakdown` of the most bytes alive while that pass of the block ran (what
+    `plan_parallel` composes across block counts).
     `end_of_forward_bytes`: the bytes alive when forward (and the loss) is done and backward starts,
     the moment activations are at their most; `end_of_forward`: those bytes by category;
     `end_of_forward_activations`: its activations by the module whose own forward code created them
@@ -156,8 +164,9 @@ class TrainStep:
     blocks: list[str] = field(default_factory=list)
     keep_outputs: bool = True
     accumulation_steps: int = 1
-    phase_own_peaks: dict[str, tuple[int, dict[str, int]]] = field(default_factory=dict)
-    block_peaks: dict[tuple[str, str], tuple[int, dict[str, int]]] = field(default_factory=dict)
+    phase_own_peaks: dict[str, Breakdown] = field(default_factory=dict)
+    block_peaks: dict[tuple[str, str], Breakdown] = field(default_factory=dict)
+    peak_by_module: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def fits(self, budget: float | str) -> bool:
         """Whether the peak fits in `budget` bytes per device: a number of bytes, or a string such as
@@ -249,6 +258,7 @@ class _StepRun:
     end_of_forward: dict = field(default_factory=dict)
     end_of_forward_owners: dict[str | None, int] = field(default_factory=dict)
     phase_own_peaks: dict[str, dict] = field(default_factory=dict)
+    parts: ModuleParts | None = None
 
     def take_end_of_forward(self) -> None:
         device, snapshot = current_snapshot(self.tracker)
@@ -341,6 +351,8 @@ def run_step(
     Raises TrainStepError naming phase and module."""
     optimizer = getattr(tracker, "_optm", None) or make_optimizer(twin.parameters())
     run = _StepRun(tracker, type(optimizer).__name__)
+    run.parts = module_parts(twin)
+    split_by_part(tracker, run.parts, [twin], optimizer)
     if isinstance(tracker, FastFSDPMemTracker):
         tracker.track_inputs((args, kwargs))
     else:
@@ -362,11 +374,9 @@ def run_step(
     return run
 
 
-def _peak_categories(tracker: MemTracker, categories: tuple[Category, ...]) -> tuple[int, dict[str, int]]:
+def _peak_snapshot(tracker: MemTracker) -> dict:
     snapshot = tracker.get_tracker_snapshot("peak")
-    if not snapshot:
-        return 0, dict.fromkeys(categories, 0)
-    return _by_category(max(snapshot.values(), key=lambda snap: snap["Total"]), categories)
+    return max(snapshot.values(), key=lambda snap: snap["Total"]) if snapshot else {}
 
 
 def _by_category(device_snap: dict, categories: tuple[Category, ...]) -> tuple[int, dict[str, int]]:
@@ -375,9 +385,19 @@ def _by_category(device_snap: dict, categories: tuple[Category, ...]) -> tuple[i
         return 0, dict.fromkeys(categories, 0)
     peak: dict[str, int] = dict.fromkeys(categories, 0)
     for key, value in device_snap.items():
-        if key != "Total":
+        if key != "Total" and type(key) is not PartKey:
             peak[CATEGORY_OF[getattr(key, "value", key)]] += value
     return device_snap["Total"], peak
+
+
+def breakdown(device_snap: dict, categories: tuple[Category, ...]) -> Breakdown:
+    """A device's snapshot as a `Breakdown`: total, by our category, by (part, our category)."""
+    total, by_category = _by_category(device_snap, categories)
+    by_part: dict[tuple[str, str], int] = {}
+    for (part, name), value in bytes_by_part(device_snap).items():
+        key = (part, CATEGORY_OF[name])
+        by_part[key] = by_part.get(key, 0) + value
+    return total, by_category, by_part
 
 
 def _prepare_twin(
@@ -525,7 +545,7 @@ def step_measurements(
     """What a finished run measured, as `TrainStep` fields (every subclass shares them): the root's
     class, the optimizer, the peak and the end of forward by `categories`, the per-module tables,
     each phase's own peak and each repeated block's pass peaks."""
-    peak_bytes, peak = _peak_categories(tracker, categories)
+    peak_bytes, peak, peak_parts = breakdown(_peak_snapshot(tracker), categories)
     blocks = [path for path, _ in repeated_blocks(module)]
     end_of_forward_bytes, end_of_forward = _by_category(run.end_of_forward, categories)
     return {
@@ -539,10 +559,11 @@ def step_measurements(
         "end_of_forward_bytes": end_of_forward_bytes,
         "end_of_forward": end_of_forward,
         "end_of_forward_activations": forward_activation_table(module, twin, run.end_of_forward_owners),
-        "phase_own_peaks": {phase: _by_category(snap, categories) for phase, snap in run.phase_own_peaks.items()},
+        "phase_own_peaks": {phase: breakdown(snap, categories) for phase, snap in run.phase_own_peaks.items()},
         "block_peaks": {
-            key: _by_category(snap, categories) for key, snap in block_peak_snapshots(twin, tracker, blocks).items()
+            key: breakdown(snap, categories) for key, snap in block_peak_snapshots(twin, tracker, blocks).items()
         },
+        "peak_by_module": nested(peak_parts, run.parts.labels() if run.parts is not None else ()),
     }
 
 

@@ -9,6 +9,9 @@ what the tests pin is the panel: its order, formatting, colours, wording and dra
 
 from __future__ import annotations
 
+import html
+import re
+
 import pytest
 import torch
 import transformers
@@ -126,6 +129,11 @@ def test_selecting_a_row_shows_a_bar_per_rank_with_the_categories_and_the_budget
             assert f'data-category="{category}"' in bars and f"{category.replace('_', ' ')}: {bytes_text(value)}" in bars
     assert f'data-budget="{BUDGET}"' in bars
     assert f"every rank: peak {bytes_text(rank.peak_bytes)} in {rank.at}; fits in 2.0 MiB" in bars
+    # the peak by part of the model, the largest part first, each with its bytes
+    parts = sorted(rank.by_module, key=lambda part: -sum(rank.by_module[part].values()))
+    assert re.findall(r'<tr data-part="([^"]+)">', bars) == [html.escape(part) for part in parts]
+    layers = rank.by_module["model.layers"]
+    assert f'<td style="text-align:right">{bytes_text(sum(layers.values()))}</td>' in bars
 
 
 def test_the_budget_line_and_bars_share_one_scale_across_layouts(planned, direct):

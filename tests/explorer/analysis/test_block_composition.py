@@ -8,6 +8,7 @@ import torch
 
 import explorer
 from explorer.analysis.block_composition import block_stack, candidates_of, compose_peak, truncated
+from explorer.analysis.module_parts import nested
 from tests.support.small_llama import deferred_llama
 
 IDS = torch.zeros(2, 64, dtype=torch.long)
@@ -23,7 +24,7 @@ def _step(module: torch.nn.Module, world_size: int, checkpointing: bool) -> expl
 
 
 @pytest.mark.parametrize(("world_size", "checkpointing"), [(1, False), (4, True), (8, False)])
-def test_a_step_composed_from_3_and_4_blocks_equals_the_whole_step_by_category(
+def test_a_step_composed_from_3_and_4_blocks_equals_the_whole_step_by_category_and_by_part(
     llama8: torch.nn.Module, world_size: int, checkpointing: bool
 ) -> None:
     stack = block_stack(llama8)
@@ -36,6 +37,8 @@ def test_a_step_composed_from_3_and_4_blocks_equals_the_whole_step_by_category(
         whole = _step(llama8 if blocks == 8 else truncated(llama8, stack, blocks), world_size, checkpointing)
         composed = compose_peak(short, longer, blocks)
         assert (composed.peak_bytes, composed.peak, composed.phase) == (whole.peak_bytes, whole.peak, whole.phase)
+        assert nested(composed.by_part) == whole.peak_by_module  # by part of the model, to the byte
+        assert set(whole.peak_by_module) >= {"model.embed_tokens", "model.layers", "lm_head"}
 
 
 def test_cutting_the_blocks_leaves_the_model_as_it_was(llama8: torch.nn.Module) -> None:

@@ -60,6 +60,7 @@ def test_each_rank_peak_equals_the_whole_models_step(llama5: torch.nn.Module) ->
         whole = layout_step(llama5, IDS, labels=IDS, layout=result.layout)
         (rank,) = result.ranks
         assert (rank.peak_bytes, rank.peak, rank.phase) == (whole.peak_bytes, whole.peak, whole.phase)
+        assert rank.by_module == whole.peak_by_module  # by part of the model too
         assert rank.measured_blocks == (3, 4)
         assert result.communication == {kind: count for kind, count in whole.communication.bytes.items() if count}
     table = plan.table()

@@ -9,6 +9,7 @@ import torch
 
 from explorer.analysis.block_composition import block_stack, truncated
 from explorer.analysis.parallel_layout import Layout
+from explorer.analysis.module_parts import nested
 from explorer.analysis.parallel_measure import Measurements, Refused
 from explorer.analysis.pipeline_composition import compose_ranks
 from explorer.analysis.pipeline_step import pipeline_step
@@ -67,8 +68,10 @@ def test_a_pipelined_step_composed_from_3_and_4_blocks_per_stage_equals_the_whol
     whole = _steps(model, layout)
     composed = compose_ranks(short, longer, layers // stages, stack)
     for rank, step in zip(composed, whole, strict=True):
-        assert max(total for _, total, _ in step.window_peaks) == step.peak_bytes  # the windows cover the step
+        assert max(total for _, (total, _, _) in step.window_peaks) == step.peak_bytes  # the windows cover the step
         assert (rank.peak_bytes, rank.peak, rank.phase) == (step.peak_bytes, step.peak, step.phase)
+        assert nested(rank.by_part) == step.peak_by_module  # by part of the model, to the byte
+        assert sum(sum(by_category.values()) for by_category in step.peak_by_module.values()) == step.peak_bytes
         assert rank.communication == {kind: step.communication.bytes.get(kind, 0) for kind in rank.communication}
         assert set(step.communication.bytes) <= set(rank.communication)
         assert rank.p2p_total == step.p2p_total
@@ -87,7 +90,9 @@ def test_plan_parallel_composes_pipelined_layouts_of_alike_blocks_as_the_whole_m
     whole = measurements._whole_pipeline(layout)
     assert not isinstance(composed, Refused)
     (ranks, communication), (whole_ranks, whole_communication) = composed, whole
-    assert [(r.rank, r.peak_bytes, r.peak) for r in ranks] == [(r.rank, r.peak_bytes, r.peak) for r in whole_ranks]
+    assert [(r.rank, r.peak_bytes, r.peak, r.by_module) for r in ranks] == [
+        (r.rank, r.peak_bytes, r.peak, r.by_module) for r in whole_ranks
+    ]
     assert communication == {kind: whole_communication.get(kind, 0) for kind in communication}
     assert communication["send_recv"] == whole_communication["send_recv"] > 0
     assert all(rank.measured_blocks == (6, 8) for rank in ranks)
