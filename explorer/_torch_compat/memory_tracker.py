@@ -7,7 +7,8 @@ peak of each module that is running. It finds those modules by walking *every* m
 (a `WeakIdKeyDictionary`, one weak reference made per lookup) and deep-copies a snapshot for each
 one whose peak rose — on a 7B Llama step that is most of the time the step takes. The trackers here
 keep PyTorch's categorization untouched (same hooks, same enums, same rules: they are subclasses)
-and replace only that update, `_update_peak_stats`, by an equivalent one: the running modules
+and replace only that update, `_update_peak_stats`, by an equivalent one (and `get_tracker_snapshot`'s
+deep copy by a copy one level deep, the same values): the running modules
 are looked up by name among `ModTracker.parents` (a handful) in an index rebuilt when a module is
 first seen, and snapshots are copied one level deep (their values are ints). The results are
 byte-for-byte PyTorch's (`tests/explorer/analysis/test_train_memory_tracker.py` compares them).
@@ -166,6 +167,15 @@ class _FastPeaks:
             running.extend(self._by_name.get(name, ()))
         return running
 
+    def get_tracker_snapshot(self, type: str = "current") -> dict[torch.device, dict[Any, int]]:
+        """MemTracker's, copied one level deep rather than deep-copied: the same values (ints under
+        immutable keys), without `deepcopy`'s walk, which FSDP's tracker takes at every FSDP hook."""
+        if type == "current":
+            return {device: dict(snap) for device, snap in self._curr_mem_snap.items()}
+        if type == "peak":
+            return {device: dict(snap) for device, snap in self._peak_mem_snap.items()}
+        return super().get_tracker_snapshot(type)  # type: ignore[misc]  # MemTracker's, next in the MRO: raises
+
     def reset_mod_stats(self) -> None:
         super().reset_mod_stats()  # type: ignore[misc]  # MemTracker's, next in the MRO
         self._indexed_count = -1  # the index would hold the old statistics once as many modules ran again
@@ -323,6 +333,9 @@ class PartKey(NamedTuple):
 
     part: str
     category: str  # the tracker's category name: "Activation", "Sharded Param"...
+
+    def __deepcopy__(self, memo: dict) -> PartKey:
+        return self  # immutable: FSDP's tracker deep-copies snapshots at every FSDP hook
 
 
 # The categories whose storages belong to a parameter or buffer (note [Bytes by part]); the names
