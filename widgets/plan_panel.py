@@ -178,14 +178,17 @@ def modules_html(rank: RankPeak) -> str:
             for category, value in sorted(by_category.items(), key=lambda item: -item[1])
         )
         rows.append(
-            f'<tr data-part="{html.escape(part)}"><td>{html.escape(part)}</td>'
-            f'<td style="text-align:right">{bytes_text(sum(by_category.values()))}</td>'
+            f'<tr data-part="{html.escape(part)}"><td style="white-space:nowrap">{html.escape(part)}</td>'
+            f'<td style="text-align:right;white-space:nowrap">{bytes_text(sum(by_category.values()))}</td>'
             f"<td>{html.escape(categories)}</td></tr>"
         )
     if not rows:
         return ""
-    head = "<tr><th>module</th><th>bytes at the peak</th><th>by category</th></tr>"
-    return f'<table class="de-parallel-modules" style="font-size:12px">{head}{"".join(rows)}</table>'
+    head = "".join(
+        f'<th style="text-align:left;white-space:nowrap;padding-right:12px">{name}</th>'
+        for name in ("module", "at the peak", "by category")
+    )
+    return f'<table class="de-parallel-modules" style="font-size:12px"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
 def layout_text(result: LayoutResult, plan: ParallelPlan) -> str:

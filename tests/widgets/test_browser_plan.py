@@ -4,8 +4,8 @@ Opens a notebook written here (a small Llama under deferred init: hidden 64, 4 h
 heads, 6 layers), opens the Memory tab, fills the panel as a person does (4 GPUs of 2 MiB, inputs
 2x16, FSDP 1 and 4, TP 1, 2 and 4, PP 1, no checkpointing), clicks "Plan layouts", reads the
 table (FSDP 4 fits; DP 2 × TP 2 and DP 4 are over budget; TP 4 cannot run with 2 key-value heads),
-clicks the first row and reads its bar and torchtitan export from the page, then asks the
-kernel what the panel computed. The screenshot is docs/plan.png under `make screenshots`.
+clicks the first row and reads its bar, its peak by module and its torchtitan export from the page,
+then asks the kernel what the panel computed. The screenshot is docs/plan.png under `make screenshots`.
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ def test_parallel_layouts_panel_plans_a_small_llama_on_4_gpus(notebook_page: Pag
         expect(segments.first).to_be_visible()
         assert segments.first.get_attribute("data-category") == "sharded_parameters"
         expect(panel.locator(".de-parallel-budget-line")).to_have_count(1)
+        parts = panel.locator(".de-parallel-modules tr[data-part]")  # the peak by module, the largest first
+        expect(parts.first).to_be_visible()
+        assert parts.first.get_attribute("data-part") == "model.layers"
         titan = panel.locator(".de-parallel-torchtitan textarea")
         expect(titan).to_have_value(re.compile(r"data_parallel_shard_degree = 4\n"))
         answer = kernel_answer(

@@ -133,7 +133,7 @@ def test_selecting_a_row_shows_a_bar_per_rank_with_the_categories_and_the_budget
     parts = sorted(rank.by_module, key=lambda part: -sum(rank.by_module[part].values()))
     assert re.findall(r'<tr data-part="([^"]+)">', bars) == [html.escape(part) for part in parts]
     layers = rank.by_module["model.layers"]
-    assert f'<td style="text-align:right">{bytes_text(sum(layers.values()))}</td>' in bars
+    assert f'<td style="text-align:right;white-space:nowrap">{bytes_text(sum(layers.values()))}</td>' in bars
 
 
 def test_the_budget_line_and_bars_share_one_scale_across_layouts(planned, direct):

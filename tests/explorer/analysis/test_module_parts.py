@@ -127,3 +127,34 @@ def test_a_plans_rank_lists_its_peak_by_module_largest_first(llama4: torch.nn.Mo
     assert table.columns.tolist() == ["module", "bytes", *(c for c, value in rank.peak.items() if value)]
     layers = table.set_index("module").loc["model.layers"]
     assert layers["sharded_parameters"] == _parameter_bytes(llama4, "model.layers", shards=2)
+
+
+@pytest.mark.parametrize(("checkpointing", "accumulation_steps"), [(False, 1), (True, 1), (False, 3)])
+def test_the_fake_steps_split_equals_the_same_split_of_the_eager_step(checkpointing: bool, accumulation_steps: int):
+    """The split tracker on the eager model's real loop (real storages, real optimizer states) gives
+    the fake step's split to the byte: the fake step attributes what a real run would."""
+    from explorer.analysis.fake_fsdp import checkpoint_blocks, repeated_blocks
+    from explorer.analysis.module_parts import nested, split_by_part
+    from explorer.analysis.train_step import SINGLE_CATEGORIES, breakdown
+    from tests.explorer.analysis.test_train_step import LLAMA, eager_loop, llama_inputs
+    from tests.support.hf_configs import build_eager
+
+    torch.manual_seed(0)
+    deferred = explorer.deferred_init(LLAMA.cls, LLAMA.config())
+    loop = {"accumulation_steps": accumulation_steps}
+    step = explorer.train_step(deferred, **llama_inputs(), activation_checkpointing=checkpointing, **loop)
+    model = build_eager(LLAMA).train()
+    if checkpointing:
+        checkpoint_blocks(model, repeated_blocks(model))
+    optimizer = torch.optim.AdamW(model.parameters())
+    tracker = FastMemTracker()
+    parts = module_parts(model)
+    split_by_part(tracker, parts, [model], optimizer)
+    inputs = llama_inputs()
+    tracker.track_external(model, optimizer, inputs["input_ids"])  # the labels are the same tensor
+    eager_loop(model, inputs, optimizer, tracker, accumulation_steps=accumulation_steps)
+    (snapshot,) = tracker.get_tracker_snapshot("peak").values()
+    total, _, by_part = breakdown(snapshot, SINGLE_CATEGORIES)
+    assert step.peak_bytes == total
+    assert step.peak_by_module == nested(by_part, parts.labels())
+    assert {"model.layers", "lm_head"} <= set(step.peak_by_module)
