@@ -52,6 +52,7 @@ from .train_step import (
     TrainStep,
     TrainStepError,
     check_loop,
+    check_reachable_devices,
     default_loss,
     run_step,
     step_measurements,
@@ -108,6 +109,7 @@ def layout_step(
     mode = CpuFakeTensorMode(allow_non_fake_inputs=True)
     try:
         twin = fake_twin(module, mode).train()
+        check_reachable_devices(twin, type(module).__name__)
         first = next(iter(twin.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
         args, kwargs = fake_forward_arguments(module, mode, device, inputs_or_shapes, forward_kwargs)

@@ -416,6 +416,35 @@ def _prepare_twin(
     return twin, [path for path, _ in blocks]
 
 
+def check_reachable_devices(twin: nn.Module, root_class: str) -> None:
+    """Raises TrainStepError when `twin`'s parameters are on a device type this process cannot reach.
+
+    A fake on "cuda" has no storage, but autograd still guards the device of each operation that
+    records a gradient: on a CPU-only torch build that guard aborts the whole process (a notebook's
+    kernel dies), on a CUDA build without a GPU backward raises a CUDA context error."""
+    unreachable = sorted({p.device.type for p in twin.parameters()} - {"cpu", "meta"} - _reachable_types())
+    if unreachable:
+        raise TrainStepError(
+            f"{root_class}'s parameters are on {', '.join(unreachable)}, which this process cannot reach: autograd "
+            "guards that device in each step, even on fakes. Defer the model on the CPU (the step's bytes are then "
+            "counted without CUDA's 512-byte rounding) or run the step on a machine with that device"
+        )
+
+
+def _reachable_types() -> set[str]:
+    """The accelerator types this process can use (a device type torch has no `is_available` for is
+    let through: the step itself says what it cannot do)."""
+    reachable = set()
+    for name in ("cuda", "xpu", "mps", "mtia"):
+        module = getattr(torch, name, None)
+        available = getattr(module, "is_available", None)
+        if name == "mps":
+            available = torch.backends.mps.is_available
+        if not callable(available) or available():
+            reachable.add(name)
+    return reachable
+
+
 def _check_arguments(module: Any, world_size: int, shard: Any, loop: TrainingLoop) -> None:
     if not isinstance(module, nn.Module):
         raise TypeError(f"explorer.train_step expects an nn.Module, got {type(module).__name__}")
@@ -479,6 +508,7 @@ def train_step(
     mode = CpuFakeTensorMode(allow_non_fake_inputs=True)
     try:
         twin, blocks = _prepare_twin(module, mode, activation_checkpointing)
+        check_reachable_devices(twin, type(module).__name__)
         first = next(iter(twin.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
         args, kwargs = fake_forward_arguments(module, mode, device, inputs_or_shapes, forward_kwargs)

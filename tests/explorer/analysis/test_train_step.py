@@ -511,3 +511,19 @@ def test_a_shard_function_chooses_what_fully_shard_wraps():
         train_step(model, (2, 3, 16, 16), world_size=2, shard=lambda twin: fully_shard(twin.blocks[0]))
     assert str(error.value) == "shard(...) left the root SmallCNN unsharded: call fully_shard(module) on it last"
     assert not dist.is_initialized()
+
+
+def test_a_step_on_a_device_this_process_cannot_reach_is_refused_before_anything_runs(monkeypatch):
+    """On a CPU-only torch, autograd's CUDA device guard aborts the process (a notebook's kernel dies)
+    at the first op that records a gradient, even on fakes: the step refuses first, naming the device."""
+    from explorer.analysis.layout_step import layout_step
+    from explorer.analysis.parallel_layout import Layout
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model = deferred_init(lambda: nn.Sequential(nn.Linear(16, 16, device="cuda"), nn.ReLU(), nn.Linear(16, 8, device="cuda")))
+    refusal = r"^Sequential's parameters are on cuda, which this process cannot reach: autograd guards that device"
+    with pytest.raises(TrainStepError, match=refusal):
+        train_step(model, (4, 16))
+    with pytest.raises(TrainStepError, match=refusal):
+        layout_step(model, (4, 16), layout=Layout())
+    assert is_deferred(model) and model[0].weight.device == torch.device("cuda", 0)
