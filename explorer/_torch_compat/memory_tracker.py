@@ -539,7 +539,7 @@ class _PartShares:
             return
         self._pending_part = next(parts, None)
         try:
-            super()._track(reftype, t)  # type: ignore[misc]
+            super()._track(reftype, t)  # type: ignore[misc]  # MemTracker's, next in the MRO
         finally:
             self._pending_part = None
 

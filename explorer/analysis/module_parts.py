@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from .._torch_compat.memory_tracker import FastTracker
@@ -85,7 +86,7 @@ def split_by_part(
     tracker: FastTracker,
     parts: ModuleParts,
     roots: Iterable[nn.Module],
-    optimizer: object,
+    optimizer: torch.optim.Optimizer | None,
     model_path: Callable[[str], str] = unwrapped,
 ) -> None:
     """Make `tracker` count its bytes by `parts` (note [Bytes by part]). `roots`: the modules the step
@@ -105,7 +106,7 @@ def split_by_part(
     def part_of_module(module: nn.Module) -> str:
         return by_module.get(id(module), ROOT_PART)
 
-    tracker.split_by_part(part_of_name, part_of_module, roots, optimizer)  # type: ignore[arg-type]
+    tracker.split_by_part(part_of_name, part_of_module, roots, optimizer)
 
 
 def nested(flat: Mapping[tuple[str, str], int], order: Sequence[str] = ()) -> dict[str, dict[str, int]]:
