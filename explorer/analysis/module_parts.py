@@ -20,12 +20,11 @@ from torch import nn
 
 from .._torch_compat.memory_tracker import FastTracker
 from .fake_fsdp import repeated_blocks
-from .train_modules import OUTSIDE_MODULES
+from .train_modules import OUTSIDE_MODULES, unwrapped
 
 __all__ = ["OUTSIDE_MODULES", "ROOT_PART", "ModuleParts", "module_parts", "split_by_part"]
 
 ROOT_PART = "(root)"  # the root module's own forward code and its own parameters
-_WRAPPED = "_checkpoint_wrapped_module"
 
 
 @dataclass(frozen=True)
@@ -56,11 +55,6 @@ class ModuleParts:
 def own_code(path: str) -> str:
     """The part name of a descended module's own code."""
     return ROOT_PART if not path else f"{path} (own code)"
-
-
-def unwrapped(path: str) -> str:
-    """`path` with checkpoint wrappers folded into the module they wrap."""
-    return ".".join(name for name in path.split(".") if name != _WRAPPED)
 
 
 def module_parts(model: nn.Module) -> ModuleParts:

@@ -62,12 +62,12 @@ from .cpu_fake_mode import CpuFakeTensorMode
 from .dry_run import fake_forward_arguments
 from .fake_fsdp import checkpoint_blocks, fake_process_group
 from .layout_step import MESH_DIMS, parallelize_twin
-from .module_parts import module_parts, nested, split_by_part, unwrapped
+from .module_parts import ModuleParts, module_parts, nested, split_by_part
 from .parallel_layout import Layout, LayoutError
 from .pipeline_monitor import StepMonitor, monitored_stage
 from .pipeline_split import DecoderStage, StagePlan, plan_stages
 from .tp_plans import check_tp_plan, plan_for_part, tp_plan_of
-from .train_modules import block_call_snapshots
+from .train_modules import block_call_snapshots, unwrapped
 from .train_step import FSDP_CATEGORIES, SINGLE_CATEGORIES, Breakdown, OptimizerFactory, TrainStepError, breakdown
 from .train_twin import fake_twin
 
@@ -306,7 +306,8 @@ def _prepared(
     with mode, torch.enable_grad():
         boundaries = _boundaries(stages, ids, layout)
     return _RankRun(layout, stages, boundaries, ids, target, optimizer or torch.optim.AdamW,
-                    loss or _causal_lm_loss(twin), keep_outputs, mode, module, tp_plan)  # fmt: skip
+                    loss or _causal_lm_loss(twin), keep_outputs, mode, module, tp_plan,
+                    module_parts(module))  # fmt: skip
 
 
 @dataclass
@@ -324,6 +325,7 @@ class _RankRun:
     mode: FakeTensorMode
     module: nn.Module
     tp_plan: dict[str, str]
+    parts: ModuleParts  # the model's, which every rank's bytes are split by (note [Bytes by part])
 
     def measure(self, rank: int) -> PipelineStageStep:
         """Stage rank `rank`'s step, measured: rank `rank` of a fake group of pp ranks, or of
@@ -381,7 +383,7 @@ class _RankRun:
         batch = torch.cat([self.ids] * layout.accumulation_steps)
         # the ids themselves when no labels were given: one tensor, as `schedule.step(ids, target=ids)` passes
         target = batch if self.target is self.ids else torch.cat([self.target] * layout.accumulation_steps)
-        tracker = _tracker(modules, optimizer, self.module, batch, target)
+        tracker = _tracker(modules, optimizer, self.parts, batch, target)
         tracker.op_observer = counter.observe  # the tracker's ops, counted without a mode of its own
         monitor.tracker = tracker
         args = (batch,) if 0 in indices else ()
@@ -432,7 +434,7 @@ class _RankRun:
             communication=counter.communication,
             window_peaks=tuple((label, breakdown(snap, categories)) for label, snap in monitor.windows),
             block_peaks={key: tuple(breakdown(snap, categories) for snap in calls) for key, calls in blocks.items()},
-            peak_by_module=nested(peak_parts, module_parts(self.module).labels()),
+            peak_by_module=nested(peak_parts, self.parts.labels()),
         )
 
 
@@ -448,10 +450,10 @@ def _block_calls(modules: Sequence[nn.Module], tracker: MemTracker) -> dict[tupl
 
 
 def _tracker(
-    modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer, model: nn.Module, *inputs: torch.Tensor
+    modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer, parts: ModuleParts, *inputs: torch.Tensor
 ) -> FastPipelineMemTracker | FastFSDPPipelineMemTracker:
     """The tracker for the rank's stages: FSDP's when they are sharded, the batch and target as inputs,
-    its bytes split by the parts of `model` (note [Bytes by part])."""
+    its bytes split by the model's `parts` (note [Bytes by part])."""
     tracker: FastPipelineMemTracker | FastFSDPPipelineMemTracker
     if isinstance(modules[0], FSDPModule):
         tracker = FastFSDPPipelineMemTracker(modules, optimizer)
@@ -460,7 +462,7 @@ def _tracker(
     paths: dict[str, str] = {"": "model"}  # a stage's own forward is the decoder's (masks, positions)
     for module in modules:
         paths.update(getattr(module, "model_paths")())  # noqa: B009 - a DecoderStage, possibly FSDP's subclass of it
-    split_by_part(tracker, module_parts(model), modules, optimizer, lambda path: unwrapped(paths.get(path, path)))
+    split_by_part(tracker, parts, modules, optimizer, lambda path: unwrapped(paths.get(path, path)))
     if isinstance(tracker, FastFSDPPipelineMemTracker):
         tracker.track_inputs(inputs)
     else:

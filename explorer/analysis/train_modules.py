@@ -84,7 +84,7 @@ def block_call_snapshots(root: nn.Module, tracker: MemTracker, blocks: list[str]
     for path, sub in root.named_modules():
         stats = tracker.memory_tracking.get(sub)
         if stats is not None:
-            tracked.setdefault(_unwrapped(path), stats)
+            tracked.setdefault(unwrapped(path), stats)
     found: dict[tuple[str, str], list[dict]] = {}
     for path in blocks:
         stats = tracked.get(path)
@@ -114,7 +114,7 @@ def module_table(module: nn.Module, twin: nn.Module, tracker: MemTracker) -> pd.
         stats = tracker.memory_tracking.get(sub)
         if stats is None or type(sub).__name__ == "CheckpointWrapper":
             continue
-        name = _unwrapped(path)
+        name = unwrapped(path)
         snapshots = _by_state(stats)
         pairs = zip(snapshots.get(before, []), snapshots.get(after, []))
         rows.append(
@@ -130,7 +130,8 @@ def module_table(module: nn.Module, twin: nn.Module, tracker: MemTracker) -> pd.
     return pd.DataFrame(rows, columns=MODULE_COLUMNS)
 
 
-def _unwrapped(path: str) -> str:
+def unwrapped(path: str) -> str:
+    """`path` with checkpoint wrappers folded into the module they wrap."""
     return ".".join(part for part in path.split(".") if part != _WRAPPED)
 
 
@@ -141,11 +142,11 @@ def forward_activation_table(module: nn.Module, twin: nn.Module, owners: dict[st
     submodules created, so the rows add up to all activations alive. Ops outside every module come
     last, as `OUTSIDE_MODULES`."""
     classes = {path: type(sub).__name__ for path, sub in module.named_modules()}
-    order = {_unwrapped(path): index for index, (path, _) in enumerate(twin.named_modules())}
+    order = {unwrapped(path): index for index, (path, _) in enumerate(twin.named_modules())}
     by_name: dict[str, int] = {}
     for owner, value in owners.items():
         # ModTracker names modules "<root class>.<path>"; None: no module was running
-        name = OUTSIDE_MODULES if owner is None else _unwrapped(owner.partition(".")[2])
+        name = OUTSIDE_MODULES if owner is None else unwrapped(owner.partition(".")[2])
         by_name[name] = by_name.get(name, 0) + value
     rows = [
         {"name": name, "class": classes.get(name, ""), "activation_bytes": value}
