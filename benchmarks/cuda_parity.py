@@ -14,7 +14,10 @@ parameter and buffer bitwise:
   draw with `trunc_normal_` and friends on CUDA fakes;
 - the Philox offset model (explorer/replay/philox.py) against the live generator: the offset each
   kernel reserves, for a spread of ops, dtypes and sizes (one past 32-bit indexing);
-- a timing line: one late Llama layer on CUDA, eager parity, against building that layer eagerly.
+- a timing line: one late Llama layer on CUDA, eager parity, against building that layer eagerly;
+- rows drawn alone (`replay.rows.draw_rows`, what each FSDP2 rank draws) against the rows of the
+  whole tensor, for fills recorded on CUDA (the element mapping of explorer/replay/philox_rows.py,
+  including a tensor split for 32-bit indexing) and on the CPU, with rng="eager" and "fast".
 
 It runs on any tested torch release as it is (no backport: explorer/_torch_compat answers for the
 release) and prints the release it ran on first.
@@ -179,6 +182,62 @@ def check_late_layer_timing() -> str:
     return f"7B layers[31] on CUDA, eager parity: {layer_s:.2f} s; eager construction of the whole 7B: {eager_s:.2f} s"
 
 
+class Fills(nn.Module):
+    """One parameter per kernel and layout the row mapping covers, recorded on `device`."""
+
+    def __init__(self, device: str, big: bool) -> None:
+        super().__init__()
+        on = {"device": device}
+        self.warm = nn.Parameter(torch.empty(3000, **on).uniform_())  # the fills below start mid-stream
+        self.embedding = nn.Parameter(torch.empty((128256, 8192) if big else (1000, 64), **on).normal_(std=0.02))
+        self.down = nn.Parameter(torch.empty((8192, 28672) if big else (512, 96), **on).uniform_(-0.01, 0.01))
+        self.small = nn.Parameter(torch.empty(24, 100, **on).normal_())  # below one grid of threads
+        self.float64 = nn.Parameter(torch.empty(4099, 1037, dtype=torch.float64, **on).normal_())  # unroll 2
+        self.bf16 = nn.Parameter(torch.empty(3001, 4096, dtype=torch.bfloat16, **on).uniform_())
+        self.ints = nn.Parameter(torch.empty(4097, 999, **on).random_(0, 1000), requires_grad=False)
+
+
+def check_rows_drawn_alone() -> str:
+    """Each of 8 ranks' rows, drawn alone, equal those rows of the whole tensor (what FSDP2 ranks
+    get from `fully_shard_deferred`)."""
+    from explorer import materialize_tensor
+    from explorer.replay.rows import draw_rows
+
+    drawn = whole_s = rows_s = 0.0
+    for recorded_on in (DEVICE, "cpu"):
+        for rng in ("eager", "fast"):
+            torch.manual_seed(5)
+            module = deferred_init(Fills, recorded_on, big=DEVICE == "cuda" and recorded_on == DEVICE)
+            for name, fake in module.named_parameters():
+                if name == "warm":
+                    continue
+                synchronize()
+                start = time.perf_counter()
+                whole = materialize_tensor(fake, device=DEVICE, rng=rng)
+                synchronize()
+                whole_s += time.perf_counter() - start
+                count = fake.shape[0]
+                for rank in range(8):
+                    first, stop = rank * count // 8, (rank + 1) * count // 8
+                    synchronize()
+                    start = time.perf_counter()
+                    rows = draw_rows(fake, first, stop, rng, name, device=DEVICE)
+                    synchronize()
+                    rows_s += time.perf_counter() - start
+                    if rows is None:
+                        # the CPU fills drawn onto another device with rng="fast" run there: whole replay
+                        assert recorded_on != DEVICE and rng == "fast" and DEVICE != "cpu", (name, rng, recorded_on)
+                        continue
+                    drawn += 1
+                    assert rows.device == whole.device, (name, rows.device)
+                    assert torch.equal(rows, whole[first:stop]), (name, rng, recorded_on, rank)
+                del whole
+    return (
+        f"{int(drawn)} rank slices equal to the whole tensors' rows; "
+        f"whole {whole_s:.2f} s, all ranks' rows {rows_s:.2f} s"
+    )
+
+
 # (label, dtype, shape, op run on a fresh tensor, its aten op, the arguments the offset model reads)
 LIVE_OFFSET_CASES = [
     ("normal_", dt, shape, lambda t: t.normal_(), torch.ops.aten.normal_.default, {})
@@ -224,6 +283,7 @@ CHECKS: dict[str, Callable[[], object]] = {
     **{f"timm {name} recorded on cuda": (lambda name=name: check_cuda_recorded(timm_on(DEVICE, name)))
        for name in TIMM_MODELS},
     "7B late layer on cuda": check_late_layer_timing,
+    "rows drawn alone, as FSDP2 ranks draw them": check_rows_drawn_alone,
 }
 if DEVICE != "cuda":  # the 7B eager baseline needs 27 GB: a GPU's memory, not a smoke run's
     del CHECKS["7B late layer on cuda"], CHECKS["offset model against the live generator"]

@@ -16,6 +16,9 @@ at both ends, and each checked bit for bit:
   construction on CUDA (target ≤ 1.2×), parity against that eager model.
 - Llama-2-7B `layers[31]` against eager construction of the whole 7B (27 GB), for parity of a late
   layer reached by arithmetic.
+- An FSDP2 rank's shard: the last of 8 ranks' rows of the Llama-3-70B embedding (128256 x 8192
+  float32, a fill split for 32-bit indexing) drawn alone (`replay.rows.draw_rows`, note [Philox
+  element mapping]) against a raw GPU fill of those rows, parity against the whole tensor's rows.
 
 CI has no GPU: docs/benchmarks.md records the output with the torch release and the GPU's name.
 """
@@ -262,6 +265,39 @@ def row_7b_late_layer() -> tuple[str, float, float, str]:
     )
 
 
+def row_fsdp2_shard(reps: int) -> tuple[str, float, float, str]:
+    from explorer import materialize_tensor
+    from explorer.replay.rows import draw_rows
+
+    torch.manual_seed(0)
+    model = deferred_init(llama(**LLAMA_70B))
+    embedding = model.model.embed_tokens.weight
+    count = embedding.shape[0]
+    first, stop = 7 * count // 8, count
+
+    def rows() -> torch.Tensor | None:
+        return draw_rows(embedding, first, stop, "eager", "model.embed_tokens.weight", device=CUDA)
+
+    timed(rows)
+    ours = [timed(rows)[0] for _ in range(reps)]
+    shape = (stop - first, *embedding.shape[1:])
+    timed(lambda: torch.empty(shape, device=CUDA).normal_())
+    raw = statistics.median(timed(lambda: torch.empty(shape, device=CUDA).normal_())[0] for _ in range(reps))
+    drawn = rows()
+    whole_s, whole = timed(lambda: materialize_tensor(embedding, device=CUDA))
+    if drawn is None:
+        parity = "not drawn by rows: the whole tensor was needed"
+    else:
+        parity = "bitwise equal to the whole tensor's rows" if torch.equal(drawn, whole[first:stop]) else "rows differ"
+    del whole, drawn, model
+    return (
+        "Llama-3-70B embedding, one FSDP2 rank's rows (1 of 8) drawn alone, vs raw GPU fill of those rows",
+        statistics.median(ours),
+        raw,
+        f"{parity}; the whole tensor's replay: {whole_s * 1e3:.1f} ms",
+    )
+
+
 TARGETS = {0: 2.0, 1: 1.2}
 # Where a cProfile of one more 70B layer materialization goes ($OUT/profile_70b.txt when $OUT is set).
 PROFILE_TO = Path(os.environ["OUT"], "profile_70b.txt") if os.environ.get("OUT") else None
@@ -293,7 +329,12 @@ def main() -> int:
     print(head, flush=True)
     failed = 0
     for number, make in enumerate(
-        (lambda: row_70b_layer(args.reps), lambda: row_3b_whole(args.reps), row_7b_late_layer)
+        (
+            lambda: row_70b_layer(args.reps),
+            lambda: row_3b_whole(args.reps),
+            row_7b_late_layer,
+            lambda: row_fsdp2_shard(args.reps),
+        )
     ):
         name, ours, base, detail = make()
         ratio = ours / base

@@ -5,7 +5,8 @@ FSDP2's `fully_shard` the module with every fake swapped for a meta tensor (FSDP
 meta-device init: it builds DTensor parameters whose local shards are meta), lets
 `module.to_empty` allocate the local shards on the rank's device, then fills them one parameter
 at a time. A parameter whose value is one random fill (what `nn.init` leaves) is drawn for this
-rank's rows only, from the CPU generator jumped to their first draw (`replay.rows`); any other is
+rank's rows only, from the CPU generator jumped to their first draw or by CUDA launches placed
+where the whole fill's had them (`replay.rows`); any other is
 materialized whole (the engine's replay, with RNG parity), sliced, and dropped. `distribute_deferred` does the same with
 DTensor placements the user chooses. Either way a rank holds its shards plus at most one full
 tensor, and since every rank replays the same closures from the same recorded RNG state, the
@@ -171,8 +172,8 @@ class ParameterSource:
     def part(self, mesh: DeviceMesh, placements: Sequence[Placement]) -> torch.Tensor:
         """This rank's part under `placements` (a view of the whole tensor, or freshly drawn rows)."""
         rows = _row_range(self.fake, mesh, placements)
-        if rows is not None and self.device.type == "cpu" and self._whole is None:
-            drawn = draw_rows(self.fake, *rows, self.rng, self.name)
+        if rows is not None and self._whole is None:
+            drawn = draw_rows(self.fake, *rows, self.rng, self.name, self.device)
             if drawn is not None:
                 self.drawn_rows = True
                 return drawn
