@@ -3,11 +3,13 @@ returned, and materializing again gives eager's bytes, in any order of partial r
 
 from __future__ import annotations
 
-import ctypes
 import gc
+import json
+import subprocess
+import sys
 import weakref
+from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from torch import nn
@@ -20,6 +22,7 @@ from explorer import (
 from tests.support.parity import assert_module_equals_eager, same_bits, slots, tie_groups
 
 MIB = 1 << 20
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def fakes_of(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -236,22 +239,38 @@ def test_released_tensor_is_freed():
     assert weight() is None
 
 
-def _rss() -> int:
+# Run in a fresh process: in one that already holds gigabytes from earlier tests, the allocator
+# may serve the 200 MB from pages it still has resident, and RSS then shows less than the tensor.
+_RELEASE_PROBE = """
+import ctypes, gc, json
+import psutil
+from torch import nn
+from explorer import deferred_init, materialize_module, release_module
+
+def rss():
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     return psutil.Process().memory_info().rss
 
+module = deferred_init(nn.Linear, 8192, 6400)
+before = rss()
+materialize_module(module)
+materialized = rss()
+release_module(module)
+released = rss()
+print(json.dumps({"grown": materialized - before, "left": released - before}))
+"""
+
 
 def test_releasing_a_200_mb_module_returns_its_memory():
-    module = deferred_init(nn.Linear, 8192, 6400)
+    probe = subprocess.run(
+        [sys.executable, "-c", _RELEASE_PROBE], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False
+    )
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    measured = json.loads(probe.stdout.strip().splitlines()[-1])
     size = (8192 * 6400 + 6400) * 4
-    before = _rss()
-    materialize_module(module)
-    materialized = _rss()
-    release_module(module)
-    released = _rss()
-    assert materialized - before > size - 30 * MIB, f"{(materialized - before) / MIB:.0f} MiB"
-    assert released - before < 30 * MIB, f"RSS is {(released - before) / MIB:.0f} MiB above the start"
+    assert measured["grown"] > size - 30 * MIB, f"{measured['grown'] / MIB:.0f} MiB"
+    assert measured["left"] < 30 * MIB, f"RSS is {measured['left'] / MIB:.0f} MiB above the start"
 
 
 # -- refusals -----------------------------------------------------------------------------------
