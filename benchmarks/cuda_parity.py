@@ -15,6 +15,8 @@ parameter and buffer bitwise:
 - the Philox offset model (explorer/replay/philox.py) against the live generator: the offset each
   kernel reserves, for a spread of ops, dtypes and sizes (one past 32-bit indexing);
 - a timing line: one late Llama layer on CUDA, eager parity, against building that layer eagerly;
+- no synchronisation per op: `torch.cuda.set_sync_debug_mode("warn")` counts the synchronising
+  calls of `materialize_module` of a Llama recorded on CUDA, which must not grow with its layers;
 - rows drawn alone (`replay.rows.draw_rows`, what each FSDP2 rank draws) against the rows of the
   whole tensor, for fills recorded on CUDA (the element mapping of explorer/replay/philox_rows.py,
   including a tensor split for 32-bit indexing) and on the CPU, with rng="eager" and "fast".
@@ -182,6 +184,27 @@ def check_late_layer_timing() -> str:
     return f"7B layers[31] on CUDA, eager parity: {layer_s:.2f} s; eager construction of the whole 7B: {eager_s:.2f} s"
 
 
+def check_no_synchronisation_per_op() -> str:
+    """The synchronising CUDA calls of whole-model materialization do not grow with the model."""
+    import warnings
+
+    counts = {}
+    for layers in (2, 8):
+        torch.manual_seed(6)
+        deferred = deferred_init(tiny_llama, DEVICE, layers)
+        synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                materialize_module(deferred, device=DEVICE)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts[layers] = [str(w.message)[:80] for w in caught if "synchroniz" in str(w.message)]
+    assert len(counts[2]) == len(counts[8]), f"synchronising calls grow with the layers: {counts}"
+    return f"{len(counts[8])} synchronising calls for 2 and for 8 layers: {sorted(set(counts[8]))[:3]}"
+
+
 class Fills(nn.Module):
     """One parameter per kernel and layout the row mapping covers, recorded on `device`."""
 
@@ -284,9 +307,11 @@ CHECKS: dict[str, Callable[[], object]] = {
        for name in TIMM_MODELS},
     "7B late layer on cuda": check_late_layer_timing,
     "rows drawn alone, as FSDP2 ranks draw them": check_rows_drawn_alone,
+    "no synchronisation per op": check_no_synchronisation_per_op,
 }
 if DEVICE != "cuda":  # the 7B eager baseline needs 27 GB: a GPU's memory, not a smoke run's
     del CHECKS["7B late layer on cuda"], CHECKS["offset model against the live generator"]
+    del CHECKS["no synchronisation per op"]  # a CUDA debug mode
 
 
 def main() -> int:
