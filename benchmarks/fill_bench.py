@@ -14,7 +14,7 @@ swapped every round, medians):
   default DeepseekV3Config, 256 experts × 4096 × 7168 float32 = 30 GB, deferred):
   `materialize_tensor(gate_up_proj[0])`; RSS growth (sampled peak) ≤ 2 × the expert's bytes + 100 MB;
 - recording Llama-2-7B (cases.deferred_init_time, interleaved with meta-device construction):
-  ≤ 2.0×; RSS growth of holding it (cases.deferred_init_rss) ≤ 150 MB. `bench_recording` is run by
+  ≤ 1.3× (issue 36; issue 25 asked ≤ 2.0×); RSS growth of holding it (cases.deferred_init_rss) ≤ 150 MB. `bench_recording` is run by
   `run.py --only deferred` (the first rows of the table), not by this topic's `bench`.
 
 `--quick` uses small shapes with the same structure (a smoke run, not the targets).
@@ -29,7 +29,7 @@ from cases import CONFIGS, MB, RssSampler, llama_config, rss_bytes
 from harness import ChildError, Report, Row, log, run_child, seconds, verdict
 
 TOPIC = "fill"
-LAYER_TARGET, EMBEDDING_TARGET, RECORD_TARGET = 1.15, 1.25, 2.0
+LAYER_TARGET, EMBEDDING_TARGET, RECORD_TARGET = 1.15, 1.25, 1.3  # recording: issue 36's target (was 2.0)
 RECORD_RSS_MB = 150
 STD = 0.02  # Hugging Face's initializer_range: what the layer's and the embedding's normal_ use
 
@@ -244,6 +244,12 @@ def bench_recording(report: Report, config: str, reps: int) -> None:
         ratio = statistics.median(ratios)
         report.add(Row(name, f"{deferred * 1e3:.0f} ms", f"{meta * 1e3:.0f} ms", f"{ratio:.2f}×", f"≤ {RECORD_TARGET:.2f}×",
                        verdict(ratio <= RECORD_TARGET)))
+        floor = statistics.median(middle["floor"])
+        report.add(Row(f"{config}: a recorder that costs nothing per op (meta construction + the init pass under a "
+                       "no-op Python dispatch mode) vs meta-device construction", f"{floor * 1e3:.0f} ms",
+                       f"{meta * 1e3:.0f} ms", f"{floor / meta:.2f}×", "info", "INFO"))
+        report.add(Row(f"deferred_init {config} vs that zero-cost recorder", f"{deferred * 1e3:.0f} ms",
+                       f"{floor * 1e3:.0f} ms", f"{deferred / floor:.2f}×", "info", "INFO"))
         for number, times in enumerate(runs, 1):
             # Two other readings of the same reps: the median of each rep's own pair (run back to
             # back), and the fastest over the fastest.
