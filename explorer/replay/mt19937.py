@@ -178,6 +178,40 @@ def jump_state(state: torch.Tensor, draws: int) -> torch.Tensor:
         raise ValueError(f"cannot jump the generator back ({draws} draws)")
     if state.dtype != torch.uint8 or state.numel() != STATE_BYTES:
         raise ValueError(f"not a CPU generator state: {state.numel()} {state.dtype} values (want {STATE_BYTES} uint8)")
+    if 0 < draws <= _DRAWN_LIMIT and _engine_draws_one_word_per_float():
+        return _drawn(state, draws)
+    return _jumped(state, draws)
+
+
+# Up to this many draws, running the engine is cheaper than the polynomial jump (measured on the
+# 2-core VM: 20,000 draws 61 µs against 445 µs, 100,000 draws 310 µs against 965 µs; they meet
+# near 400,000). A model's small tensors make most jumps this short.
+_DRAWN_LIMIT = 1 << 18
+
+
+def _drawn(state: torch.Tensor, draws: int) -> torch.Tensor:
+    """`state` after the engine itself took `draws` words: a float32 `uniform_` of that many
+    elements on a private generator (one word each, `_engine_draws_one_word_per_float`)."""
+    generator = torch.Generator()
+    generator.set_state(state)
+    torch.empty(draws, dtype=torch.float32).uniform_(generator=generator)
+    return generator.get_state()
+
+
+@functools.cache
+def _engine_draws_one_word_per_float() -> bool:
+    """Whether float32 `uniform_` takes exactly one 32-bit word per element from this torch's CPU
+    generator, which `_drawn` relies on: checked once per process against the jump itself, from a
+    state in the middle of a block, across block boundaries. False sends every jump the long way."""
+    generator = torch.Generator()
+    generator.manual_seed(20261127)
+    torch.empty(311, dtype=torch.float32).uniform_(generator=generator)
+    start = generator.get_state()
+    return all(torch.equal(_drawn(start, draws), _jumped(start, draws)) for draws in (1, 313, 624, 625, 1900, 41000))
+
+
+def _jumped(state: torch.Tensor, draws: int) -> torch.Tensor:
+    """`state` after `draws` words, from the words of the sequence (note at the top)."""
     jumped = state.clone()
     if draws == 0:
         return jumped

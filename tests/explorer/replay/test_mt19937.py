@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from explorer.replay.mt19937 import DEGREE, _modulus, berlekamp_massey, extend, jump_state, seeded_words
+from explorer.replay import mt19937
+from explorer.replay.mt19937 import (
+    DEGREE,
+    _engine_draws_one_word_per_float,
+    _jumped,
+    _modulus,
+    berlekamp_massey,
+    extend,
+    jump_state,
+    seeded_words,
+)
 
 SIZES = (0, 1, 15, 16, 17, 623, 624, 625, 1023, 1248, 4096 + 3, 64 * 624 + 5, 100_003, 3_000_017)
 ALREADY_DRAWN = (0, 1, 5, 623, 624, 1000)
@@ -30,6 +40,33 @@ def test_jump_equals_the_state_after_drawing(already: int, n: int) -> None:
         assert jumped.equal(before)
     else:
         assert jumped.equal(after)
+
+
+@pytest.mark.parametrize("already", ALREADY_DRAWN)
+@pytest.mark.parametrize("n", SIZES)
+def test_the_words_jump_equals_the_state_after_drawing_at_every_distance(already: int, n: int) -> None:
+    # jump_state draws short distances with the engine itself; the words path is checked here too
+    before, after = state_after_draws(11, already, n)
+    assert _jumped(before, n).equal(after if n else before)
+
+
+def test_short_jumps_draw_only_where_the_engine_takes_one_word_per_float(monkeypatch) -> None:
+    assert _engine_draws_one_word_per_float()  # this torch's float32 uniform_: one word per element
+    before, after = state_after_draws(5, 100, 1000)
+
+    def one_word_too_many(state: torch.Tensor, draws: int) -> torch.Tensor:
+        generator = torch.Generator()
+        generator.set_state(state)
+        torch.empty(draws + 1).uniform_(generator=generator)
+        return generator.get_state()
+
+    monkeypatch.setattr(mt19937, "_drawn", one_word_too_many)
+    _engine_draws_one_word_per_float.cache_clear()
+    try:
+        assert not _engine_draws_one_word_per_float()
+        assert jump_state(before, 1000).equal(after)  # the words path, not the wrong engine
+    finally:
+        _engine_draws_one_word_per_float.cache_clear()
 
 
 def test_jumps_compose_and_the_next_values_are_eager_ones() -> None:
