@@ -123,6 +123,7 @@ class Wide(nn.Module):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_materialize_splits_the_fills_left_unbalanced_over_threads_with_eager_values(dtype, rng, threads, monkeypatch) -> None:
     monkeypatch.setattr(fills, "MIN_PIECE_ELEMENTS", 64)
+    monkeypatch.setattr(fills, "MIN_POOLED_ELEMENTS", 1)  # these small fills go to the pool too
     split = []
     original = fills.split_fill
 
@@ -172,3 +173,48 @@ def test_split_fill_of_a_million_elements_equals_the_whole_fill(name, dtype) -> 
     for group in groups:
         fill_pieces(family.fill, split, state, group)
     assert _bits(split).equal(_bits(_whole(family, dtype, size, state)))
+
+
+class ManySmall(nn.Module):
+    """Fills on both sides of the pool's size limit, with dead ones (overwritten) between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(64, 48) for _ in range(6))  # 3,072 elements: in line
+        self.big = nn.Parameter(nn.init.normal_(nn.init.kaiming_uniform_(torch.empty(130, 129))))  # pooled
+        self.last = nn.Linear(16, 8)
+
+
+@pytest.mark.parametrize("rng", ["eager", "fast"])
+def test_small_fills_run_in_line_and_large_ones_on_the_pool_with_the_same_values(rng, monkeypatch) -> None:
+    pooled = []
+    original = fills.ParallelFills.submit
+
+    def counting(self, op, args, kwargs):
+        taken = original(self, op, args, kwargs)
+        if taken:
+            pooled.append(tuple(args[0].shape))
+        return taken
+
+    monkeypatch.setattr(fills.ParallelFills, "submit", counting)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(9)
+        module = deferred_init(ManySmall)
+        if rng == "eager":
+            torch.manual_seed(9)
+            reference = dict(ManySmall().named_parameters())
+        else:  # the same replay with every fill on the pool
+            torch.manual_seed(9)
+            other = deferred_init(ManySmall)
+            monkeypatch.setattr(fills, "MIN_POOLED_ELEMENTS", 1)
+            reference = dict(materialize_module(other, rng="fast").named_parameters())
+            monkeypatch.setattr(fills, "MIN_POOLED_ELEMENTS", 1 << 14)
+            pooled.clear()
+        materialize_module(module, rng=rng)
+    finally:
+        torch.set_num_threads(threads_before)
+    assert pooled == [(130, 129)]  # 16,770 elements; the live fill only (the dead one is skipped)
+    for name, parameter in module.named_parameters():
+        assert _bits(parameter.detach()).equal(_bits(reference[name].detach())), name
