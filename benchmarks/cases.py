@@ -31,6 +31,10 @@ CONFIGS: dict[str, dict[str, int]] = {
     # a 0.92B-parameter Llama: the checkpoint benchmark's bf16 sharded checkpoint
     "llama-0.9b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=18,
                        num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
+    # 28 layers of width 64: the op count of Llama-3.2-3B with next to no fill work, so a whole-model
+    # materialization measures replay's cost per op (what issue 36's 3B CUDA row is made of)
+    "narrow-28l": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=28,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=500),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=4, vocab_size=100),
     "quick-7b": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
@@ -149,6 +153,41 @@ def deferred_init_time(config: str, reps: int) -> dict:
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
+    return times
+
+
+def per_op_time(config: str, reps: int) -> dict:
+    """Interleaved timings of eager construction and of deferred_init, then materialize_module, of
+    the same model on the CPU; the first rep also checks the values bitwise."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from explorer import deferred_init, materialize_module
+
+    cfg = llama_config(config)
+    _warm_up()
+    times: dict[str, list[float]] = {"eager": [], "record": [], "materialize": []}
+    for rep in range(reps + 1):
+        gc.collect()
+        torch.manual_seed(rep)
+        start = time.perf_counter()
+        eager = LlamaForCausalLM(cfg)
+        eager_s = time.perf_counter() - start
+        gc.collect()
+        torch.manual_seed(rep)
+        start = time.perf_counter()
+        model = deferred_init(LlamaForCausalLM, cfg)
+        record_s = time.perf_counter() - start
+        start = time.perf_counter()
+        materialize_module(model)
+        materialize_s = time.perf_counter() - start
+        if rep == 0:  # a warm-up rep, checked
+            differ = [n for n, t in eager.state_dict().items() if not torch.equal(t, model.state_dict()[n])]
+            assert not differ, f"{len(differ)} tensors differ from eager construction: {differ[:4]}"
+            continue
+        times["eager"].append(eager_s)
+        times["record"].append(record_s)
+        times["materialize"].append(materialize_s)
     return times
 
 
@@ -609,6 +648,7 @@ CASES = {
     "profile_materialize": profile_materialize,
     "deferred_init_time": deferred_init_time,
     "deferred_init_rss": deferred_init_rss,
+    "per_op_time": per_op_time,
     "materialize_time": materialize_time,
     "layer_peak_rss": layer_peak_rss,
     "rng_jump_time": rng_jump_time,

@@ -234,6 +234,23 @@ def bench(report: Report, quick: bool, timeout: float) -> None:
 DEFERRED_PROCESSES = 3
 
 
+def bench_per_op(report: Report, reps: int) -> None:
+    """Whole-model deferred_init + materialize_module of a model of many small tensors against
+    eager construction, on the CPU: replay's and recording's cost per op, fills all but free."""
+    name = "narrow-28l (Llama-3.2-3B's op count, width 64): deferred_init + materialize_module vs eager construction"
+    try:
+        times = run_child("per_op_time", 600, config="narrow-28l", reps=reps)
+        record, materialize = statistics.median(times["record"]), statistics.median(times["materialize"])
+        eager = statistics.median(times["eager"])
+        report.add(Row(name, f"{(record + materialize) * 1e3:.0f} ms", f"{eager * 1e3:.0f} ms",
+                       f"{(record + materialize) / eager:.2f}×", "info", "INFO"))
+        report.notes.append(f"narrow-28l: deferred_init {record * 1e3:.1f} ms + materialize_module "
+                            f"{materialize * 1e3:.1f} ms (medians of {reps}); eager {eager * 1e3:.1f} ms; "
+                            "values bitwise equal to eager construction")
+    except ChildError as error:
+        report.error(name, "info", error)
+
+
 def bench_recording(report: Report, config: str, reps: int) -> None:
     name = f"deferred_init {config} vs meta-device construction (time)"
     try:
@@ -261,6 +278,8 @@ def bench_recording(report: Report, config: str, reps: int) -> None:
                 f"per-rep ratios {paired:.2f}×, fastest over fastest {fastest:.2f}×")
     except ChildError as error:
         report.error(name, f"≤ {RECORD_TARGET:.2f}×", error)
+
+    bench_per_op(report, reps)
 
     name = f"deferred_init {config} RSS growth"
     try:
