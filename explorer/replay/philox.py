@@ -209,16 +209,17 @@ def _grid_stride_increment(
         return whole
     if not _is_dense(shape, stride):
         return None
-    return whole + sum(launch_increment(piece, unroll, device) for piece in _pieces_32bit(numel, itemsize))
+    return whole + sum(launch_increment(piece, unroll, device) for piece in pieces_32bit(numel, itemsize))
 
 
-def _pieces_32bit(numel: int, itemsize: int) -> list[int]:
-    """Element counts of the pieces `with_32bit_indexing` cuts a dense tensor into: its one
-    coalesced dimension halved (first half size // 2) until each piece fits."""
-    if numel <= INT32_MAX and 1 + (numel - 1) * itemsize <= INT32_MAX:
+def pieces_32bit(numel: int, itemsize: int, limit: int = INT32_MAX) -> list[int]:
+    """Element counts of the pieces `with_32bit_indexing` cuts a dense tensor into, in the order it
+    runs them: its one coalesced dimension halved (first half size // 2) until each piece fits.
+    `limit` is TensorIterator's 32-bit limit (a parameter for tests)."""
+    if numel <= limit and 1 + (numel - 1) * itemsize <= limit:
         return [numel]
     half = numel // 2
-    return _pieces_32bit(half, itemsize) + _pieces_32bit(numel - half, itemsize)
+    return pieces_32bit(half, itemsize, limit) + pieces_32bit(numel - half, itemsize, limit)
 
 
 def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:

@@ -39,7 +39,7 @@ import torch
 
 from .._torch_compat.generators import cuda_state, cuda_state_fields
 from .fill_layout import RecordedFill
-from .philox import BLOCK, INT32_MAX, DeviceProperties, launch_increment
+from .philox import BLOCK, INT32_MAX, DeviceProperties, launch_increment, pieces_32bit
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,8 @@ def row_launches(
 
 def _pieces(numel: int, itemsize: int, unroll: int, device: DeviceProperties, limit: int) -> list[_Piece]:
     """The launches of the whole fill: one, or the whole tensor's reservation and then one per
-    32-bit piece (philox.py's `_pieces_32bit`, with their starts)."""
-    sizes = _split(numel, itemsize, limit)
+    32-bit piece (`pieces_32bit`), with their starts."""
+    sizes = pieces_32bit(numel, itemsize, limit)
     if len(sizes) == 1:
         return [_Piece(0, numel, 0)]
     pieces, start, offset = [], 0, launch_increment(numel, unroll, device)
@@ -98,13 +98,6 @@ def _pieces(numel: int, itemsize: int, unroll: int, device: DeviceProperties, li
         pieces.append(_Piece(start, size, offset))
         start, offset = start + size, offset + launch_increment(size, unroll, device)
     return pieces
-
-
-def _split(numel: int, itemsize: int, limit: int) -> list[int]:
-    if numel <= limit and 1 + (numel - 1) * itemsize <= limit:
-        return [numel]
-    half = numel // 2
-    return _split(half, itemsize, limit) + _split(numel - half, itemsize, limit)
 
 
 # Draws `numel` values of the fill from a CUDA generator state (a fresh contiguous 1-D tensor).
