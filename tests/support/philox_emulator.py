@@ -72,28 +72,24 @@ class EmulatedGenerator:
         return reserved
 
 
-def uniform_(
-    numel: int, generator: EmulatedGenerator, *, max_grid: int, itemsize: int = 4, limit: int = 2**31 - 1
-) -> np.ndarray:
+def uniform_(numel: int, generator: EmulatedGenerator, *, max_grid: int, limit: int = 2**31 - 1) -> np.ndarray:
     """A float32 `uniform_()` over `numel` contiguous elements on a device of `max_grid` blocks."""
-    out = np.empty(numel, dtype=np.float32)
-    _nullary(out, 0, numel, itemsize, generator, max_grid, limit, "uniform")
-    return out
+    return _fill("uniform", np.float32, numel, generator, max_grid, limit)
 
 
 def uniform64_(numel: int, generator: EmulatedGenerator, *, max_grid: int, limit: int = 2**31 - 1) -> np.ndarray:
     """A float64 `uniform_()`: `curand_uniform2_double`, two values per curand call (unroll 2)."""
-    out = np.empty(numel, dtype=np.float64)
-    _nullary(out, 0, numel, 8, generator, max_grid, limit, "uniform64")
-    return out
+    return _fill("uniform64", np.float64, numel, generator, max_grid, limit)
 
 
-def normal_(
-    numel: int, generator: EmulatedGenerator, *, max_grid: int, itemsize: int = 4, limit: int = 2**31 - 1
-) -> np.ndarray:
+def normal_(numel: int, generator: EmulatedGenerator, *, max_grid: int, limit: int = 2**31 - 1) -> np.ndarray:
     """A float32 `normal_()` over `numel` contiguous elements on a device of `max_grid` blocks."""
-    out = np.empty(numel, dtype=np.float32)
-    _nullary(out, 0, numel, itemsize, generator, max_grid, limit, "normal")
+    return _fill("normal", np.float32, numel, generator, max_grid, limit)
+
+
+def _fill(kind: str, dtype: type, numel: int, generator: EmulatedGenerator, max_grid: int, limit: int) -> np.ndarray:
+    out = np.empty(numel, dtype=dtype)
+    _nullary(out, 0, numel, out.itemsize, generator, max_grid, limit, kind)
     return out
 
 

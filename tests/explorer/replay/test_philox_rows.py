@@ -34,7 +34,7 @@ EMULATED = {"uniform": uniform_, "normal": normal_, "uniform64": uniform64_}
 def test_the_emulated_kernel_draws_the_values_an_h100_drew(row: dict) -> None:
     kind = row["op"].removesuffix("_")
     generator = EmulatedGenerator(row["seed"], row["offset_before"])
-    values = EMULATED[kind](row["numel"], generator, max_grid=H100.max_grid, itemsize=4)
+    values = EMULATED[kind](row["numel"], generator, max_grid=H100.max_grid)
     first, last = np.array(row["first"], np.float32), np.array(row["last"], np.float32)
     if kind == "uniform":  # exact: integer to float, one multiply-add
         assert values[: len(first)].tolist() == first.tolist()
@@ -201,8 +201,7 @@ def test_a_cuda_fill_whose_kernel_is_not_mapped_is_left_to_whole_replay(restore_
     assert drawable_fill(by_tensor.graph, by_tensor.tensor_id) is None
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fall-back of a machine without CUDA")
 def test_rows_of_a_cuda_fill_are_left_to_whole_replay_without_that_device(restore_rng) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("checks the fall-back of a machine without CUDA")
     module = deferred_init(FilledOnCuda, (30, 300), torch.float32, "uniform_")
     assert draw_rows(module.weight, 0, 10, "eager", device="cpu") is None
