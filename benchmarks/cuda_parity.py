@@ -19,7 +19,8 @@ parameter and buffer bitwise:
   calls of `materialize_module` of a Llama recorded on CUDA, which must not grow with its layers;
 - rows drawn alone (`replay.rows.draw_rows`, what each FSDP2 rank draws) against the rows of the
   whole tensor, for fills recorded on CUDA (the element mapping of explorer/replay/philox_rows.py,
-  including a tensor split for 32-bit indexing) and on the CPU, with rng="eager" and "fast".
+  including a tensor split for 32-bit indexing, and fills followed by pointwise ops: timm's
+  trunc_normal_, a zeroed padding row) and on the CPU, with rng="eager" and "fast".
 
 It runs on any tested torch release as it is (no backport: explorer/_torch_compat answers for the
 release) and prints the release it ran on first.
@@ -218,6 +219,13 @@ class Fills(nn.Module):
         self.float64 = nn.Parameter(torch.empty(4099, 1037, dtype=torch.float64, **on).normal_())  # unroll 2
         self.bf16 = nn.Parameter(torch.empty(3001, 4096, dtype=torch.bfloat16, **on).uniform_())
         self.ints = nn.Parameter(torch.empty(4097, 999, **on).random_(0, 1000), requires_grad=False)
+        # made by position after the fill: timm's inverse-CDF trunc_normal_, and a zeroed padding row
+        with torch.no_grad():
+            trunc = torch.empty(2048, 1000, **on).uniform_(-0.95, 0.95).erfinv_().mul_(0.02 * 2**0.5).add_(0.01)
+            self.trunc = nn.Parameter(trunc.clamp_(min=-0.04, max=0.04))
+            padded = torch.empty(5000, 64, **on).normal_(std=0.02)
+            padded[1].zero_()
+            self.padded = nn.Parameter(padded)
 
 
 def check_rows_drawn_alone() -> str:

@@ -4,8 +4,9 @@ We do not write a distribution scheme; PyTorch's does the sharding. `fully_shard
 FSDP2's `fully_shard` the module with every fake swapped for a meta tensor (FSDP2 supports
 meta-device init: it builds DTensor parameters whose local shards are meta), lets
 `module.to_empty` allocate the local shards on the rank's device, then fills them one parameter
-at a time. A parameter whose value is one random fill (what `nn.init` leaves) is drawn for this
-rank's rows only, from the CPU generator jumped to their first draw or by CUDA launches placed
+at a time. A parameter whose value is made by position (one random fill, what `nn.init` leaves, or
+a constant, then pointwise ops such as timm's `trunc_normal_`: `replay.positional`) is drawn for
+this rank's rows only, from the CPU generator jumped to their first draw or by CUDA launches placed
 where the whole fill's had them (`replay.rows`); any other is
 materialized whole (the engine's replay, with RNG parity), sliced, and dropped. `distribute_deferred` does the same with
 DTensor placements the user chooses. Either way a rank holds its shards plus at most one full
@@ -24,7 +25,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -34,9 +35,13 @@ from torch.distributed.tensor import DTensor, Placement, Replicate
 
 from ._torch_compat.dtensor import compute_local_shape_and_global_offset, is_strided_shard
 from .errors import DistributedMaterializationError, MaterializationError
+from .record.fake import handle_of
 from .replay.materialize import TensorSlot, deferred_slots, materialize_fakes
 from .replay.rng import RngMode
-from .replay.rows import draw_rows
+from .replay.rows import draw_rows, rows_plan
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PlacementsFor = Mapping[str, Sequence[Placement]] | Callable[[str, torch.Tensor], Sequence[Placement]]
 
@@ -120,6 +125,44 @@ def distribute_deferred(
     return module
 
 
+def shard_fill_plan(module: nn.Module) -> pd.DataFrame:
+    """What each rank pays to fill each deferred parameter when it is sharded on dim 0 (FSDP2's
+    layout), before anything runs: one row per distinct parameter, in module order, with `made`
+    "rows" (the rank makes its rows alone, from `source`: "random fill", "constant" or
+    "checkpoint read") or "whole" (every rank replays the whole tensor, holds it until its slice is
+    copied, and drops it: `bytes` more at that moment, for the `reason` given).
+
+    Read off the recording alone, so it can be asked on a laptop for a GPU cluster. When the ranks
+    run, a CUDA fill outside the element mapping, or a pointwise op whose kernel rounds by position
+    on that device, is still made whole (docs/distributed.md). Columns: parameter, shape, dtype,
+    bytes, made, source, reason.
+    """
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for (_, kind, _, name), fake in deferred_slots(module):
+        if kind != "_parameters" or id(fake) in seen:
+            continue
+        seen.add(id(fake))
+        handle = handle_of(fake)
+        assert handle is not None  # deferred_slots holds fakes only
+        plan = rows_plan(handle.graph, handle.tensor_id)
+        rows.append(
+            {
+                "parameter": name,
+                "shape": tuple(fake.shape),
+                "dtype": str(fake.dtype).removeprefix("torch."),
+                "bytes": fake.numel() * fake.element_size(),
+                "made": "rows" if plan.source is not None else "whole",
+                "source": plan.source or "",
+                "reason": plan.reason,
+            }
+        )
+    columns = ["parameter", "shape", "dtype", "bytes", "made", "source", "reason"]
+    return pd.DataFrame(rows, columns=columns)
+
+
 # -- steps -------------------------------------------------------------------------------------
 def _rank_device(mesh: DeviceMesh, device: torch.device | str | None) -> torch.device:
     if device is not None:
@@ -156,8 +199,8 @@ def _swap_for_meta(slots: list[tuple[TensorSlot, torch.Tensor]]) -> None:
 
 
 class ParameterSource:
-    """One deferred parameter's values for this rank: its rows drawn alone when its value is a single
-    random fill and only dim 0 is sharded, else the whole tensor materialized once and sliced."""
+    """One deferred parameter's values for this rank: its rows drawn alone when its value is made by
+    position and only dim 0 is sharded, else the whole tensor materialized once and sliced."""
 
     def __init__(self, fake: torch.Tensor, name: str, device: torch.device, rng: RngMode) -> None:
         self.fake, self.name, self.device, self.rng = fake, name, device, rng

@@ -1,74 +1,47 @@
-"""Drawing only some rows of a random tensor, with the values the whole tensor would have.
+"""Drawing only some rows of a deferred tensor, with the values the whole tensor would have.
 
 A rank of a sharded materialization needs its slice of each parameter, not the whole. When the
-final value of a tensor is one in-place random fill of its whole storage (what `nn.init` leaves:
-Hugging Face's `normal_` after the dead `kaiming_uniform_`), rows [start, stop) can be drawn alone:
+tensor's final value is made by position (`positional.py`: one in-place random fill of its whole
+storage, or a constant, then pointwise in-place ops such as timm's `trunc_normal_`), rows
+[start, stop) are made alone:
 - on the CPU generator, the draws map to elements in order, so the rows are drawn from a generator
   jumped to their first draw: which draws give which elements is `fill_layout.py` (note
   [normal_fill block layout]): element by element for `uniform_`, `random_`, `bernoulli_(p)`...;
   blocks of 16 and a recomputed tail for `normal_`;
 - on a CUDA generator, each element's value is fixed by its thread and round in the kernel's
   launch, so the rows are drawn by launches placed where the whole launch had them
-  (`philox_rows.py`, note [Philox element mapping]), with fewer than one round of extra elements.
-Anything else (other ops after the fill, views of a larger storage, `normal_` below 16 elements on
-the CPU, a kernel whose draws are not positional or not modelled, a non-contiguous CUDA tensor, a
-CUDA device absent here) returns None: the caller materializes the whole tensor.
+  (`philox_rows.py`, note [Philox element mapping]), with fewer than one round of extra elements;
+- the pointwise ops then run on the rows alone, each once its probe passed (`pointwise.py`).
+A value read from a checkpoint is read for those rows only. Anything else (other ops, views of a
+larger storage, `normal_` below 16 elements on the CPU, a kernel whose draws are not positional or
+not modelled, a non-contiguous tensor, a CUDA device absent here) returns None: the caller
+materializes the whole tensor.
 """
 
 from __future__ import annotations
 
-from typing import cast
+import math
+from typing import Literal, NamedTuple, cast
 
 import torch
 
 from .._torch_compat.generators import cuda_state
-from ..graph import InitGraph, OpNode, TensorId, accepts_generator, is_inplace_random
+from ..graph import InitGraph, OpNode, TensorId, TensorInfo
 from ..hub_fetch import read_remote_rows, remote_file
 from ..record.checkpoint_formats import READ_TORCH, read_torch
 from ..record.checkpoint_reads import READ_SAFETENSORS, original_safe_open
 from ..record.fake import handle_of
 from ..record.scope import outside_recording
-from .draws import Family, argument_value, draw_count, family_of, is_contiguous
+from .draws import Family, argument_value, family_of, is_contiguous
 from .fill_layout import RecordedFill, draw_range, fill_layout
 from .philox import DeviceProperties, device_properties, kernel_of
 from .philox_rows import Draw, cuda_draw, draw_elements, row_launches
+from .pointwise import apply_tail
+from .positional import PositionalValue, positional_value
 from .preflight import check_materializable
 from .replay import Replay, ReplayState
 from .rng import RngMode, RngSession
-from .routing import DeviceLike, route_devices
-
-
-def drawable_fill(graph: InitGraph, tid: TensorId) -> OpNode | None:
-    """The one in-place random op that gives tensor `tid` its final value, drawn from the generator
-    of the device `tid` was recorded on, when nothing else (but the op creating its storage) is
-    needed to replay it; else None. Whether its draws can be placed by rows is the caller's
-    question (`fill_layout` on the CPU, `kernel_of` on CUDA)."""
-    info = graph.tensors[tid]
-    storage = graph.storages[info.storage]
-    numel = 1
-    for size in info.shape:
-        numel *= size
-    if info.storage_offset != 0 or storage.nbytes != numel * info.dtype.itemsize or info.device.type not in _DRAWN_ON:
-        return None
-    needed = [i for i in graph.closure_of([tid], skip_dead_writes=True) if not graph.ops[i].aliases_only]
-    if len(needed) != 2 or needed[0] != storage.creator:
-        return None  # (views and detach, e.g. nn.Parameter's, only alias the filled storage)
-    fill = graph.ops[needed[1]]
-    if fill.stream is None or fill.stream[0] != str(info.device) or fill.inference:
-        return None
-    if (
-        not (is_inplace_random(fill.func) and accepts_generator(fill.func))
-        or graph.tensors[fill.inputs[0]].storage != info.storage
-    ):
-        return None
-    if set(fill.inputs) - {fill.inputs[0]}:
-        return None  # reads other tensors (bernoulli_ with a tensor p)
-    if info.device.type == "cpu" and draw_count(graph, fill) is None:
-        return None  # of unknown draw count
-    return fill
-
-
-_DRAWN_ON = frozenset({"cpu", "cuda"})
+from .routing import DeviceLike, DeviceRouting, route_devices
 
 
 def draw_rows(
@@ -94,28 +67,76 @@ def draw_rows(
     read = checkpoint_rows(graph, tid, start, stop)
     if read is not None:
         return read.to(target)
-    fill = drawable_fill(graph, tid)
     info = graph.tensors[tid]
-    if fill is None or not is_contiguous(info):
+    value = positional_value(graph, info)
+    if isinstance(value, str):
         return None
-    key = cast(str, cast(tuple, fill.stream)[0])
-    runs_on = routing.exec_device(key)
-    numel = fake.numel()
-    row = numel // fake.shape[0] if fake.shape[0] else 0
-    if runs_on.type == "cpu" and key == "cpu":
-        rows = _cpu_rows(graph, fill, info.dtype, numel, rng, start * row, stop * row)
-    elif runs_on.type == "cuda" and str(runs_on) == key:
-        rows = _cuda_rows_here(graph, fill, info.dtype, numel, rng, runs_on, start * row, stop * row)
+    row = fake.numel() // fake.shape[0] if fake.shape[0] else 0
+    elements = made_by_position(graph, value, info, rng, routing, start * row, stop * row)
+    return None if elements is None else elements.view(stop - start, *fake.shape[1:]).to(target)
+
+
+RowsSource = Literal["checkpoint read", "random fill", "constant"]
+
+
+class RowsPlan(NamedTuple):
+    """What `draw_rows` makes a tensor's rows from (`source`), or None and the `reason` the whole
+    tensor is made instead."""
+
+    source: RowsSource | None
+    reason: str
+
+
+def rows_plan(graph: InitGraph, tid: TensorId) -> RowsPlan:
+    """`RowsPlan` of tensor `tid`, read off the graph alone. A device can still send a "random fill"
+    whole when it runs: a CUDA kernel outside the element mapping, a pointwise op that fails its
+    probe there (see above)."""
+    info = graph.tensors[tid]
+    if not info.shape:
+        return RowsPlan(None, "a 0-d tensor has no rows")
+    if checkpoint_read(graph, tid) is not None:
+        return RowsPlan("checkpoint read", "")
+    value = positional_value(graph, info)
+    return RowsPlan(None, value) if isinstance(value, str) else RowsPlan(value.kind, "")
+
+
+def made_by_position(
+    graph: InitGraph,
+    value: PositionalValue,
+    base: TensorInfo,
+    rng: RngMode,
+    routing: DeviceRouting,
+    first: int,
+    stop: int,
+) -> torch.Tensor | None:
+    """Elements [first, stop) of `base`'s final `value` made alone, as a 1-D tensor on the device
+    whole replay runs `base`'s ops on (`routing.exec_device`); None when that device cannot place
+    the fill's draws, or a pointwise op of the tail fails its probe (`pointwise.py`)."""
+    runs_on = routing.exec_device(base.device)
+    numel = math.prod(base.shape)
+    if value.kind == "constant":
+        elements: torch.Tensor | None = torch.full(
+            (stop - first,), cast(int | float | bool, value.constant), dtype=base.dtype, device=runs_on
+        )
     else:
+        fill, key = value.source, cast(tuple, value.source.stream)[0]
+        if runs_on.type == "cpu" and key == "cpu":
+            elements = _cpu_rows(graph, fill, base.dtype, numel, rng, first, stop)
+        elif runs_on.type == "cuda" and str(runs_on) == key:
+            elements = _cuda_rows_here(graph, fill, base.dtype, numel, rng, runs_on, first, stop)
+        else:
+            return None
+    if elements is None:
         return None
-    return None if rows is None else rows.view(stop - start, *fake.shape[1:]).to(target)
+    with outside_recording():
+        return apply_tail(value.tail, elements, first)
 
 
 def _cpu_rows(
     graph: InitGraph, fill: OpNode, dtype: torch.dtype, numel: int, rng: RngMode, first: int, stop: int
 ) -> torch.Tensor | None:
     """Elements [first, stop) of a CPU fill, drawn from the CPU generator jumped to their first draw."""
-    family = cast(Family, family_of(graph, fill))  # known: drawable_fill counted its draws
+    family = cast(Family, family_of(graph, fill))  # known: positional_value counted its draws
     layout = fill_layout(family, dtype, numel)
     if layout is None:
         return None  # not element by element (MKL's bernoulli_ seeds a stream with one draw)

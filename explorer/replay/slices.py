@@ -2,12 +2,14 @@
 
 `materialize_tensor(m.experts.gate_up_proj[3])` asks for one expert of a fused 3-D parameter; the
 ordinary replay would produce the whole 30 GB base and hand out a view of it. When the base's value
-is one source whose elements can be produced by position, only the view's elements are made:
+is made by position, only the view's elements are made:
 
 - one in-place CPU random fill of the whole storage (`nn.init.normal_`, `uniform_`...; earlier
   dead writes such as Hugging Face's first `kaiming_uniform_` are skipped, as in replay): the
   view's elements are drawn alone from the generator jumped to their first draw (`fill_layout.py`);
 - a constant (`torch.ones`, `torch.full`, `zeros_`, `fill_`): the view is that constant;
+- either of those followed by pointwise in-place ops (timm's `trunc_normal_`), applied to the
+  view's elements alone (`positional.py`, `pointwise.py`);
 - one checkpoint read, at most converted (`rows.checkpoint_rows`): only the view's rows are read.
 
 The view must be a contiguous run of its base's elements in the base's dtype: `t[i]`, `t[a:b]`,
@@ -29,30 +31,21 @@ from typing import Literal, cast
 
 import torch
 
-from ..graph import InitGraph, OpNode, TensorId, TensorInfo, accepts_generator, is_inplace_random
+from ..graph import InitGraph, TensorId, TensorInfo
 from ..record.fake import handle_of
 from ..record.no_data import named_tensors_of
 from ..record.scope import outside_recording
-from .draws import Family, draw_count, family_of, is_contiguous
-from .fill_layout import FillLayout, RecordedFill, draw_range, fill_layout
+from .draws import is_contiguous
+from .positional import PositionalValue, positional_value
 from .preflight import check_materializable
 from .provenance import remember_origins
 from .real_memory import as_recorded_kind
 from .replay import ReplayState
 from .rng import RngMode
 from .routing import DeviceMap, DeviceRouting, route_devices
-from .rows import checkpoint_read, checkpoint_rows, fill_start_state
+from .rows import checkpoint_read, checkpoint_rows, made_by_position
 
 SliceSource = Literal["random fill", "constant", "checkpoint read"]
-
-_aten = torch.ops.aten
-_EMPTY = frozenset({_aten.empty.memory_format, _aten.empty_strided.default})
-_CONSTANT_FACTORIES = {
-    _aten.ones.default: lambda op: 1,
-    _aten.zeros.default: lambda op: 0,
-    _aten.full.default: lambda op: op.args[1],
-}
-_CONSTANT_FILLS = {_aten.fill_.Scalar: lambda op: op.args[1], _aten.zero_.default: lambda op: 0}
 
 
 class WholeBaseWarning(UserWarning):
@@ -98,50 +91,6 @@ def _window(graph: InitGraph, tid: TensorId) -> _Window | str:
     return _Window(base, info.storage_offset, _numel(info.shape))
 
 
-def _value_ops(graph: InitGraph, tid: TensorId) -> list[OpNode]:
-    return [graph.ops[i] for i in graph.closure_of([tid], skip_dead_writes=True) if not graph.ops[i].aliases_only]
-
-
-def _whole_storage(graph: InitGraph, op: OpNode, window: _Window) -> bool:
-    written = graph.tensors[op.inputs[0]] if op.inputs else None
-    return (
-        written is not None
-        and written.storage == graph.tensors[window.base.id].storage
-        and written.storage_offset == 0
-        and is_contiguous(written)
-        and written.shape == window.base.shape
-        and written.dtype == window.base.dtype
-    )
-
-
-def _random_fill(graph: InitGraph, ops: list[OpNode], window: _Window) -> OpNode | None:
-    """The one in-place CPU random fill of the whole storage giving the window its value, or None."""
-    if len(ops) != 2 or ops[0].func not in _EMPTY:
-        return None
-    fill = ops[1]
-    if fill.stream is None or fill.stream[0] != "cpu" or fill.inference or len(fill.inputs) != 1:
-        return None
-    if not (is_inplace_random(fill.func) and accepts_generator(fill.func)) or not _whole_storage(graph, fill, window):
-        return None
-    if draw_count(graph, fill) is None or family_of(graph, fill) is None:
-        return None
-    family = cast(Family, family_of(graph, fill))  # checked just above
-    return fill if fill_layout(family, window.base.dtype, _numel(window.base.shape)) else None
-
-
-def _constant(graph: InitGraph, ops: list[OpNode], window: _Window) -> int | float | bool | None:
-    """The constant every element of the storage holds, or None."""
-    if len(ops) == 1 and ops[0].func in _CONSTANT_FACTORIES:
-        value = _CONSTANT_FACTORIES[ops[0].func](ops[0])
-    elif len(ops) == 2 and ops[0].func in _EMPTY | set(_CONSTANT_FACTORIES) and ops[1].func in _CONSTANT_FILLS:
-        if not _whole_storage(graph, ops[1], window):
-            return None
-        value = _CONSTANT_FILLS[ops[1].func](ops[1])
-    else:
-        return None
-    return value if isinstance(value, (int, float, bool)) else None
-
-
 def _checkpoint_rows(graph: InitGraph, window: _Window) -> tuple[int, int] | None:
     """Rows [start, stop) of the base the window is, when it is whole rows of it."""
     rows = window.base.shape[0] if window.base.shape else 0
@@ -155,9 +104,8 @@ def _checkpoint_rows(graph: InitGraph, window: _Window) -> tuple[int, int] | Non
 class _Recipe:
     source: SliceSource
     window: _Window
-    fill: OpNode | None = None
-    constant: int | float | bool | None = None
-    rows: tuple[int, int] | None = None
+    value: PositionalValue | None = None  # a random fill or constant (then pointwise ops)
+    rows: tuple[int, int] | None = None  # a checkpoint read's rows
 
 
 def _recipe(graph: InitGraph, tid: TensorId) -> _Recipe | str | None:
@@ -171,20 +119,13 @@ def _recipe(graph: InitGraph, tid: TensorId) -> _Recipe | str | None:
     window = _window(graph, tid)
     if isinstance(window, str):
         return window
-    ops = _value_ops(graph, tid)
-    if any(op.inference for op in ops):
-        return "its base was made under torch.inference_mode() (an inference tensor, made whole as eager made it)"
-    fill = _random_fill(graph, ops, window)
-    if fill is not None:
-        return _Recipe("random fill", window, fill=fill)
-    constant = _constant(graph, ops, window)
-    if constant is not None:
-        return _Recipe("constant", window, constant=constant)
+    value = positional_value(graph, window.base)
+    if not isinstance(value, str):
+        return _Recipe(value.kind, window, value=value)
     rows = _checkpoint_rows(graph, window)
     if rows is not None and checkpoint_read(graph, window.base.id) is not None:
         return _Recipe("checkpoint read", window, rows=rows)
-    labels = ", ".join(op.label for op in ops[:4]) + (" ..." if len(ops) > 4 else "")
-    return f"its base's value is not one random fill, constant or checkpoint read of the whole storage (ops: {labels})"
+    return f"its base is not made by position: {value}"
 
 
 def _slice_bytes(info: TensorInfo) -> int:
@@ -210,7 +151,18 @@ def slice_plan(tensor: torch.Tensor, *, device: DeviceMap = None, rng: RngMode =
         return SlicePlan(False, whole, None, recipe)
     if route_devices(device, rng).target(info.device).type == "meta":
         return SlicePlan(False, 0, None, "")
+    if _held_by_module(graph, tensor):
+        return SlicePlan(False, whole, None, HELD_VIEW)
     return SlicePlan(True, _slice_bytes(info), recipe.source, "")
+
+
+HELD_VIEW = "the module holds this view of its base, and shares the base's memory with it as eager does"
+
+
+def _held_by_module(graph: InitGraph, tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a parameter or buffer of the module `graph` built: such a view keeps
+    eager's aliasing (materialized with its base); views a user makes afterwards are made alone."""
+    return any(candidate is tensor for _, _, candidate in named_tensors_of(graph))
 
 
 def _base_alive(graph: InitGraph, tid: TensorId, routing: DeviceRouting) -> bool:
@@ -258,12 +210,17 @@ def materialize_slice(
                 stacklevel=3,
             )
             return None
+        if _held_by_module(graph, tensor):
+            return None  # made with its base, as the module's aliasing needs
         memo = state.slices.setdefault(routing.key, weakref.WeakValueDictionary())
         known = memo.get(tid)
         if known is not None:
             return known
         with outside_recording():
-            real = _with_recorded_strides(_made(graph, recipe, info, rng).to(target), info)
+            made = _made(graph, recipe, info, rng, routing)
+        if made is None:
+            return None  # a pointwise op whose kernel rounds by position here: the ordinary path
+        real = _with_recorded_strides(made.to(target), info)
         result = as_recorded_kind(real, tensor)
         memo[tid] = result
         remember_origins(graph, [tid], [result])  # so inspect tells it from an eager tensor
@@ -290,23 +247,15 @@ def _view_name(graph: InitGraph, view: torch.Tensor) -> str:
     return "<tensor>"
 
 
-def _made(graph: InitGraph, recipe: _Recipe, info: TensorInfo, rng: RngMode) -> torch.Tensor:
-    # Each source's fields are set, and were checked to work, by _recipe.
+def _made(
+    graph: InitGraph, recipe: _Recipe, info: TensorInfo, rng: RngMode, routing: DeviceRouting
+) -> torch.Tensor | None:
+    """The view's elements, or None when the device cannot make them alone after all (a pointwise
+    op that fails its probe there)."""
     window = recipe.window
-    if recipe.source == "constant":
-        return torch.full(info.shape, cast(int | float | bool, recipe.constant), dtype=info.dtype)
     if recipe.source == "checkpoint read":
         start, stop = cast(tuple[int, int], recipe.rows)
         return cast(torch.Tensor, checkpoint_rows(graph, window.base.id, start, stop)).reshape(info.shape)
-    fill = cast(OpNode, recipe.fill)
-    layout = cast(FillLayout, fill_layout(cast(Family, family_of(graph, fill)), info.dtype, _numel(window.base.shape)))
-    state = fill_start_state(graph, fill, rng)
-    flat = draw_range(
-        RecordedFill(fill.func, fill.args[1:], dict(fill.kwargs)),
-        layout,
-        state,
-        window.first,
-        window.first + window.count,
-        info.dtype,
-    )
-    return flat.view(info.shape)
+    value = cast(PositionalValue, recipe.value)  # set for the other sources by _recipe
+    flat = made_by_position(graph, value, window.base, rng, routing, window.first, window.first + window.count)
+    return None if flat is None else flat.view(info.shape)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from explorer import deferred_init
 from tests.support import distributed_worker as worker
 from tests.support.hf_configs import HF_BY_NAME, build_eager
 from tests.support.ports import free_port
@@ -91,7 +92,7 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Launch]:
     started = {
         # memory first, while the allocator is fresh
         "two": Ranks(tmp_path_factory.mktemp("ws2"), 2,
-                     ["memory", "llama-eager", "llama-fast", "tied-fsdp", "tied-dtensor", "failing-rank-1"]),
+                     ["memory", "llama-eager", "llama-fast", "tied-fsdp", "tied-dtensor", "vit-fsdp", "failing-rank-1"]),
         "one": Ranks(tmp_path_factory.mktemp("ws1"), 1, ["llama-eager", "llama-fast", "tied-fsdp", "partly-materialized"]),
         "exit": Ranks(tmp_path_factory.mktemp("exit"), 2, ["exiting-rank-1"]),
     }
@@ -202,6 +203,17 @@ def test_dtensor_placements_given_gather_to_eager_bitwise(two_ranks: Launch) -> 
         assert info["placements"]["4.weight"] == "(Replicate(),)"
 
 
+def test_fsdp_timm_vit_drawn_by_rows_gathers_to_eager_bitwise(two_ranks: Launch) -> None:
+    torch.manual_seed(worker.SEED)
+    eager = worker.small_vit()
+    _assert_bitwise_equal(two_ranks.saved("vit-fsdp")["state"], eager.state_dict())
+    count = len(list(eager.parameters()))
+    for rank in (0, 1):
+        info = two_ranks.info("vit-fsdp", rank)
+        assert info["planned"] == {"rows": count}
+        assert info["drawn"] == [True] * count
+
+
 # -- memory --------------------------------------------------------------------------------------
 def test_each_rank_allocates_its_shards_plus_one_full_tensor(two_ranks: Launch) -> None:
     for rank in (0, 1):
@@ -254,3 +266,41 @@ def test_fsdp_over_tp_placement_is_one_block_of_rows_but_tp_over_fsdp_is_not() -
     assert not _one_block((Shard(0), _StridedShard(0, split_factor=2)))  # rows interleave: no (shape, offset)
     assert not _one_block((_StridedShard(0, split_factor=2), Shard(1)))
     assert not _one_block((Partial(),))
+
+
+# -- the plan ------------------------------------------------------------------------------------
+class Mixed(torch.nn.Module):
+    """One parameter per answer of shard_fill_plan."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import timm.layers
+
+        self.embed = torch.nn.Embedding(13, 8, padding_idx=2)  # normal_, then the padding row zeroed
+        self.proj = torch.nn.Linear(8, 16)
+        timm.layers.trunc_normal_(self.proj.weight, std=0.02)  # uniform_, then pointwise ops
+        torch.nn.init.zeros_(self.proj.bias)
+        self.rotation = torch.nn.Parameter(torch.nn.init.orthogonal_(torch.empty(16, 16)))
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+        self.head = torch.nn.Linear(8, 13, bias=False)
+        self.head.weight = self.embed.weight  # tied: one parameter
+
+
+def test_shard_fill_plan_says_what_each_rank_makes_alone_and_what_whole() -> None:
+    from explorer.distributed import shard_fill_plan
+
+    plan = shard_fill_plan(deferred_init(Mixed))
+    assert list(plan.columns) == ["parameter", "shape", "dtype", "bytes", "made", "source", "reason"]
+    assert plan.to_dict("records") == [  # module order: the root's own parameters first
+        {"parameter": "rotation", "shape": (16, 16), "dtype": "float32", "bytes": 1024, "made": "whole",
+         "source": "", "reason": "the value is not one random fill or constant of the whole storage "
+                                 "(ops: aten.empty.memory_format, aten.copy_.default, aten.mul_.Tensor)"},
+        {"parameter": "scale", "shape": (), "dtype": "float32", "bytes": 4, "made": "whole", "source": "",
+         "reason": "a 0-d tensor has no rows"},
+        {"parameter": "embed.weight", "shape": (13, 8), "dtype": "float32", "bytes": 416, "made": "rows",
+         "source": "random fill", "reason": ""},
+        {"parameter": "proj.weight", "shape": (16, 8), "dtype": "float32", "bytes": 512, "made": "rows",
+         "source": "random fill", "reason": ""},
+        {"parameter": "proj.bias", "shape": (16,), "dtype": "float32", "bytes": 64, "made": "rows",
+         "source": "constant", "reason": ""},
+    ]

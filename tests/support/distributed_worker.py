@@ -67,6 +67,14 @@ def big_sequential() -> nn.Sequential:
     return nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)])
 
 
+def small_vit() -> nn.Module:
+    """timm's ViT: trunc_normal_ (uniform_, erfinv_, mul_, add_, clamp_) weights, zero biases,
+    LayerNorms of ones: every parameter made by position, so each rank draws its rows alone."""
+    import timm
+
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=2, img_size=32, num_classes=10)
+
+
 def tiny_llama() -> nn.Module:
     from tests.support.hf_configs import HF_BY_NAME
 
@@ -173,6 +181,28 @@ def tied_dtensor(mesh: DeviceMesh) -> dict[str, Any]:
             "tied": model[0].weight is model[5].weight}
 
 
+def vit_fsdp(mesh: DeviceMesh) -> dict[str, Any]:
+    import explorer.distributed as distributed
+
+    torch.manual_seed(SEED)
+    model = deferred_init(small_vit)
+    planned = {k: int(v) for k, v in distributed.shard_fill_plan(model)["made"].value_counts().items()}
+    drawn: list[bool] = []  # per parameter: were its rows drawn alone (draw_rows gave them)?
+    original = distributed.draw_rows
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+        rows = original(*args, **kwargs)
+        drawn.append(rows is not None)
+        return rows
+
+    distributed.draw_rows = counted
+    try:
+        fully_shard_deferred(model, mesh)
+    finally:
+        distributed.draw_rows = original
+    return {"state": gathered_state(model), "planned": planned, "drawn": drawn}
+
+
 def memory(mesh: DeviceMesh) -> dict[str, Any]:
     torch.manual_seed(SEED)
     model = deferred_init(big_sequential)
@@ -224,6 +254,7 @@ SCENARIOS: dict[str, Callable[[DeviceMesh], dict[str, Any]]] = {
     "llama-fast": lambda mesh: llama_fsdp(mesh, "fast"),
     "tied-fsdp": tied_fsdp,
     "tied-dtensor": tied_dtensor,
+    "vit-fsdp": vit_fsdp,
     "memory": memory,
     "failing-rank-1": failing_rank_1,
     "partly-materialized": partly_materialized,

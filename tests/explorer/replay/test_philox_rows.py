@@ -19,7 +19,8 @@ from explorer import deferred_init
 from explorer.record.fake import handle_of
 from explorer.replay.philox import DeviceProperties, offset_increment
 from explorer.replay.philox_rows import Launch, draw_elements, row_launches
-from explorer.replay.rows import cuda_rows, draw_rows, drawable_fill
+from explorer.replay.positional import PositionalValue, positional_value
+from explorer.replay.rows import cuda_rows, draw_rows
 from tests.support.philox_emulator import EmulatedGenerator, normal_, uniform64_, uniform_
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -157,8 +158,10 @@ class FilledOnCuda(torch.nn.Module):
 def test_rows_of_a_recorded_cuda_fill_equal_the_whole_fills_rows(shape, dtype, fill, kind, restore_rng) -> None:
     module = deferred_init(FilledOnCuda, shape, dtype, fill)
     handle = handle_of(module.weight)
-    recorded = drawable_fill(handle.graph, handle.tensor_id)
-    assert recorded is not None and recorded.stream == ("cuda:0", 1)
+    value = positional_value(handle.graph, handle.graph.tensors[handle.tensor_id])
+    assert isinstance(value, PositionalValue) and value.kind == "random fill" and not value.tail
+    recorded = value.source
+    assert recorded.stream == ("cuda:0", 1)
     numel, row = module.weight.numel(), shape[1]
     seed, offset = 77, 4 * 5  # the state after `before`'s fill
     whole = whole_fill(kind, numel, seed, offset, SMALL, 2**31 - 1)
@@ -188,8 +191,9 @@ class UnmappedOnCuda(torch.nn.Module):
 def test_a_cuda_fill_whose_kernel_is_not_mapped_is_left_to_whole_replay(restore_rng) -> None:
     module = deferred_init(UnmappedOnCuda)
     handle = handle_of(module.up_to_the_limit)
-    recorded = drawable_fill(handle.graph, handle.tensor_id)
-    assert recorded is not None and recorded.func == getattr(torch.ops.aten.random_, "from")
+    value = positional_value(handle.graph, handle.graph.tensors[handle.tensor_id])
+    assert isinstance(value, PositionalValue) and value.source.func == getattr(torch.ops.aten.random_, "from")
+    recorded = value.source
 
     def never(numel: int, state: torch.Tensor) -> torch.Tensor:
         raise AssertionError("an unmapped kernel must not be launched by rows")
@@ -198,7 +202,8 @@ def test_a_cuda_fill_whose_kernel_is_not_mapped_is_left_to_whole_replay(restore_
     assert cuda_rows(handle.graph, recorded, torch.float32, 512, SMALL, start_state(1, 0), 0, 64, never) is None
     # bernoulli_ with a tensor p reads another tensor: not a fill drawable by rows at all
     by_tensor = handle_of(module.by_tensor_p)
-    assert drawable_fill(by_tensor.graph, by_tensor.tensor_id) is None
+    reason = positional_value(by_tensor.graph, by_tensor.graph.tensors[by_tensor.tensor_id])
+    assert reason == "aten.bernoulli_.Tensor reads another tensor"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fall-back of a machine without CUDA")

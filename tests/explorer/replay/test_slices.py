@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from explorer import deferred_init, load_checkpoint, materialize_module, materialize_tensor
-from explorer.replay.slices import WholeBaseWarning, slice_plan
+from explorer.replay.slices import HELD_VIEW, SlicePlan, WholeBaseWarning, slice_plan
 
 INITS = {
     "normal_": lambda t: nn.init.normal_(t, std=0.02),
@@ -78,27 +78,26 @@ def test_rows_of_a_trunc_normal_fill_make_the_whole_base_with_eagers_values(rest
     torch.manual_seed(9)
     deferred = deferred_init(FusedExperts, nn.init.trunc_normal_)
     assert not slice_plan(deferred.down_proj[1]).sliced
-    with pytest.warns(WholeBaseWarning, match=r"\(84 bytes\) makes its whole base \(420 bytes\): its base's value is not one"):
+    whole_base = r"\(84 bytes\) makes its whole base \(420 bytes\): its base is not made by position: "
+    with pytest.warns(WholeBaseWarning, match=whole_base + "explorer.trunc_normal_.default takes no generator"):
         rows = materialize_tensor(deferred.down_proj[1])
     assert _bits(rows).equal(_bits(eager.down_proj[1]))
 
 
 @pytest.mark.parametrize("padding_idx", [None, 3])
 def test_embedding_rows_equal_eagers_rows(padding_idx, restore_rng) -> None:
+    # with a padding row, normal_ is followed by that row zeroed: a constant over a run of
+    # elements, applied to whatever part of it a slice holds
     torch.manual_seed(2)
     eager = nn.Embedding(50, 16, padding_idx=padding_idx)
     torch.manual_seed(2)
     deferred = deferred_init(nn.Embedding, 50, 16, padding_idx=padding_idx)
-    if padding_idx is None:
-        assert slice_plan(deferred.weight[10:20]).sliced
-        assert _bits(_quiet_materialize(deferred.weight[10:20])).equal(_bits(eager.weight[10:20]))
-    else:  # normal_ then the padding row zeroed: not one fill, so the whole table is made
-        plan = slice_plan(deferred.weight[10:20])
-        assert (plan.sliced, plan.nbytes) == (False, 50 * 16 * 4)
-        assert plan.reason.startswith("its base's value is not one random fill, constant or checkpoint read")
-        with pytest.warns(WholeBaseWarning, match=r"\(640 bytes\) makes its whole base \(3,200 bytes\)"):
-            rows = materialize_tensor(deferred.weight[10:20])
-        assert _bits(rows).equal(_bits(eager.weight[10:20]))
+    for rows in (slice(10, 20), slice(2, 5), slice(3, 4), slice(0, 3)):
+        plan = slice_plan(deferred.weight[rows])
+        assert (plan.sliced, plan.source, plan.nbytes) == (True, "random fill", (rows.stop - rows.start) * 16 * 4)
+        assert _bits(_quiet_materialize(deferred.weight[rows])).equal(_bits(eager.weight[rows])), rows
+    if padding_idx is not None:
+        assert not _quiet_materialize(deferred.weight[padding_idx]).any()
 
 
 def test_rows_with_rng_fast_equal_the_rows_of_the_whole_fast_tensor(restore_rng) -> None:
@@ -173,16 +172,41 @@ def test_a_view_of_a_base_materialized_earlier_shares_its_memory(restore_rng) ->
 
 
 def test_the_whole_base_warning_names_the_parameter_the_view_reads(restore_rng) -> None:
-    # an embedding's padding row is zeroed after its normal_ fill: two writes, so rows are not drawn alone
+    # orthogonal_ copies a QR factor over the weight's kaiming_uniform_: not made by position
+    def build() -> nn.Sequential:
+        model = nn.Sequential(nn.Linear(4, 10))
+        nn.init.orthogonal_(model[0].weight)
+        return model
+
     torch.manual_seed(2)
-    eager = nn.Sequential(nn.Embedding(10, 4, padding_idx=0))
+    eager = build()
     torch.manual_seed(2)
-    deferred = deferred_init(lambda: nn.Sequential(nn.Embedding(10, 4, padding_idx=0)))
+    deferred = deferred_init(build)
     with pytest.warns(WholeBaseWarning) as caught:
         row = materialize_tensor(deferred[0].weight[3])
     assert [str(w.message) for w in caught] == [
-        "materializing a [4] view of parameter '0.weight' (16 bytes) makes its whole base (160 bytes): its base's "
-        "value is not one random fill, constant or checkpoint read of the whole storage "
-        "(ops: aten.empty.memory_format, aten.normal_.default, aten.fill_.Scalar)"
+        "materializing a [4] view of parameter '0.weight' (16 bytes) makes its whole base (160 bytes): its base "
+        "is not made by position: aten.copy_.default after the fill reads another tensor"
     ]
     assert _bits(row).equal(_bits(eager[0].weight[3]))
+
+
+class HoldsARow(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        table = torch.empty(10, 4).normal_()
+        self.register_buffer("table", table)
+        self.register_buffer("row", table[3])
+
+
+def test_a_view_the_module_holds_is_made_with_its_base_and_shares_its_memory(restore_rng) -> None:
+    # made alone, it would be one row's cost but no longer alias the module's table as eager's does
+    torch.manual_seed(4)
+    eager = HoldsARow()
+    torch.manual_seed(4)
+    deferred = deferred_init(HoldsARow)
+    assert slice_plan(deferred.row) == SlicePlan(False, 10 * 4 * 4, None, HELD_VIEW)
+    assert slice_plan(deferred.table[3]).sliced  # a view made afterwards is made alone
+    row, table = materialize_tensor(deferred.row), materialize_tensor(deferred.table)
+    assert row.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
+    assert _bits(row).equal(_bits(eager.row)) and _bits(table).equal(_bits(eager.table))
