@@ -126,9 +126,10 @@ def materialize_tensor(tensor: torch.Tensor, *, device: DeviceMap = None, rng: R
 
     Memoized: the same fake, or another name for it, gives the same object; a view shares storage
     with its base materialized earlier. A view selecting rows of a base not materialized yet
-    (`t[i]`, `t[a:b]`, `t.narrow(0, a, n)`, `t.select(0, i)`) whose value is one random fill, a
-    constant or a checkpoint read is made alone, at the cost of the view (`explorer.slice_plan`
-    says which); it then shares no memory with a base materialized later. Other views of a larger
+    (`t[i]`, `t[a:b]`, `t.narrow(0, a, n)`, `t.select(0, i)`) whose value is made by position (a
+    random fill or a constant, then pointwise ops) or is a checkpoint read is made alone, at the
+    cost of the view (`explorer.slice_plan` says which); it then shares no memory with a base
+    materialized later. A view the module holds as a parameter or buffer is made with its base. Other views of a larger
     base make the whole base, with a `WholeBaseWarning`. A fake parameter comes back as an `nn.Parameter`, so
     `module.w = materialize_tensor(module.w)` works. `device` is a device, or a map from recorded to
     target device ("meta" gives shapes only); `rng` is "eager" (bit-identical to eager construction)

@@ -11,9 +11,10 @@ until it closes). The result is a normal DCP checkpoint: `dcp.load` reads it int
 What each rank writes:
 - a tensor that is a DTensor (after `fully_shard_deferred` or `distribute_deferred`): its local part;
 - a deferred tensor, when a process group of several ranks is initialized: the rows of dim 0 that
-  `Shard(0)` gives this rank (FSDP2's split), drawn alone where the value is one random fill or a
-  checkpoint read (`replay.rows`), else sliced from the whole tensor; tensors too small to give every
-  rank rows, and 0-d ones, are written whole by one rank (DCP deduplicates them);
+  `Shard(0)` gives this rank (FSDP2's split), drawn alone where the value is made by position (a
+  random fill or constant, then pointwise ops) or is a checkpoint read (`replay.rows`), else sliced
+  from the whole tensor; tensors too small to give every rank rows, and 0-d ones, are written whole
+  by one rank (DCP deduplicates them);
 - anything else (a real tensor, a deferred one on a single process): the whole tensor, once.
 
 Everything is written into a hidden `.dcp-<id>.partial` directory beside the final files and moved
