@@ -116,6 +116,15 @@ def test_rows_of_a_fill_then_pointwise_ops_equal_eager_constructions_rows(tail, 
         assert part.view(torch.uint8).equal(eager[start:stop].contiguous().view(torch.uint8)), (start, stop)
 
 
+@pytest.mark.parametrize("tail", TAILS)
+def test_fast_rows_of_a_fill_then_pointwise_ops_equal_the_whole_fast_tensors_rows(tail, restore_rng) -> None:
+    module = deferred_init(Filled, (40, 24), torch.float32, TAILS[tail])
+    whole = materialize_tensor(module.weight, rng="fast")
+    for start, stop in ((0, 40), (1, 3), (17, 40)):
+        part = draw_rows(module.weight, start, stop, "fast")
+        assert part is not None and part.view(torch.uint8).equal(whole[start:stop].contiguous().view(torch.uint8))
+
+
 class Tailed(nn.Module):
     def __init__(self, tail) -> None:
         super().__init__()
