@@ -122,7 +122,7 @@ def made_by_position(
         fill, key = value.source, cast(tuple, value.source.stream)[0]
         if runs_on.type == "cpu" and key == "cpu":
             elements = _cpu_rows(graph, fill, base.dtype, numel, rng, first, stop)
-        elif runs_on.type == "cuda" and str(runs_on) == key:
+        elif runs_on.type == "cuda" and (str(runs_on) == key or _seeded_where_it_goes(graph, fill, rng)):
             elements = _cuda_rows_here(graph, fill, base.dtype, numel, rng, runs_on, first, stop)
         else:
             return None
@@ -130,6 +130,14 @@ def made_by_position(
         return None
     with outside_recording():
         return apply_tail(value.tail, elements, first)
+
+
+def _seeded_where_it_goes(graph: InitGraph, fill: OpNode, rng: RngMode) -> bool:
+    """Whether whole replay runs recorded `fill` on its exec device's own generator from a fresh
+    seed: rng="fast" seeds that generator per op (`RngSession.before_random_op`), so a CPU-recorded
+    fill sent to CUDA starts at offset 0 of its seed there, unless shapes were computed from its
+    values (then it draws eager's numbers, on the CPU)."""
+    return rng == "fast" and fill.index not in graph.value_feeding_random_ops()
 
 
 def _cpu_rows(
