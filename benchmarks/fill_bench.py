@@ -13,6 +13,10 @@ swapped every round, medians):
 - `expert_slice_rss`: one expert of DeepSeek-V3's layer-3 fused `gate_up_proj` (transformers'
   default DeepseekV3Config, 256 experts × 4096 × 7168 float32 = 30 GB, deferred):
   `materialize_tensor(gate_up_proj[0])`; RSS growth (sampled peak) ≤ 2 × the expert's bytes + 100 MB;
+- `rank_rows_with_tail`: rank 1 of 8's rows of a 24576 × 6144 float32 weight initialized by timm's
+  `trunc_normal_` (a fill, then pointwise ops), drawn alone (`replay.rows.draw_rows`) against the
+  whole tensor replayed and sliced (what a rank did before such values were made by position):
+  time and sampled peak RSS growth, INFO rows (no target);
 - recording Llama-2-7B (cases.deferred_init_time, interleaved with meta-device construction):
   ≤ 1.3× (issue 36; issue 25 asked ≤ 2.0×); RSS growth of holding it (cases.deferred_init_rss) ≤ 150 MB. `bench_recording` is run by
   `run.py --only deferred` (the first rows of the table), not by this topic's `bench`.
@@ -172,8 +176,44 @@ def expert_slice_rss(quick: bool) -> dict:
             "deferred_init": built, "sliced": plan.sliced, "source": plan.source}
 
 
+# A ViT-22B-sized MLP weight (timm's init: trunc_normal_ as uniform_, erfinv_, mul_, add_, clamp_).
+TAIL_SHAPE, QUICK_TAIL_SHAPE, TAIL_RANKS = (24576, 6144), (4096, 1024), 8
+
+
+def rank_rows_with_tail(quick: bool, alone: bool) -> dict:
+    """Rank 1 of 8's rows of a deferred timm-initialized weight: drawn alone (`draw_rows`), or, as
+    before values with ops after the fill could be, the whole tensor replayed and sliced; seconds
+    and sampled peak RSS growth, values checked against each other's first rows."""
+    import timm.layers
+    import torch
+
+    from explorer import deferred_init, materialize_tensor
+    from explorer.replay.rows import draw_rows
+
+    _warm_engine()
+    shape = QUICK_TAIL_SHAPE if quick else TAIL_SHAPE
+    torch.manual_seed(0)
+    def build() -> torch.nn.Module:
+        layer = torch.nn.Linear(shape[1], shape[0], bias=False)
+        timm.layers.trunc_normal_(layer.weight, std=0.02)
+        return layer
+
+    weight = deferred_init(build).weight
+    start, stop = shape[0] // TAIL_RANKS, 2 * shape[0] // TAIL_RANKS
+    draw_rows(weight, 0, 1)  # the pointwise probes, once per process
+    gc.collect()
+    before = rss_bytes()
+    with RssSampler() as sampler:
+        started = time.perf_counter()
+        rows = draw_rows(weight, start, stop) if alone else materialize_tensor(weight)[start:stop].clone()
+        elapsed = time.perf_counter() - started
+    assert rows is not None
+    return {"time": elapsed, "growth": sampler.peak - before, "rows_bytes": rows.numel() * rows.element_size(),
+            "first": rows[0, :4].tolist()}
+
+
 CASES = {"raw_fill": raw_fill, "fill_layer": fill_layer, "fill_embedding": fill_embedding,
-         "expert_slice_rss": expert_slice_rss}
+         "expert_slice_rss": expert_slice_rss, "rank_rows_with_tail": rank_rows_with_tail}
 
 
 # -- rows ----------------------------------------------------------------------------------------
@@ -226,6 +266,33 @@ def bench(report: Report, quick: bool, timeout: float) -> None:
                             f"{r['deferred_init']:.2f} s")
     except ChildError as error:
         report.error(name, "≤ 2× expert + 100 MB", error)
+    bench_rows_with_tail(report, quick, rounds, timeout)
+
+
+def bench_rows_with_tail(report: Report, quick: bool, rounds: int, timeout: float) -> None:
+    """What a rank pays for its rows of a timm-initialized weight, alone against the whole tensor."""
+    shape = QUICK_TAIL_SHAPE if quick else TAIL_SHAPE
+    log(f"fill: rank 1/{TAIL_RANKS} rows of a {shape} trunc_normal_ weight, alone vs whole")
+    name = (f"rank 1 of {TAIL_RANKS}'s rows of a timm trunc_normal_ {shape[0]}×{shape[1]} float32 weight: "
+            "drawn alone vs whole tensor replayed")
+    try:
+        runs = {True: [], False: []}
+        for round_ in range(rounds):
+            for alone in ((True, False) if round_ % 2 == 0 else (False, True)):
+                runs[alone].append(run_child("rank_rows_with_tail", timeout, quick=quick, alone=alone))
+    except ChildError as error:
+        report.error(name, "info", error)
+        return
+    assert all(r["first"] == runs[True][0]["first"] for r in runs[True] + runs[False]), "rows differ"
+    alone_s, whole_s = (statistics.median(r["time"] for r in runs[k]) for k in (True, False))
+    alone_mb, whole_mb = (statistics.median(r["growth"] for r in runs[k]) / MB for k in (True, False))
+    report.add(Row(f"{name} (time)", f"{alone_s:.2f} s", f"{whole_s:.2f} s", f"{alone_s / whole_s:.2f}×",
+                   "info", "INFO"))
+    report.add(Row(f"{name} (peak RSS growth)", f"{alone_mb:.0f} MB", f"{whole_mb:.0f} MB",
+                   f"{alone_mb / whole_mb:.2f}×", "info", "INFO"))
+    report.notes.append(f"{name}: the rows are {runs[True][0]['rows_bytes'] / MB:.0f} MB, equal in both runs; "
+                        f"alone s {seconds([r['time'] for r in runs[True]])}, "
+                        f"whole s {seconds([r['time'] for r in runs[False]])}")
 
 
 # The VM's speed moves between processes (the same build takes 55 ms in one and 110 ms in the
