@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from explorer import DeferredInitError, deferred, deferred_init, materialize_module, materialize_tensor, slice_plan
+from explorer.replay.slices import HELD_VIEW, SlicePlan
 from tests.fuzz.differential import check_outcome, check_program
 from tests.fuzz.refusals import REAL_TENSOR_WRITE_AFTER, RNG_POSITION_UNKNOWN, TWO_RECORDINGS
 from tests.fuzz.interpreter import FuzzModule, make_externals
@@ -478,12 +479,11 @@ def test_view_whose_base_data_was_swapped_to_another_dtype_copied_inside_deferre
     assert check_outcome(program, Plan((("tensor", "model.t4"),)), "n1.weight") is None
 
 
-def test_single_tensor_view_made_alone_is_eagers_view_in_a_storage_of_its_own():
+def test_a_registered_view_materialized_alone_is_eagers_view_of_its_base():
     # Found with EXPLORER_FUZZ_SEED=2718 EXPLORER_FUZZ_EXAMPLES=2000: `ones(1)[1:1]` materialized
-    # alone has offset 0 and a 0-byte storage where eager's view has offset 1 into 4 bytes. That is
-    # materialize_tensor's documented slice path (slice_plan: "constant"): eager's view bit for bit,
-    # sharing no memory. The single-tensor and planned checks compared eager's offset and storage
-    # size anyway (the rerun found the planned one).
+    # alone had offset 0 and a 0-byte storage where eager's view has offset 1 into 4 bytes (the slice
+    # path). A view the module holds is now made with its base (slices.HELD_VIEW), so it is
+    # eager's view: offset 1 into the base's 4 bytes.
     program = Program(seed=0, steps=(
         ("ones", (1,), "float32"),
         ("slice", 0, 0, 1, 1, 1),
@@ -491,15 +491,15 @@ def test_single_tensor_view_made_alone_is_eagers_view_in_a_storage_of_its_own():
     ))
     assert check_outcome(program, Plan((("tensor", "t2"),)), "t2") is None
     module = deferred_init(FuzzModule, program, [])
-    assert slice_plan(module.t2).sliced
+    assert slice_plan(module.t2) == SlicePlan(False, 4, None, HELD_VIEW)
     alone = materialize_tensor(module.t2)
-    assert (alone.shape, alone.storage_offset(), alone.untyped_storage().nbytes()) == ((0,), 0, 0)
+    assert (alone.shape, alone.storage_offset(), alone.untyped_storage().nbytes()) == ((0,), 1, 4)
 
 
-def test_planned_view_made_alone_shares_no_storage_with_its_base_materialized_later():
-    # The same documented slice path in a plan: `materialize_tensor(t3)` of a view of the constant
-    # 't1' makes it alone; materializing the rest makes 't1' whole, and the two share no memory
-    # (eager's share one storage). Every other fact, and the value, is eager's.
+def test_planned_registered_view_shares_storage_with_its_base_materialized_later():
+    # `materialize_tensor(t3)` of a registered view of the constant 't1' once made it alone, sharing
+    # no memory with 't1' made later; the module holds it, so it is now made with its base and the
+    # two share one storage, as eager's do. Every fact, and the value, is eager's.
     program = Program(seed=0, steps=(
         ("ones", (4,), "float32"),
         ("register_buffer", "", "t1", 0, True),
@@ -509,10 +509,11 @@ def test_planned_view_made_alone_shares_no_storage_with_its_base_materialized_la
     assert check_outcome(program, Plan((("tensor", "t3"),)), "t3") is None
 
 
-def test_a_tied_view_made_alone_stays_one_object_when_the_module_is_materialized_later():
-    # One (empty) view `ones(1)[1:1]` registered as 't2' and 't3' (eager: one object). `materialize_tensor(t2)` makes it
-    # alone; `materialize_module` then fills 't3' from the same fake: it must get that very object
-    # (materialize_tensor's memo), not a second replay of it. Found by EXPLORER_FUZZ_SEED=2718.
+def test_a_tied_view_materialized_alone_stays_one_object_when_the_module_is_materialized_later():
+    # One (empty) view `ones(1)[1:1]` registered as 't2' and 't3' (eager: one object).
+    # `materialize_tensor(t2)` makes it; `materialize_module` then fills 't3' from the same fake: it
+    # must get that very object (materialize_tensor's memo), not a second replay of it. Found by
+    # EXPLORER_FUZZ_SEED=2718 when registered views were made alone.
     program = Program(seed=0, steps=(
         ("ones", (1,), "float32"),
         ("slice", 0, 0, 1, 1, 1),
