@@ -2,7 +2,9 @@
 
 * full: `materialize_module(root)` in one call;
 * plan: a `Plan` of single tensors and (sub)modules in a random order, then the rest;
-* single: one slot alone from a fresh deferred module (nothing else materialized).
+* single: one slot alone from a fresh deferred module (nothing else materialized);
+* rows: rows [1, n) of every slot of a fresh deferred module, drawn alone (`draw_rows`, what an FSDP2
+  rank draws) and as a view made by `materialize_tensor(t[1:])` (the slice path), against eager's.
 
 Each must agree with eager construction bit for bit on the facts of `compare.snapshot`, or stop
 with a refusal that tests/fuzz/refusals.py promises (`check_outcome`). Materialization must leave the
@@ -15,14 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import torch
 from torch import nn
 
 from explorer import DeferredInitError, MaterializationError, deferred_init, is_deferred, materialize_module
-from explorer import materialize_tensor, slice_plan
+from explorer import is_fake, materialize_tensor, slice_plan
+from explorer.replay.rows import draw_rows
+from explorer.replay.slices import WholeBaseWarning
 from tests.fuzz.after import AfterWorld, run_after
-from tests.fuzz.compare import Snapshot, differences, snapshot
+from tests.fuzz.compare import Snapshot, differences, slots, snapshot
 from tests.fuzz.interpreter import FuzzModule, make_externals
 from tests.fuzz.program import AFTER_RNG_OPS, Plan, Program
 from tests.fuzz.refusals import Phase, Verdict, judge
@@ -148,6 +153,43 @@ def check_single(program: Program, name: str, expected: Snapshot) -> None:
     module, externals = _materialized(program, "single-tensor", only)
     expected = _made_alone(expected, [name] if sliced[0] else [])
     _raise_if(differences(expected, snapshot(module, externals), only=[name]), program, f"single tensor {name!r}")
+
+
+def check_rows(program: Program, eager: nn.Module) -> int:
+    """Rows [1, n) of each slot with n >= 2, drawn alone where `draw_rows` can, and made as the view
+    `t[1:]` by `materialize_tensor`, equal eager's rows bit for bit (dtype and shape too); returns how
+    many were drawn alone."""
+    module, _ = build_deferred(program)
+    expected = dict(slots(eager))
+    drawn = 0
+    for name, tensor in slots(module):
+        if not is_fake(tensor) or tensor.dim() == 0 or tensor.shape[0] < 2:
+            continue
+        want = expected[name].detach()[1:]
+        rng = torch.get_rng_state()
+        try:
+            rows = draw_rows(tensor, 1, tensor.shape[0], name=name)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", WholeBaseWarning)
+                view = materialize_tensor(tensor[1:])
+        except (DeferredInitError, MaterializationError) as error:
+            raise Refused(error, "materialization", program) from error
+        if not torch.equal(torch.get_rng_state(), rng):
+            raise Mismatch(f"rows of {name!r} moved the global RNG\n{program!r}")
+        for how, got in (("drawn alone", rows), ("as a view t[1:]", view)):
+            if got is None:
+                continue
+            if (got.dtype, got.shape) != (want.dtype, want.shape) or not _same_bits(got, want):
+                raise Mismatch(f"rows [1, {tensor.shape[0]}) of {name!r} {how} differ from eager's\n{program!r}")
+        drawn += rows is not None
+    return drawn
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    def flat(t: torch.Tensor) -> torch.Tensor:  # a fresh 1-D copy: strides 1 even for size-1 views
+        return torch.empty(t.numel(), dtype=t.dtype).copy_(t.detach().reshape(-1)).view(torch.uint8)
+
+    return a.numel() == 0 or torch.equal(flat(a), flat(b))
 
 
 def _made_alone(expected: Snapshot, names: list[str]) -> Snapshot:

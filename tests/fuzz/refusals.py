@@ -92,9 +92,19 @@ RNG_POSITION_UNKNOWN = Refusal(
     phases=("materialization", *AFTER_OPS),
 )
 
+# `explorer.deferred(model)` (a step that makes a module "in the model") joins the model's own
+# recording; a model every slot of which is a caller's real tensor has no recording to join.
+NO_RECORDING_TO_JOIN = Refusal(
+    "explorer.deferred(model) of a model that holds no deferred tensor",
+    (DeferredInitError,),
+    why=r"holds no deferred tensor",
+    fix=r"run the code directly|explorer\.deferred\(\)",
+    phases=("new_linear", "new_from"),
+)
+
 PROMISED: tuple[Refusal, ...] = (
     CALLERS_TENSOR_WRITE, REAL_TENSOR_WRITE_AFTER, TWO_RECORDINGS, INFERENCE_EXTERNAL, EXTERNAL_CHANGED,
-    RNG_POSITION_UNKNOWN,
+    RNG_POSITION_UNKNOWN, NO_RECORDING_TO_JOIN,
 )
 
 

@@ -16,7 +16,16 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from tests.fuzz.compare import module_paths, snapshot
-from tests.fuzz.differential import Mismatch, Refused, build_eager, check_fast, check_full, check_plan, check_single
+from tests.fuzz.differential import (
+    Mismatch,
+    Refused,
+    build_eager,
+    check_fast,
+    check_full,
+    check_plan,
+    check_rows,
+    check_single,
+)
 from tests.fuzz.generate import plans, programs
 from tests.fuzz.program import AFTER_RNG_OPS, AFTER_WORLD_OPS, FACTORY_OPS, INPLACE_OPS, VIEW_OPS
 
@@ -67,7 +76,8 @@ def test_materialized_programs_equal_eager_construction(data: st.DataObject) -> 
             _judge(refused)
             return
         for check in (lambda: check_plan(program, plan, expected), lambda: check_fast(program, plan, expected),
-                      lambda: check_single(program, single, expected)):
+                      lambda: check_single(program, single, expected),
+                      lambda: event("rows drawn alone", _bucket(check_rows(program, eager)))):
             try:
                 check()
             except Refused as refused:

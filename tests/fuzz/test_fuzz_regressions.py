@@ -601,3 +601,19 @@ def test_a_view_of_a_base_made_under_inference_mode_is_not_made_alone():
         ('register_buffer', '', 't24', 0, True),
     ))
     assert check_outcome(program, Plan(()), "t5") is None
+
+
+def test_a_module_made_in_a_model_that_holds_no_deferred_tensor_is_a_promised_refusal():
+    # Every slot of the model is a caller's tensor, so `explorer.deferred(model)` (new_from "in the
+    # model") has no recording to join: a clear refusal naming the remedy. Found by the default run
+    # once the rows check was added (hypothesis took another path through the programs).
+    program = Program(seed=0, steps=(
+        ("external", (), "float32"),
+        ("register_buffer", "", "t1", 0, True),
+    ), after=(
+        ("new_from", "model", "n0", "model.t1", "copy", False),
+    ))
+    verdict = check_outcome(program, Plan(()), "model.t1")
+    assert verdict is not None and verdict.refusal.situation == (
+        "explorer.deferred(model) of a model that holds no deferred tensor"
+    )
