@@ -25,6 +25,7 @@ from typing import Literal
 import torch
 
 from ..graph import InitGraph, OpNode, TensorId, TensorInfo, accepts_generator, is_inplace_random
+from ..record.initializers import INITIALIZER_OPS
 from .draws import draw_count, family_of, is_contiguous
 from .fill_layout import fill_layout
 
@@ -147,6 +148,8 @@ def _random_fill(graph: InitGraph, fill: OpNode, base: TensorInfo) -> Positional
         return f"its {fill.label} draws from a generator other than {base.device}'s"
     if not is_inplace_random(fill.func):
         return f"{fill.label} is not an in-place random fill"
+    if fill.func in INITIALIZER_OPS:
+        return f"{fill.label} (rejection sampling) draws as many numbers as its values need: none can be placed"
     if not accepts_generator(fill.func):
         return f"{fill.label} takes no generator, so its draws cannot be placed by position"
     if len(fill.inputs) != 1:
