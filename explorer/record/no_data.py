@@ -114,3 +114,22 @@ def named_tensors_of(graph: InitGraph | None) -> list[tuple[str, str, torch.Tens
         for kind, named in (("parameter", root.named_parameters), ("buffer", root.named_buffers))
         for name, candidate in named(remove_duplicate=False)
     ]
+
+
+def module_holds(graph: InitGraph | None, tensor: torch.Tensor) -> bool:
+    """Whether `tensor` itself (not an equal view) is a parameter or buffer of the module `graph`
+    built, while it lives. One pass over the modules' own tables: callers ask it once per view."""
+    root = graph.root() if graph is not None and graph.root is not None else None
+    if root is None:
+        return False
+    stack: list[torch.nn.Module | None] = [root]
+    while stack:  # plain loops, not root.modules() or any(): callers ask once per view
+        module = stack.pop()
+        if module is None:  # a child slot set to None
+            continue
+        for table in (module._parameters, module._buffers):
+            for candidate in table.values():
+                if candidate is tensor:
+                    return True
+        stack.extend(module._modules.values())
+    return False

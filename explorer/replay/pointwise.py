@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..graph import OpNode
 from .positional import TailOp
 
 _PROBE_SIZE = 1 << 11  # long enough for every vector width and unroll; the short runs below are scalar
@@ -32,17 +33,8 @@ def apply_tail(tail: tuple[TailOp, ...], values: torch.Tensor, first: int) -> to
     """`values` — elements [first, first + len(values)) of a storage, contiguous — after the ops of
     `tail`, in order; None when a pointwise op fails the probe on `values`' dtype and device (the
     elements alone would not be bitwise)."""
-    for step in tail:
-        op = step.op
-        if step.window is not None:
-            continue
-        key = (op.func, op.args[1:], tuple(sorted(op.kwargs.items())), values.dtype, values.device)
-        try:
-            same = gives_the_same_bits_in_short_runs(*key)
-        except TypeError:  # an unhashable argument (a list): not probed, so not applied alone
-            return None
-        if not same:
-            return None
+    if op_failing_probe(tail, values.dtype, values.device) is not None:
+        return None
     with torch.no_grad():
         for step in tail:
             target = values
@@ -53,6 +45,22 @@ def apply_tail(tail: tuple[TailOp, ...], values: torch.Tensor, first: int) -> to
                 target = values[start:stop]
             step.op.func(target, *step.op.args[1:], **step.op.kwargs)
     return values
+
+
+def op_failing_probe(tail: tuple[TailOp, ...], dtype: torch.dtype, device: torch.device) -> OpNode | None:
+    """The first pointwise op of `tail` that fails the probe on `dtype` and `device` (None: all
+    pass, so `apply_tail` applies them to some elements alone; constant windows need no probe)."""
+    for step in tail:
+        op = step.op
+        if step.window is not None:
+            continue
+        key = (op.func, op.args[1:], tuple(sorted(op.kwargs.items())), dtype, device)
+        try:
+            if not gives_the_same_bits_in_short_runs(*key):
+                return op
+        except TypeError:  # an unhashable argument (a list): not probed, so not applied alone
+            return op
+    return None
 
 
 @functools.cache

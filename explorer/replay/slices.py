@@ -31,11 +31,12 @@ from typing import Literal, cast
 
 import torch
 
-from ..graph import InitGraph, TensorId, TensorInfo
+from ..graph import InitGraph, OpNode, TensorId, TensorInfo
 from ..record.fake import handle_of
-from ..record.no_data import named_tensors_of
+from ..record.no_data import module_holds, named_tensors_of
 from ..record.scope import outside_recording
 from .draws import is_contiguous
+from .pointwise import op_failing_probe
 from .positional import PositionalValue, positional_value
 from .preflight import check_materializable
 from .provenance import remember_origins
@@ -153,7 +154,27 @@ def slice_plan(tensor: torch.Tensor, *, device: DeviceMap = None, rng: RngMode =
         return SlicePlan(False, 0, None, "")
     if _held_by_module(graph, tensor):
         return SlicePlan(False, whole, None, HELD_VIEW)
+    failing = _op_failing_probe(recipe, route_devices(device, rng))
+    if failing is not None:
+        return SlicePlan(False, whole, None, _rounds_by_position(failing, recipe, route_devices(device, rng)))
     return SlicePlan(True, _slice_bytes(info), recipe.source, "")
+
+
+def _op_failing_probe(recipe: _Recipe, routing: DeviceRouting) -> OpNode | None:
+    """The pointwise op of the recipe's tail whose kernel rounds some elements differently alone
+    than in the whole tensor on the device replay runs it on (`pointwise.py`), if any."""
+    if recipe.value is None or not recipe.value.tail:
+        return None
+    base = recipe.window.base
+    return op_failing_probe(recipe.value.tail, base.dtype, routing.exec_device(base.device))
+
+
+def _rounds_by_position(op: OpNode, recipe: _Recipe, routing: DeviceRouting) -> str:
+    base = recipe.window.base
+    return (
+        f"its {op.label} rounds some {str(base.dtype).removeprefix('torch.')} elements differently alone than "
+        f"in the whole tensor on {routing.exec_device(base.device)}, so the base is made whole, as eager made it"
+    )
 
 
 HELD_VIEW = "the module holds this view of its base, and shares the base's memory with it as eager does"
@@ -162,7 +183,7 @@ HELD_VIEW = "the module holds this view of its base, and shares the base's memor
 def _held_by_module(graph: InitGraph, tensor: torch.Tensor) -> bool:
     """Whether `tensor` is a parameter or buffer of the module `graph` built: such a view keeps
     eager's aliasing (materialized with its base); views a user makes afterwards are made alone."""
-    return any(candidate is tensor for _, _, candidate in named_tensors_of(graph))
+    return module_holds(graph, tensor)
 
 
 def _base_alive(graph: InitGraph, tid: TensorId, routing: DeviceRouting) -> bool:
@@ -198,20 +219,14 @@ def materialize_slice(
         if recipe is None or target.type == "meta":
             return None
         if isinstance(recipe, str):
-            if not _slice_bytes(info):
-                return None  # an empty view: nothing asked, nothing to warn about
-            if name == "<tensor>":
-                name = _view_name(graph, tensor)
-            warnings.warn(
-                WholeBaseWarning(
-                    f"materializing {name} ({_slice_bytes(info):,} bytes) makes its whole base "
-                    f"({graph.storages[info.storage].nbytes:,} bytes): {recipe}"
-                ),
-                stacklevel=3,
-            )
+            _warn_whole_base(graph, info, tensor, name, recipe)
             return None
         if _held_by_module(graph, tensor):
             return None  # made with its base, as the module's aliasing needs
+        failing = _op_failing_probe(recipe, routing)
+        if failing is not None:
+            _warn_whole_base(graph, info, tensor, name, _rounds_by_position(failing, recipe, routing))
+            return None
         memo = state.slices.setdefault(routing.key, weakref.WeakValueDictionary())
         known = memo.get(tid)
         if known is not None:
@@ -219,12 +234,28 @@ def materialize_slice(
         with outside_recording():
             made = _made(graph, recipe, info, rng, routing)
         if made is None:
-            return None  # a pointwise op whose kernel rounds by position here: the ordinary path
+            return None  # the device replay runs on cannot place the fill's draws: the ordinary path
         real = _with_recorded_strides(made.to(target), info)
         result = as_recorded_kind(real, tensor)
         memo[tid] = result
         remember_origins(graph, [tid], [result])  # so inspect tells it from an eager tensor
         return result
+
+
+def _warn_whole_base(graph: InitGraph, info: TensorInfo, view: torch.Tensor, name: str, reason: str) -> None:
+    """WholeBaseWarning that materializing `view` (recorded as `info`) makes its whole base, and why
+    (none for an empty view)."""
+    if not _slice_bytes(info):
+        return  # an empty view: nothing asked, nothing to warn about
+    if name == "<tensor>":
+        name = _view_name(graph, view)
+    warnings.warn(
+        WholeBaseWarning(
+            f"materializing {name} ({_slice_bytes(info):,} bytes) makes its whole base "
+            f"({graph.storages[info.storage].nbytes:,} bytes): {reason}"
+        ),
+        stacklevel=4,
+    )
 
 
 def _with_recorded_strides(real: torch.Tensor, info: TensorInfo) -> torch.Tensor:

@@ -7,7 +7,11 @@ For each model, in a forked child process with a time limit (a crash or a hang c
 2. small models (at most `PARITY_BYTES` of parameters and buffers) are materialized whole and
    compared bit for bit with eager construction from the same seed; larger ones materialize one
    submodule (the largest child that fits `SUBMODULE_BYTES`) and check it holds no fake;
-3. when step 1 fails, the model is built on the `meta` device to tell "the constructor fails
+3. before step 2, FSDP2's dim-0 shard of rank 1 of 4 of every tensor step 2 materializes is
+   made alone where `slice_plan` says it can be (`materialize_tensor(t[a:b])`); after step 2 each
+   must equal the same rows of the materialized tensor bit for bit (and so eager's, for the whole
+   models), and step 2's parity shows the slices left the replay undisturbed;
+4. when step 1 fails, the model is built on the `meta` device to tell "the constructor fails
    anyway" (not ours to fix) from "fails only deferred" (a bug here).
 
 Writes `build/zoo/results.jsonl` (one row per model) and `build/zoo/report.md` (counts by source
@@ -24,6 +28,7 @@ import os
 import re
 import time
 import traceback
+import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,7 +37,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from explorer import deferred_init, is_fake, materialize_module  # imported once, before the forks
+from explorer import (  # imported once, before the forks
+    WholeBaseWarning,
+    deferred_init,
+    is_fake,
+    materialize_module,
+    materialize_tensor,
+    slice_plan,
+)
 from tests.support.torchvision_hook import declare_torchvision_ops
 
 PARITY_BYTES = 256 << 20
@@ -162,6 +174,40 @@ def _parity(deferred: nn.Module, build: Callable[[], nn.Module]) -> str:
     return ""
 
 
+def _shard_rows(tensor: torch.Tensor) -> slice | None:
+    """Rank 1 of 4's rows of `tensor` as FSDP2 shards dim 0 (None: a scalar, or no rows there)."""
+    if tensor.dim() == 0:
+        return None
+    per_rank = -(-tensor.shape[0] // 4)
+    rows = slice(per_rank, min(2 * per_rank, tensor.shape[0]))
+    return rows if rows.start < rows.stop else None
+
+
+def _rows_made_alone(module: nn.Module) -> tuple[dict[str, tuple[slice, torch.Tensor]], Counter]:
+    """Each tensor's rank-1 rows that `slice_plan` says are made alone, made so (name → (rows,
+    tensor)); and the count of every view by what `slice_plan` said ("alone" or the reason)."""
+    made, said = {}, Counter()
+    named = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+    for name, tensor in named.items():
+        rows = _shard_rows(tensor)
+        if rows is None:
+            continue
+        plan = slice_plan(tensor[rows])
+        said["alone" if plan.sliced else (plan.reason or "ordinary view")] += 1
+        if plan.sliced:
+            made[name] = (rows, materialize_tensor(tensor[rows]))
+    return made, said
+
+
+def _rows_mismatch(module: nn.Module, made: dict[str, tuple[slice, torch.Tensor]]) -> str:
+    """ "" when every row set made alone equals the same rows of `module`'s materialized tensors."""
+    named = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+    for name, (rows, alone) in made.items():
+        if not _same_bits(alone, named[name][rows]):
+            return f"{name}[{rows.start}:{rows.stop}] made alone differs from the whole tensor's rows"
+    return ""
+
+
 def run_one(source: str, name: str, build: Callable[[], nn.Module]) -> ZooRow:
     torch.set_num_threads(1)
     row = ZooRow(source, name, "failed")
@@ -182,16 +228,26 @@ def run_one(source: str, name: str, build: Callable[[], nn.Module]) -> ZooRow:
         return row
     row.bytes, row.tensors = _storage_bytes(module)
     try:
-        if row.bytes <= PARITY_BYTES:
+        whole = row.bytes <= PARITY_BYTES
+        if not whole:
+            row.materialized, sub = _submodule_to_materialize(module)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WholeBaseWarning)
+            made, said = _rows_made_alone(module if whole else sub)
+        row.detail["rows"] = dict(said)
+        if whole:
             materialize_module(module)
-            mismatch = _parity(module, build)
+            mismatch = _parity(module, build) or _rows_mismatch(module, made)
             if mismatch:
                 row.kind, row.message = "parity", mismatch
                 return row
             row.status = "parity"
         else:
-            row.materialized, sub = _submodule_to_materialize(module)
             materialize_module(sub)
+            mismatch = _rows_mismatch(sub, made)
+            if mismatch:
+                row.kind, row.message = "parity", mismatch
+                return row
             fakes = [n for n, t in list(sub.named_parameters()) + list(sub.named_buffers()) if is_fake(t)]
             if fakes:
                 row.kind, row.message = "still fake", ", ".join(fakes[:5])
@@ -291,6 +347,7 @@ def report(rows: list[ZooRow], families: dict[str, str] | None = None) -> str:
         for family, counts in sorted(by_family.items()):
             cells = " | ".join(str(counts.get(s, 0)) for s in statuses)
             lines.append(f"| {family} | {sum(counts.values())} | {cells} |")
+    lines += _rows_report(rows)
     for status in ("failed", "timeout", "crashed", "fails-on-meta"):
         groups = defaultdict(list)
         for row in rows:
@@ -304,6 +361,24 @@ def report(rows: list[ZooRow], families: dict[str, str] | None = None) -> str:
             more = f" (+{len(members) - 12})" if len(members) > 12 else ""
             lines.append(f"- **{len(members)}** `{kind}`: {names}{more}")
     return "\n".join(lines) + "\n"
+
+
+def _rows_report(rows: list[ZooRow]) -> list[str]:
+    """Markdown lines: how many rank-1 shards each source's models made alone, and the reasons the
+    others were not (the ten most common)."""
+    said: dict[str, Counter] = defaultdict(Counter)
+    for row in rows:
+        said[row.source].update(row.detail.get("rows", {}))
+    if not said:
+        return []
+    lines = ["", "### rank 1 of 4's rows, made alone", "", "| source | views | made alone |", "|---|---:|---:|"]
+    for source, counts in sorted(said.items()):
+        lines.append(f"| {source} | {sum(counts.values())} | {counts['alone']} |")
+    reasons = sum(said.values(), Counter())
+    del reasons["alone"]
+    lines += ["", "Why the others were not:", ""]
+    lines += [f"- {count}: {reason}" for reason, count in reasons.most_common(10)]
+    return lines
 
 
 def main() -> None:

@@ -8,14 +8,10 @@ import torch
 from explorer.graph import OpNode
 from explorer.replay.pointwise import apply_tail, gives_the_same_bits_in_short_runs
 from explorer.replay.positional import TailOp
+from tests.support.run_length_op import add_length_
 
 CPU = torch.device("cpu")
 aten = torch.ops.aten
-
-_LIBRARY = torch.library.Library("pointwise_test", "DEF")
-_LIBRARY.define("add_length_(Tensor(a!) self) -> Tensor(a!)", tags=(torch.Tag.pointwise,))
-_LIBRARY.impl("add_length_", lambda t: t.add_(t.numel()), "CompositeExplicitAutograd")
-
 
 def _op(func, *args) -> OpNode:
     return OpNode(0, func, (None, *args), {}, None, (), (0,), frozenset({0}), (), (0,), (), False, False, None)
@@ -29,7 +25,6 @@ def test_exact_ops_pass_the_probe_in_every_float_dtype() -> None:
 
 
 def test_an_op_whose_result_depends_on_its_run_fails_the_probe() -> None:
-    add_length_ = torch.ops.pointwise_test.add_length_.default
     assert not gives_the_same_bits_in_short_runs(add_length_, (), (), torch.float32, CPU)
 
 
@@ -47,6 +42,6 @@ def test_the_tail_scales_every_element_and_sets_constants_only_where_its_run_mee
 
 def test_a_tail_op_failing_the_probe_or_with_unhashable_arguments_gives_none() -> None:
     values = torch.ones(4)
-    assert apply_tail((TailOp(_op(torch.ops.pointwise_test.add_length_.default)),), values, 0) is None
+    assert apply_tail((TailOp(_op(add_length_)),), values, 0) is None
     assert apply_tail((TailOp(_op(aten.mul_.Tensor, [2.0])),), values, 0) is None
     assert values.tolist() == [1.0] * 4  # left as it was

@@ -11,6 +11,7 @@ from explorer.record.fake import handle_of
 from explorer.replay.pointwise import gives_the_same_bits_in_short_runs
 from explorer.replay.positional import positional_value
 from explorer.replay.rows import draw_rows
+from tests.support.run_length_op import add_length_
 
 SHAPES = ((37, 5), (16, 16), (3, 7), (100,), (9, 1, 3), (1, 17), (64, 33))
 FILLS = {
@@ -155,17 +156,12 @@ def test_ops_after_the_fill_that_are_not_positional_leave_rows_to_the_whole_tens
         assert materialize_tensor(module.weight).equal(eager)
 
 
-_LIBRARY = torch.library.Library("rows_test", "DEF")
-_LIBRARY.define("add_length_(Tensor(a!) self) -> Tensor(a!)", tags=(torch.Tag.pointwise,))
-_LIBRARY.impl("add_length_", lambda t: t.add_(t.numel()), "CompositeExplicitAutograd")
-
-
 def test_a_pointwise_op_whose_result_depends_on_its_run_fails_the_probe(restore_rng) -> None:
     # tagged pointwise, but each element gets its run's length added: rows alone would differ
     torch.manual_seed(7)
-    eager = Tailed(torch.ops.rows_test.add_length_).weight.detach()
+    eager = Tailed(add_length_).weight.detach()
     torch.manual_seed(7)
-    module = deferred_init(Tailed, torch.ops.rows_test.add_length_)
+    module = deferred_init(Tailed, add_length_)
     assert draw_rows(module.weight, 0, 4) is None
     assert materialize_tensor(module.weight).equal(eager)
 

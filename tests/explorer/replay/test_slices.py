@@ -3,6 +3,7 @@ bit eager's rows; anything else makes the whole base and says so."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -12,6 +13,7 @@ from torch import nn
 
 from explorer import deferred_init, load_checkpoint, materialize_module, materialize_tensor
 from explorer.replay.slices import HELD_VIEW, SlicePlan, WholeBaseWarning, slice_plan
+from tests.support.run_length_op import add_length_
 
 INITS = {
     "normal_": lambda t: nn.init.normal_(t, std=0.02),
@@ -148,6 +150,26 @@ def test_a_view_that_is_not_rows_makes_the_whole_base_and_warns(restore_rng) -> 
     with pytest.warns(WholeBaseWarning, match=expected):
         column = materialize_tensor(deferred.gate_up_proj[:, 2])
     assert _bits(column).equal(_bits(eager.gate_up_proj[:, 2]))
+
+
+def test_a_tail_op_that_rounds_by_position_makes_the_whole_base_and_the_plan_says_so(restore_rng) -> None:
+    # add_length_ is tagged pointwise but adds its run's length: rows alone would differ from eager's
+    def scaled_then_lengthened(t: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return add_length_(nn.init.normal_(t))
+
+    torch.manual_seed(3)
+    eager = FusedExperts(scaled_then_lengthened)
+    torch.manual_seed(3)
+    deferred = deferred_init(FusedExperts, scaled_then_lengthened)
+    reason = (
+        "its run_length_test.add_length_.default rounds some float32 elements differently alone than in the "
+        "whole tensor on cpu, so the base is made whole, as eager made it"
+    )
+    assert slice_plan(deferred.gate_up_proj[1:3]) == SlicePlan(False, 5 * 6 * 7 * 4, None, reason)
+    with pytest.warns(WholeBaseWarning, match=re.escape(f"(840 bytes): {reason}")):
+        rows = materialize_tensor(deferred.gate_up_proj[1:3])
+    assert _bits(rows).equal(_bits(eager.gate_up_proj[1:3]))
 
 
 def test_a_slice_is_memoized_and_leaves_the_generators_alone(restore_rng) -> None:
