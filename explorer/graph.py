@@ -258,14 +258,21 @@ class InitGraph:
     # it (record/extension.py); `constructor_ops` is how many ops the constructor itself made.
     recorder: OpRecorder | None = None
     constructor_ops: int = 0
+    # (len(ops) when computed, the answer) of value_feeding_random_ops: ops are only appended
+    _value_feeding: tuple[int, frozenset[OpIndex]] = field(default=(-1, frozenset()), repr=False, compare=False)
 
     def value_feeding_random_ops(self) -> frozenset[OpIndex]:
         """Random ops whose values an op recorded `from_values` depends on (rng="fast" must still
-        draw them as eager did)."""
+        draw them as eager did). Asked per parameter by rows, so kept until an op is appended."""
+        counted, known = self._value_feeding
+        if counted == len(self.ops):
+            return known
         sources = [tid for op in self.ops if op.from_values for tid in op.inputs]
-        if not sources:
-            return frozenset()
-        return frozenset(i for i in self.closure_of(sources) if self.ops[i].stream is not None)
+        answer = (
+            frozenset(i for i in self.closure_of(sources) if self.ops[i].stream is not None) if sources else frozenset()
+        )
+        self._value_feeding = (len(self.ops), answer)
+        return answer
 
     def writers_before(self, storage: StorageId, before: OpIndex) -> list[OpIndex]:
         """Ops that created or wrote `storage` strictly before op `before`, oldest first."""
