@@ -224,6 +224,8 @@ class OpRecorder(Protocol):
 
     def run(self, func: OpOverload, args: tuple, kwargs: dict) -> Any: ...
 
+    def catch_up(self, tensor: torch.Tensor) -> None: ...
+
 
 class ReplayMemory(Protocol):
     """What replays of one graph keep between calls (implemented by `replay.ReplayState`)."""

@@ -34,7 +34,7 @@ from ..graph import (
 )
 from ..naming import dtype_name
 from . import rng_ledger
-from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, handle_of
+from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, describe, handle_of
 from .generators import capture_start_state, stream_key
 from .initializers import INITIALIZER_OPS
 from .plans import FactoryPlan, Layout
@@ -341,6 +341,14 @@ class GraphBuilder:
         else:
             name = "alias"
         sid = self._storage_ids.get(storage_key)
+        if sid is None and handle is not None and torch.Tensor.untyped_storage(tensor).device.type != "meta":
+            when = "after deferred_init" if self.graph.finished else "inside the constructor"
+            noticed = source or ("materialization" if self.graph.finished else "the end of the recording")
+            raise DeferredInitError(
+                f"{describe(tensor)} had its .data set to a real tensor {when} (noticed at {noticed}); a "
+                "deferred tensor can only take deferred data. Replace the parameter instead "
+                "(module.weight = nn.Parameter(x)), or copy into it (with torch.no_grad(): module.weight.copy_(x))"
+            )
         if sid is None:
             raise DeferredInitError(
                 f"a fake tensor that deferred_init did not create was used at {source}; "

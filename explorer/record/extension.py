@@ -11,7 +11,8 @@ followed by the same calls gives, and a checkpoint's `copy_` makes the init ops 
 
 Note: [Recording after deferred_init] only ops that reach the dispatcher are seen. Metadata-only
 changes need no op (`requires_grad_` is read from the fake when it materializes); `.data = x` swaps
-are detected on next use, as during construction.
+are detected on next use, as during construction, and at the latest when the tensor is materialized
+(`catch_up`): a swap nothing used since would otherwise replay the value the tensor had before it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from .._torch_compat.dispatch import tree_flatten
 from .._torch_compat.fake import FakeTensorMode
@@ -48,5 +51,15 @@ class Recorder:
                 RecordingDispatchMode(self.builder, self.read_value, self.fake_mode),
             ):
                 out = func(*args, **kwargs)
+            if func.namespace == "prim":
+                # a metadata query (`prim.device`), asked from C++ that cannot pass an exception on
+                # (the process aborts): no data flows, so nothing to settle; the op that follows does
+                return out
             self.builder.settle([*tree_flatten((args, kwargs))[0], *tree_flatten(out)[0]])
         return out
+
+    def catch_up(self, tensor: torch.Tensor) -> None:
+        """Record a `.data = x` made on fake `tensor` since its last op (see the note above), so its
+        handle names what it holds now. Raises DeferredInitError when x is not a fake of this graph."""
+        with self.lock:
+            self.builder.settle([tensor])

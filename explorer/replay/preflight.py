@@ -7,9 +7,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..errors import MaterializationError
+from ..errors import DeferredInitError, MaterializationError
 from ..graph import InitGraph, OpIndex, TensorId
 from ..naming import dtype_name
+from ..record.fake import handle_of
 from .routing import DeviceRouting, describe_absence, is_available
 
 
@@ -82,11 +83,19 @@ def check_replayable(
 
 
 def check_materializable(fake: torch.Tensor, name: str) -> None:
-    """Refuse what cannot be replayed (an uninitialized lazy parameter), naming it."""
+    """Refuse what cannot be replayed (an uninitialized lazy parameter, a `.data` set to a real
+    tensor), naming it. A `.data = x` made since the fake's last op is recorded first (note
+    [Recording after deferred_init]), so the fake's handle names what it holds now."""
     if isinstance(fake, nn.parameter.UninitializedTensorMixin):  # type: ignore[attr-defined]  # parameter.pyi omits it
         raise MaterializationError(
             f"{name!r} is an uninitialized lazy parameter: call the module once on an example input "
             "inside module_fn so its shape is known"
         )
+    handle = handle_of(fake)
+    if handle is not None and handle.graph.recorder is not None and handle.graph.finished:
+        try:
+            handle.graph.recorder.catch_up(fake)
+        except DeferredInitError as error:
+            raise MaterializationError(f"cannot materialize {name!r}: {error}") from error
     # No version check: every op on a deferred tensor after deferred_init is recorded into its graph
     # (record/extension.py), so an in-place change is part of what replay reproduces.

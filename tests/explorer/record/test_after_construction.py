@@ -4,6 +4,7 @@ calls gives: bytes, dtype, device, Parameter-ness, requires_grad, ties."""
 
 from __future__ import annotations
 
+from inspect import getsourcelines
 from typing import Callable
 
 import pytest
@@ -12,7 +13,7 @@ import transformers
 from safetensors.torch import load_file
 from torch import nn
 
-from explorer import deferred_init, inspect, is_deferred, is_fake, materialize_module
+from explorer import DeferredInitError, MaterializationError, deferred_init, inspect, is_deferred, is_fake, materialize_module
 from explorer.record.fake import handle_of
 from explorer.replay.replay import ReplayState
 
@@ -48,6 +49,9 @@ ACTIONS: dict[str, Callable[[nn.Module], object]] = {
         {k: v for k, v in CHECKPOINT.items() if k.startswith("body.0.")}, strict=False),
     "load_state_dict assign": lambda m: m.load_state_dict(CHECKPOINT, assign=True),
     "load then half": lambda m: m.load_state_dict(CHECKPOINT).__class__ and m.half(),
+    # `.data = x` never reaches the dispatcher; nothing uses these tensors again before materializing
+    ".data = a computed tensor": lambda m: setattr(m.body[0].weight, "data", m.body[0].weight.data * 3),
+    ".data = another parameter's row": lambda m: setattr(m.body[2].bias, "data", m.head.weight.data[2]),
 }
 
 
@@ -94,6 +98,42 @@ def test_after_construction_materializes_as_eager_then_the_same_call(action: str
         assert_same_as_eager(module, eager, ties=action != "to(meta)")
     else:
         assert [n for n, t in named_tensors(module) if is_fake(t)] == []
+
+
+def test_data_set_to_a_real_tensor_is_refused_naming_the_parameter_and_changes_nothing() -> None:
+    module = deferred_init(Tied)
+    fake = module.body[0].weight
+    module.body[0].weight.data = torch.ones(8, 4)
+    advice = (
+        "had its .data set to a real tensor after deferred_init (noticed at materialization); a deferred "
+        "tensor can only take deferred data. Replace the parameter instead (module.weight = nn.Parameter(x)), "
+        "or copy into it (with torch.no_grad(): module.weight.copy_(x))"
+    )
+    with pytest.raises(MaterializationError) as caught:
+        materialize_module(module)
+    assert str(caught.value) == f"cannot materialize 'body.0.weight': parameter 'body.0.weight' (shape (8, 4), float32) {advice}"
+    assert module.body[0].weight is fake and all(is_fake(t) for _, t in named_tensors(module))
+    with pytest.raises(DeferredInitError, match=r"parameter 'body.0.weight' \(shape \(8, 4\), float32\) had its .data set"):
+        module.body[0].weight.mul(2)  # the next op says the same, at its own line
+
+
+class SwapsInData(nn.Module):
+    def __init__(self, pretrained: torch.Tensor) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(5, 3)
+        self.embed.weight.data = pretrained  # a real tensor from outside
+        self.embed.weight.data.mul_(2)
+
+
+def test_data_set_to_a_real_tensor_inside_the_constructor_is_refused_at_the_next_op() -> None:
+    lines, first = getsourcelines(SwapsInData.__init__)
+    lineno = first + next(i for i, text in enumerate(lines) if "mul_(2)" in text)  # the op that noticed
+    with pytest.raises(DeferredInitError) as caught:
+        deferred_init(SwapsInData, torch.arange(15.0).view(5, 3))
+    assert str(caught.value).startswith(
+        "a deferred tensor (shape (5, 3), float32) had its .data set to a real tensor inside the constructor "
+        f"(noticed at {__file__}:{lineno} in __init__); a deferred tensor can only take deferred data."
+    )
 
 
 def test_casts_are_visible_before_materializing() -> None:
