@@ -35,8 +35,8 @@ from torch.distributed.tensor import DTensor, Placement, Replicate
 
 from ._torch_compat.dtensor import compute_local_shape_and_global_offset, is_strided_shard
 from .errors import DistributedMaterializationError, MaterializationError
-from .record.fake import handle_of
 from .replay.materialize import TensorSlot, deferred_slots, materialize_fakes
+from .replay.preflight import check_materializable
 from .replay.rng import RngMode
 from .replay.rows import draw_rows, rows_plan
 
@@ -145,7 +145,7 @@ def shard_fill_plan(module: nn.Module) -> pd.DataFrame:
         if kind != "_parameters" or id(fake) in seen:
             continue
         seen.add(id(fake))
-        handle = handle_of(fake)
+        handle = check_materializable(fake, name)  # a `.data = x` since the last op: x's plan
         assert handle is not None  # deferred_slots holds fakes only
         plan = rows_plan(handle.graph, handle.tensor_id)
         rows.append(

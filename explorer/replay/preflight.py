@@ -10,7 +10,7 @@ from torch import nn
 from ..errors import DeferredInitError, MaterializationError
 from ..graph import InitGraph, OpIndex, TensorId
 from ..naming import dtype_name
-from ..record.fake import handle_of
+from ..record.fake import DeferredHandle, handle_of
 from .routing import DeviceRouting, describe_absence, is_available
 
 
@@ -82,10 +82,11 @@ def check_replayable(
                 )
 
 
-def check_materializable(fake: torch.Tensor, name: str) -> None:
+def check_materializable(fake: torch.Tensor, name: str) -> DeferredHandle | None:
     """Refuse what cannot be replayed (an uninitialized lazy parameter, a `.data` set to a real
     tensor), naming it. A `.data = x` made since the fake's last op is recorded first (note
-    [Recording after deferred_init]), so the fake's handle names what it holds now."""
+    [Recording after deferred_init]); returns the fake's handle as it is then (None: not deferred),
+    which callers must use rather than one read before."""
     if isinstance(fake, nn.parameter.UninitializedTensorMixin):  # type: ignore[attr-defined]  # parameter.pyi omits it
         raise MaterializationError(
             f"{name!r} is an uninitialized lazy parameter: call the module once on an example input "
@@ -97,5 +98,6 @@ def check_materializable(fake: torch.Tensor, name: str) -> None:
             handle.graph.recorder.catch_up(fake)
         except DeferredInitError as error:
             raise MaterializationError(f"cannot materialize {name!r}: {error}") from error
+    return handle_of(fake)
     # No version check: every op on a deferred tensor after deferred_init is recorded into its graph
     # (record/extension.py), so an in-place change is part of what replay reproduces.

@@ -57,10 +57,11 @@ def draw_rows(
     values cannot be drawn by rows (see above). The default generators are left as they were.
     Raises MaterializationError (naming `name`) for a fake that `materialize_tensor` would refuse,
     e.g. one changed in place after deferred_init, or for an absent `device`."""
-    handle = handle_of(fake)
+    if handle_of(fake) is None:
+        return None
+    handle = check_materializable(fake, name)
     if handle is None or fake.dim() == 0 or not 0 <= start <= stop <= fake.shape[0]:
         return None
-    check_materializable(fake, name)
     graph, tid = handle.graph, handle.tensor_id
     routing = route_devices(device, rng)
     target = routing.target(graph.tensors[tid].device)

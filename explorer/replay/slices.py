@@ -137,7 +137,7 @@ def slice_plan(tensor: torch.Tensor, *, device: DeviceMap = None, rng: RngMode =
     """Whether `materialize_tensor(tensor, device=device, rng=rng)` would make only `tensor`'s own
     elements, and how many bytes it allocates either way (for previews). A real tensor: sliced is
     False, nbytes 0."""
-    handle = handle_of(tensor)
+    handle = check_materializable(tensor, "<tensor>") if handle_of(tensor) is not None else None
     if handle is None:
         return SlicePlan(False, 0, None, "")
     graph, tid = handle.graph, handle.tensor_id
@@ -203,10 +203,9 @@ def materialize_slice(
 ) -> torch.Tensor | None:
     """The view `tensor` made alone, when `slice_plan` says it can be; None: use the ordinary path
     (after a WholeBaseWarning when that path makes a larger base). Memoized per view and routing."""
-    handle = handle_of(tensor)
+    handle = check_materializable(tensor, name) if handle_of(tensor) is not None else None
     if handle is None:
         return None
-    check_materializable(tensor, name)
     graph, tid = handle.graph, handle.tensor_id
     routing = route_devices(device, rng)
     state = ReplayState.of(graph)

@@ -195,6 +195,13 @@ def _copy_slot(world: AfterWorld, dst: str, src: str) -> None:
         world.tensor(dst).copy_(world.tensor(src))
 
 
+def _set_data(world: AfterWorld, dst: str, src: str, how: str) -> None:
+    """`dst.data = src`, or a value computed from src (`src * 2`, `src[:1]`): a swap that never
+    reaches the dispatcher; often nothing uses `dst` again before it is materialized."""
+    source = world.tensor(src).data
+    world.tensor(dst).data = {"same": lambda: source, "doubled": lambda: source * 2, "row": lambda: source[:1]}[how]()
+
+
 def _replace(world: AfterWorld, parent: str, attr: str, source: str) -> None:
     setattr(world.module(parent), attr, world.module(source))
 
@@ -211,6 +218,7 @@ AFTER_STEPS: dict[str, Callable[..., None]] = {
     "cast": _cast, "load": _load, "reinit": _reinit, "draw": _draw, "seed": _seed, "save_rng": _save_rng,
     "restore_rng": _restore_rng, "new_linear": _new_linear, "new_from": _new_from,
     "second_model": _second_model, "copy_slot": _copy_slot, "replace": _replace, "parametrize": _parametrize,
+    "set_data": _set_data,
 }
 
 

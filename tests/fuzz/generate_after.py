@@ -28,6 +28,7 @@ WHERE = ("outside", "block", "model")  # where new modules are made (AfterWorld.
 AFTER_WEIGHTS: dict[str, int] = {
     "cast": 1, "load": 2, "reinit": 3, "draw": 3, "seed": 1, "save_rng": 1, "restore_rng": 2,
     "new_linear": 1, "new_from": 2, "second_model": 1, "copy_slot": 2, "replace": 1, "parametrize": 2,
+    "set_data": 2,
 }
 _WEIGHTED_AFTER = tuple(kind for kind, weight in AFTER_WEIGHTS.items() for _ in range(weight))
 
@@ -138,6 +139,20 @@ def _copy_slot(draw: Draw, world: AfterWorld, real: set[str], index: int) -> Ste
     return ("copy_slot", dst, draw(st.sampled_from(sorted(sources)))) if sources else None
 
 
+def _set_data(draw: Draw, world: AfterWorld, real: set[str], index: int) -> Step | None:
+    # within the model's own deferred tensors: `.data` set to a real tensor is a promised refusal
+    # tested by name (tests/explorer/record/test_after_construction.py)
+    state = {f"model.{name}": t for name, t in _model_state(world, real).items()}
+    if not state:
+        return None
+    dst = draw(st.sampled_from(sorted(state)))
+    src = draw(st.sampled_from(sorted(state)))
+    how = draw(st.sampled_from(("same", "doubled", "row") if state[src].dim() else ("same", "doubled")))
+    if how == "doubled" and state[src].dtype == torch.bool:
+        return None
+    return ("set_data", dst, src, how)
+
+
 def _replace(draw: Draw, world: AfterWorld, real: set[str], index: int) -> Step | None:
     parents = module_paths(world)
     parent = draw(st.sampled_from(parents))
@@ -164,6 +179,7 @@ AFTER_DRAWERS: dict[str, Callable[[Draw, AfterWorld, set[str], int], Step | None
     "cast": _cast, "load": _load, "reinit": _reinit, "draw": _draw, "seed": _seed, "save_rng": _save_rng,
     "restore_rng": _restore_rng, "new_linear": _new_linear, "new_from": _new_from,
     "second_model": _second_model, "copy_slot": _copy_slot, "replace": _replace, "parametrize": _parametrize,
+    "set_data": _set_data,
 }
 
 

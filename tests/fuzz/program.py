@@ -34,7 +34,7 @@ OTHER_OPS = ("item", "tolist", "grad", "inference", "data_dependent")
 ALL_OPS = FACTORY_OPS + COMPUTE_OPS + VIEW_OPS + INPLACE_OPS + MODULE_OPS + OTHER_OPS
 # Done to the built module and around it, after construction (eagerly, or to the deferred module
 # before it is materialized); tests/fuzz/after.py says what each does.
-AFTER_MODEL_OPS = ("cast", "load", "reinit")
+AFTER_MODEL_OPS = ("cast", "load", "reinit", "set_data")
 AFTER_RNG_OPS = ("draw", "seed", "save_rng", "restore_rng")
 AFTER_WORLD_OPS = ("new_linear", "new_from", "second_model", "copy_slot", "replace", "parametrize")
 AFTER_OPS = AFTER_MODEL_OPS + AFTER_RNG_OPS + AFTER_WORLD_OPS

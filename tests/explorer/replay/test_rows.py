@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from explorer import deferred_init, materialize_tensor
+from explorer import WholeBaseWarning, deferred_init, materialize_tensor, slice_plan
 from explorer.record.fake import handle_of
 from explorer.replay.pointwise import gives_the_same_bits_in_short_runs
 from explorer.replay.positional import positional_value
@@ -199,3 +199,24 @@ def test_every_parameter_of_a_timm_vit_is_drawn_by_rows_equal_to_eagers_rows(res
             part = draw_rows(fake, start, stop)
             assert part is not None, name
             assert part.view(torch.uint8).equal(eager[name][start:stop].contiguous().view(torch.uint8)), (name, start)
+
+
+def test_rows_after_a_data_swap_nothing_used_are_the_swapped_values(restore_rng) -> None:
+    # `.data = x` never reaches the dispatcher: rows, slices and their plans must catch it up first
+    def swapped() -> nn.Module:
+        module = Filled((12, 4), torch.float32, FILLS["normal_"])
+        module.weight.data = module.before.data[:48].view(12, 4) * 2
+        return module
+
+    torch.manual_seed(5)
+    eager = swapped().weight.detach()
+    torch.manual_seed(5)
+    module = deferred_init(Filled, (12, 4), torch.float32, FILLS["normal_"])
+    module.weight.data = module.before.data[:48].view(12, 4) * 2
+    assert draw_rows(module.weight, 3, 6) is None  # a computed value: not made by position
+    plan = slice_plan(module.weight[3:6])
+    assert plan.sliced is False and plan.reason.startswith("its base is not made by position")
+    with pytest.warns(WholeBaseWarning):
+        rows = materialize_tensor(module.weight[3:6])
+    assert rows.equal(eager[3:6])
+    assert materialize_tensor(module.weight).equal(eager)
