@@ -92,6 +92,8 @@ def check_materializable(fake: torch.Tensor, name: str) -> DeferredHandle | None
             f"{name!r} is an uninitialized lazy parameter: call the module once on an example input "
             "inside module_fn so its shape is known"
         )
+    # No version check: every op on a deferred tensor after deferred_init is recorded into its graph
+    # (record/extension.py), so an in-place change is part of what replay reproduces.
     handle = handle_of(fake)
     if handle is not None and handle.graph.recorder is not None and handle.graph.finished:
         try:
@@ -99,5 +101,3 @@ def check_materializable(fake: torch.Tensor, name: str) -> DeferredHandle | None
         except DeferredInitError as error:
             raise MaterializationError(f"cannot materialize {name!r}: {error}") from error
     return handle_of(fake)
-    # No version check: every op on a deferred tensor after deferred_init is recorded into its graph
-    # (record/extension.py), so an in-place change is part of what replay reproduces.

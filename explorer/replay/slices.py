@@ -143,20 +143,21 @@ def slice_plan(tensor: torch.Tensor, *, device: DeviceMap = None, rng: RngMode =
     graph, tid = handle.graph, handle.tensor_id
     info = graph.tensors[tid]
     whole = graph.storages[info.storage].nbytes
-    if _base_alive(graph, tid, route_devices(device, rng)):
+    routing = route_devices(device, rng)
+    if _base_alive(graph, tid, routing):
         return SlicePlan(False, 0, None, "")  # a view of memory already made
     recipe = _recipe(graph, tid)
     if recipe is None:
         return SlicePlan(False, whole, None, "")
     if isinstance(recipe, str):
         return SlicePlan(False, whole, None, recipe)
-    if route_devices(device, rng).target(info.device).type == "meta":
+    if routing.target(info.device).type == "meta":
         return SlicePlan(False, 0, None, "")
     if _held_by_module(graph, tensor):
         return SlicePlan(False, whole, None, HELD_VIEW)
-    failing = _op_failing_probe(recipe, route_devices(device, rng))
+    failing = _op_failing_probe(recipe, routing)
     if failing is not None:
-        return SlicePlan(False, whole, None, _rounds_by_position(failing, recipe, route_devices(device, rng)))
+        return SlicePlan(False, whole, None, _rounds_by_position(failing, recipe, routing))
     return SlicePlan(True, _slice_bytes(info), recipe.source, "")
 
 

@@ -158,12 +158,17 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
 
 
+def _tensors_by_name(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of `module` by name, tied names included."""
+    return dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+
+
 def _parity(deferred: nn.Module, build: Callable[[], nn.Module]) -> str:
     """ "" when every parameter and buffer equals eager construction bit for bit, else the first mismatch."""
     torch.manual_seed(0)
     eager = build()
-    got = dict(deferred.named_parameters(remove_duplicate=False)) | dict(deferred.named_buffers(remove_duplicate=False))
-    want = dict(eager.named_parameters(remove_duplicate=False)) | dict(eager.named_buffers(remove_duplicate=False))
+    got = _tensors_by_name(deferred)
+    want = _tensors_by_name(eager)
     if got.keys() != want.keys():
         return f"names differ: {sorted(got.keys() ^ want.keys())[:3]}"
     for name, tensor in want.items():
@@ -187,7 +192,7 @@ def _rows_made_alone(module: nn.Module) -> tuple[dict[str, tuple[slice, torch.Te
     """Each tensor's rank-1 rows that `slice_plan` says are made alone, made so (name → (rows,
     tensor)); and the count of every view by what `slice_plan` said ("alone" or the reason)."""
     made, said = {}, Counter()
-    named = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+    named = _tensors_by_name(module)
     for name, tensor in named.items():
         rows = _shard_rows(tensor)
         if rows is None:
@@ -201,7 +206,7 @@ def _rows_made_alone(module: nn.Module) -> tuple[dict[str, tuple[slice, torch.Te
 
 def _rows_mismatch(module: nn.Module, made: dict[str, tuple[slice, torch.Tensor]]) -> str:
     """ "" when every row set made alone equals the same rows of `module`'s materialized tensors."""
-    named = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+    named = _tensors_by_name(module)
     for name, (rows, alone) in made.items():
         if not _same_bits(alone, named[name][rows]):
             return f"{name}[{rows.start}:{rows.stop}] made alone differs from the whole tensor's rows"
