@@ -419,9 +419,10 @@ def _prepare_twin(
 def check_reachable_devices(twin: nn.Module, root_class: str) -> None:
     """Raises TrainStepError when `twin`'s parameters are on a device type this process cannot reach.
 
-    A fake on "cuda" has no storage, but autograd still guards the device of each operation that
-    records a gradient: on a CPU-only torch build that guard aborts the whole process (a notebook's
-    kernel dies), on a CUDA build without a GPU backward raises a CUDA context error."""
+    A fake on "cuda" has no storage, but autograd still runs the backward of each CUDA operation on
+    that device: on a CUDA build without a GPU backward raises a CUDA context error, on a CPU-only
+    build "Cannot access accelerator device" (before note [Fake CUDA on a build without CUDA], the
+    missing device guard aborted the process there)."""
     unreachable = sorted({p.device.type for p in twin.parameters()} - {"cpu", "meta"} - _reachable_types())
     if unreachable:
         raise TrainStepError(

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch import nn
 
+from .._torch_compat.devices import allow_fake_cuda
 from .._torch_compat.dispatch import metadata_access
 from .._torch_compat.fake import FakeTensor, FakeTensorMode
 from ..errors import DeferredInitError
@@ -139,6 +140,7 @@ def _recording_into() -> Iterator[_Session]:
     the RNG state now; on failure the error gets the partial graph and the module being built (see
     `deferred_init`)."""
     rng_ledger.install_reseed_hooks()
+    allow_fake_cuda()  # note [Fake CUDA on a build without CUDA]
     graph = InitGraph()
     start = graph.rng_start["cpu"] = torch.default_generator.get_state()
     restart = rng_ledger.start_of(graph, "cpu", start, str(user_location(1)))

@@ -41,7 +41,7 @@ from .positional import PositionalValue, positional_value
 from .preflight import check_materializable
 from .replay import Replay, ReplayState
 from .rng import RngMode, RngSession
-from .routing import DeviceLike, DeviceRouting, route_devices
+from .routing import DeviceMap, DeviceRouting, route_devices
 
 
 def draw_rows(
@@ -50,7 +50,7 @@ def draw_rows(
     stop: int,
     rng: RngMode = "eager",
     name: str = "<tensor>",
-    device: DeviceLike | None = None,
+    device: DeviceMap = None,
 ) -> torch.Tensor | None:
     """Rows [start, stop) along dim 0 of deferred tensor `fake`, equal to those rows of
     `materialize_tensor(fake, device=device, rng=rng)` and on its target device; None when its

@@ -34,6 +34,7 @@ from torch import nn
 
 from .materialize import materialize_tensor
 from .rng import RngMode
+from .routing import DeviceMap, route_devices
 from .save_progress import ProgressOption, SaveProgress, SaveReport
 from .save_safetensors import stored_once, write_safetensors
 from .slices import WholeBaseWarning
@@ -63,6 +64,7 @@ def save_checkpoint(
     dtype: torch.dtype | None = None,
     progress: ProgressOption = None,
     rng: RngMode = "eager",
+    device: DeviceMap = None,
 ) -> list[Path]:
     """Write `module`'s state dict to `directory` with the values eager construction (and the calls
     recorded since) would give, materializing one tensor at a time; the module stays as it is
@@ -72,8 +74,9 @@ def save_checkpoint(
     (a torch.distributed.checkpoint directory; collective when a process group of several ranks is
     initialized: every rank calls it and writes its own shards). `progress`: a function
     `(done_tensors, total_tensors, done_bytes, total_bytes)` that may raise to cancel, True for a
-    tqdm bar, False for none, None for a bar when stderr is a terminal. `rng` as for
-    `materialize_tensor`.
+    tqdm bar, False for none, None for a bar when stderr is a terminal. `rng` and `device` as for
+    `materialize_tensor`: how and where each tensor is made before it is written (a model recorded
+    on `cuda` is saved on a machine without one with `device="cpu", rng="fast"`).
 
     Returns the files written. Raises MaterializationError when a tensor cannot be materialized,
     an OSError subclass naming the file and the bytes it needed when the disk refuses a write
@@ -87,6 +90,7 @@ def save_checkpoint(
         raise TypeError(f"dtype={dtype!r}: expected a floating-point torch.dtype or None")
     if dtype is not None and not dtype.is_floating_point:
         raise ValueError(f"dtype={dtype!r}: expected a floating-point torch.dtype (it converts floating-point tensors)")
+    route_devices(device, rng)  # a bad `device` or `rng` is refused before any file is written
     limit = parse_size(max_shard_size)
     target = Path(directory)
     state = module.state_dict(keep_vars=True)
@@ -96,7 +100,7 @@ def save_checkpoint(
         with warnings.catch_warnings():
             # a view buffer is stored as its own tensor: making its base is expected here
             warnings.simplefilter("ignore", WholeBaseWarning)
-            return materialize_tensor(tensor, rng=rng)
+            return materialize_tensor(tensor, device=device, rng=rng)
 
     try:
         if format == "dcp":
@@ -104,7 +108,7 @@ def save_checkpoint(
             from .save_dcp import write_dcp
 
             target.mkdir(parents=True, exist_ok=True)
-            return write_dcp(state, target, dtype, materialize, report, rng)
+            return write_dcp(state, target, dtype, materialize, report, rng, device)
         _refuse_sharded(state)
         target.mkdir(parents=True, exist_ok=True)
         written = write_safetensors(stored_once(state), target, limit, dtype, materialize, report)

@@ -54,6 +54,7 @@ from ..errors import DistributedMaterializationError
 from ..record.fake import handle_of
 from . import save_files
 from .rng import RngMode
+from .routing import DeviceMap
 from .rows import draw_rows
 from .save_files import disk_error, removed_on_error
 from .save_progress import SaveReport
@@ -151,8 +152,10 @@ class TensorSource:
         materialize: Materialize,
         mesh: DeviceMesh | None,
         rng: RngMode,
+        device: DeviceMap = None,
     ) -> None:
         self.name, self.tensor, self.dtype, self.materialize, self.rng = name, tensor, dtype, materialize, rng
+        self.device = device
         self.stored = saved_dtype(tensor, dtype)
         self.rows_of = mesh if mesh is not None and handle_of(tensor) is not None and _splits(tensor, mesh) else None
         if isinstance(tensor, DTensor):
@@ -174,7 +177,7 @@ class TensorSource:
             assert item.index.offset is not None and item.tensor_data is not None  # a Shard(0) chunk
             start = item.index.offset[0]
             stop = start + item.tensor_data.chunk.sizes[0]
-            rows = draw_rows(self.tensor, start, stop, self.rng, self.name)
+            rows = draw_rows(self.tensor, start, stop, self.rng, self.name, self.device)
             if rows is None:
                 rows = self.materialize(self.name, self.tensor)[start:stop]
             return converted(rows, self.dtype).cpu()
@@ -213,6 +216,7 @@ def write_dcp(
     materialize: Materialize,
     report: SaveReport,
     rng: RngMode = "eager",
+    device: DeviceMap = None,
 ) -> list[Path]:
     """Write `state` (a state dict with deferred, real or DTensor values) as a DCP checkpoint in
     `target`. Collective when a process group of several ranks is initialized: every rank calls it,
@@ -221,7 +225,7 @@ def write_dcp(
     needs_mesh = world > 1 and any(isinstance(v, torch.Tensor) and handle_of(v) is not None for v in state.values())
     mesh = init_device_mesh("cpu", (world,)) if needs_mesh else None
     sources = {
-        name: TensorSource(name, value, dtype, materialize, mesh, rng)
+        name: TensorSource(name, value, dtype, materialize, mesh, rng, device)
         for name, value in state.items()
         if isinstance(value, torch.Tensor)
     }

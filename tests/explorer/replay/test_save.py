@@ -151,6 +151,28 @@ def test_a_deferred_llama_saved_as_dcp_loads_into_another_model_and_equals_eager
     assert_bitwise(dcp_loaded(tmp_path, other), state)
 
 
+def _llama_on_cuda() -> nn.Module:
+    with torch.device("cuda"):
+        return transformers.LlamaForCausalLM(tiny_config())
+
+
+@pytest.mark.parametrize("format", ["safetensors", "dcp"])
+def test_a_model_recorded_on_cuda_is_saved_from_the_cpu_with_device(tmp_path, format):
+    # No GPU here: `device=` makes each tensor on the CPU, as materialize_module(device=...) would.
+    torch.manual_seed(0)
+    model = deferred_init(_llama_on_cuda)
+    with pytest.raises(explorer.MaterializationError, match=r"recorded on cuda:0 .* pass device="):
+        save_checkpoint(model, tmp_path / "refused", format=format)
+    save_checkpoint(model, tmp_path / "saved", format=format, device="cpu", rng="fast")
+    assert explorer.is_deferred(model) and model.lm_head.weight.device == torch.device("cuda:0")
+    torch.manual_seed(0)
+    expected = explorer.materialize_module(deferred_init(_llama_on_cuda), device="cpu", rng="fast").state_dict()
+    if format == "dcp":
+        assert_bitwise(dcp_loaded(tmp_path / "saved", transformers.LlamaForCausalLM(tiny_config())), expected)
+    else:
+        assert_bitwise(saved(tmp_path / "saved"), expected)
+
+
 # -- cancel, crash, full disk ----------------------------------------------------------------------
 def four_linears() -> nn.Module:
     return deferred_init(lambda: nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)]))
@@ -265,4 +287,6 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path):
         save_checkpoint(deferred_init(nn.Linear, 4, 4), tmp_path, dtype=torch.int8)
     with pytest.raises(TypeError, match=r"progress must be a function \(done, total, done_bytes, total_bytes\)"):
         save_checkpoint(deferred_init(nn.Linear, 4, 4), tmp_path, progress="yes")
+    with pytest.raises(explorer.MaterializationError, match=r"unknown device 'gpu'"):
+        save_checkpoint(deferred_init(nn.Linear, 4, 4), tmp_path, device="gpu")
     assert list(tmp_path.iterdir()) == []
