@@ -16,7 +16,7 @@ from torch import nn
 from .._torch_compat.devices import allow_fake_cuda
 from .._torch_compat.dispatch import metadata_access
 from .._torch_compat.fake import FakeTensor, FakeTensorMode
-from ..errors import DeferredInitError
+from ..errors import DeferredInitError, MaterializationError
 from ..graph import InitGraph
 from ..replay.replay import Replay
 from ..replay.routing import DeviceRouting, is_available
@@ -73,6 +73,11 @@ def _promote_survivors() -> None:
         gc.unfreeze()
 
 
+def _without_advice(error: MaterializationError) -> str:
+    """A replay error's finding without its advice to materialize_* callers ("; use rng=...")."""
+    return str(error).split("; use ")[0].split("; pass device=")[0]
+
+
 def read_value(builder: GraphBuilder, fake: FakeTensor) -> torch.Tensor:
     """The true value of `fake` now, as eager construction would have it (for `.item()` etc.)."""
     graph = builder.graph
@@ -84,7 +89,19 @@ def read_value(builder: GraphBuilder, fake: FakeTensor) -> torch.Tensor:
     recorded = graph.tensors[handle.tensor_id].device
     target = recorded if is_available(recorded) else torch.device("cpu")
     routing = DeviceRouting(exact=((str(recorded), target),), by_type=(), default=None, rng="eager")
-    return Replay(graph, routing, remember=False).run([fake], [handle.tensor_id])[0]
+    try:
+        return Replay(graph, routing, remember=False).run([fake], [handle.tensor_id])[0]
+    except MaterializationError as error:
+        if target == recorded:
+            raise
+        # The replay's advice (rng='fast', device=) is for materialize_*; a read cannot take either.
+        raise DeferredInitError(
+            f"the code at {user_location(2) or 'an unknown line'} reads the value of a tensor on {recorded}, which "
+            f"this machine does not have, and that value cannot be made elsewhere: {_without_advice(error)}. Build "
+            f"the model on the CPU (no device, or device='cpu') to read values here, or run it where {recorded} exists",
+            graph,
+            reason=f"a value read needs {recorded}",
+        ) from error
 
 
 def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from explorer import deferred_init, is_deferred, is_fake
+from explorer import DeferredInitError, deferred_init, is_deferred, is_fake
 from explorer.record.fake import handle_of
 
 
@@ -25,6 +25,30 @@ def test_tensors_report_the_requested_device_even_cuda_without_a_gpu():
     assert module.w.device == torch.device("cuda", 0)
     assert module.on_cuda is True
     assert module.like.device == torch.device("cpu")
+
+
+class ReadsItsCudaValues(nn.Module):
+    def __init__(self, random: bool) -> None:
+        super().__init__()
+        made = torch.rand(3, device="cuda") if random else torch.linspace(0, 1, 3, device="cuda")
+        self.rates = made.tolist()  # a value read: made now, as eager would
+
+
+def test_a_constructor_reading_cuda_values_without_a_gpu_reads_them_or_says_why_it_cannot():
+    if torch.cuda.is_available():
+        pytest.skip("a machine with CUDA reads them from CUDA")  # never on CI: it has no GPU
+    assert deferred_init(ReadsItsCudaValues, random=False).rates == [0.0, 0.5, 1.0]  # no draw: made on the CPU
+    with pytest.raises(DeferredInitError) as caught:
+        deferred_init(ReadsItsCudaValues, random=True)
+    assert str(caught.value).startswith(
+        f"the code at {__file__}:{ReadsItsCudaValues.__init__.__code__.co_firstlineno + 3} in __init__ reads the value "
+        "of a tensor on cuda:0, which this machine does not have, and that value cannot be made elsewhere: "
+        "rng='eager' draws aten.rand.default"
+    )
+    assert str(caught.value).endswith(
+        "Build the model on the CPU (no device, or device='cpu') to read values here, or run it where cuda:0 exists"
+    )
+    assert caught.value.reason == "a value read needs cuda:0"
 
 
 def test_parameters_and_buffers_are_fake_with_exact_metadata():
