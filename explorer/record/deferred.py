@@ -65,8 +65,10 @@ def _promote_survivors() -> None:
     recording's records at once (measured: about 5% of deferred_init on a 7B Llama) to find them
     alive: they live as long as the model. `gc.freeze()` + `gc.unfreeze()` moves every tracked
     object to the oldest generation without scanning (both are O(1) list splices); a cycle that
-    was garbage is still found, by the next full collection. Skipped when the caller keeps frozen
-    objects of its own (unfreezing would release them).
+    was garbage is still found, by the next full collection. Skipped whenever anything is frozen
+    already: the caller's own objects (unfreezing would release them), or CPython 3.12's, which
+    starts with a few hundred objects in the permanent generation (that interpreter then pays the
+    young-generation pass).
     """
     if gc.get_freeze_count() == 0:
         gc.freeze()

@@ -11,11 +11,14 @@ from explorer import deferred_init
 from explorer.record.fake import handle_of
 
 
-def test_recording_leaves_the_collector_enabled_and_nothing_frozen():
-    assert gc.isenabled() and gc.get_freeze_count() == 0
+def test_recording_leaves_the_collector_enabled_and_the_frozen_objects_as_they_were():
+    # Nothing is frozen at start on CPython 3.10, 3.11 and 3.13; 3.12 starts with a few hundred
+    # objects of its own in the permanent generation, which a recording must leave there too.
+    frozen = gc.get_freeze_count()
+    assert gc.isenabled()
     deferred_init(nn.Linear, 4, 4)
     assert gc.isenabled()
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == frozen
 
 
 def test_the_callers_frozen_objects_stay_frozen():
