@@ -59,10 +59,11 @@ $(TORCH_VENV)/.installed: pyproject.toml
 	touch $@
 
 # The engine suites on that release: tests/explorer, the fuzz tests at their CI count, the docs'
-# examples, and the explorer's widget tests that need no browser.
+# examples, the smoke runs of the scripts a lent GPU runs (its image has torch 2.11), and the
+# explorer's widget tests that need no browser.
 test-torch: system-packages $(TORCH_VENV)/.installed
 	$(TORCH_PY) -m pytest -q -rs -p no:cacheprovider -m "not browser and not pinned" \
-		tests/explorer tests/fuzz tests/test_docs.py tests/widgets
+		tests/explorer tests/fuzz tests/test_docs.py tests/test_gpu_scripts.py tests/widgets
 
 # PyPI's torchvision is a CUDA build whose C ops do not load beside CPU torch, and its import then
 # fails; the hook declares the two op schemas it needs (see tests/support/torchvision_hook.py).

@@ -49,6 +49,7 @@ def test_a_constructor_reading_cuda_values_without_a_gpu_reads_them_or_says_why_
         "Build the model on the CPU (no device, or device='cpu') to read values here, or run it where cuda:0 exists"
     )
     assert caught.value.reason == "a value read needs cuda:0"
+    assert "rng='fast'" not in str(caught.value)  # materialize_*'s advice: deferred_init takes no rng
 
 
 def test_parameters_and_buffers_are_fake_with_exact_metadata():
