@@ -127,11 +127,11 @@ def record_reinit(module: nn.Module, fn: ReinitFunction) -> ReinitRecording:
     try:
         shell = deferred_init(build)
     except Exception as error:
-        # add_note is new in 3.11; on 3.10 the error goes up without the note
+        note = f"while recording reinit={describe_function(fn)} on an empty copy of {type(module).__name__}"
         if sys.version_info >= (3, 11):
-            error.add_note(
-                f"while recording reinit={describe_function(fn)} on an empty copy of {type(module).__name__}"
-            )
+            error.add_note(note)
+        else:  # add_note is new in 3.11; 3.10's traceback does not print notes, but callers can read them
+            error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
         raise
     graph = None
     ids: dict[str, TensorId | None] = {}

@@ -21,6 +21,8 @@ Other models raise PipelineSplitError naming what is missing.
 from __future__ import annotations
 
 import copy
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -173,14 +175,25 @@ def _attention_masks(config: Any, hidden: torch.Tensor) -> dict[str, Any]:
     """
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-    arguments = dict(config=config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=None)
     kinds = {_layer_type(config, i) for i in range(config.num_hidden_layers)}
     masks: dict[str, Any] = {}
     if "full_attention" in kinds:
-        masks["full_attention"] = create_causal_mask(**arguments)
+        masks["full_attention"] = create_causal_mask(**_mask_arguments(create_causal_mask, config, hidden))
     if "sliding_attention" in kinds:
-        masks["sliding_attention"] = create_sliding_window_causal_mask(**arguments)
+        sliding = create_sliding_window_causal_mask
+        masks["sliding_attention"] = sliding(**_mask_arguments(sliding, config, hidden))
     return masks
+
+
+def _mask_arguments(mask_function: Callable[..., Any], config: Any, hidden: torch.Tensor) -> dict[str, Any]:
+    """A mask function's arguments for a stage that runs without a cache, by the names this
+    transformers release gives them: the cache is `cache` from 5.24, `past_key_values` before."""
+    names = inspect.signature(mask_function).parameters
+    arguments: dict[str, Any] = dict(config=config, inputs_embeds=hidden, attention_mask=None, position_ids=None)
+    arguments |= {name: None for name in ("cache", "past_key_values") if name in names}
+    if "cache_position" in names:  # releases that locate the queries by it rather than by the cache
+        arguments["cache_position"] = torch.arange(hidden.shape[1], device=hidden.device)
+    return arguments
 
 
 def split_stages(model: nn.Module, stages: int, indices: list[int] | None = None) -> list[DecoderStage]:

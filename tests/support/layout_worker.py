@@ -36,7 +36,6 @@ from explorer import deferred_init
 from explorer.analysis.fake_fsdp import fake_process_group
 from explorer.analysis.layout_step import MESH_DIMS, layout_step, parallelize_twin
 from explorer.analysis.parallel_layout import Layout
-from explorer.analysis.tp_plans import tp_plan_of
 from explorer.analysis.train_twin import fake_twin
 from tests.support.gloo_threads import GlooThreadsCatchUp
 from tests.support.hf_configs import HF_BY_NAME, build_eager
@@ -51,6 +50,18 @@ EAGER_TP_PLAN = {
     "model.layers.*.self_attn.o_proj": RowwiseParallel(),
     **{f"model.layers.*.mlp.{name}": ColwiseParallel() for name in ("gate_proj", "up_proj")},
     "model.layers.*.mlp.down_proj": RowwiseParallel(),
+}
+
+# Hugging Face's Llama plan as transformers 5.24 composes it on the model (5.20 leaves the embedding
+# out): given to layout_step explicitly, so what is compared does not depend on the transformers
+# installed (tests/explorer/analysis/test_layout_step.py checks tp_plan_of against transformers').
+HF_TP_PLAN = {
+    "model.embed_tokens": "embedding_rowwise",
+    "lm_head": "colwise_gather_output",
+    **{f"model.layers.*.self_attn.{name}": "colwise" for name in ("q_proj", "k_proj", "v_proj")},
+    "model.layers.*.self_attn.o_proj": "rowwise",
+    **{f"model.layers.*.mlp.{name}": "colwise" for name in ("gate_proj", "up_proj")},
+    "model.layers.*.mlp.down_proj": "rowwise",
 }
 
 SCENARIOS: dict[int, dict[str, Layout]] = {
@@ -159,7 +170,7 @@ def fake_measured_step(layout: Layout) -> dict[str, Any]:
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     twin = fake_twin(module, mode).train()
     batch = {name: mode.from_tensor(value) for name, value in inputs().items()}
-    plan = tp_plan_of(module) if layout.tp > 1 else {}
+    plan = HF_TP_PLAN if layout.tp > 1 else {}
     shape = (layout.dp_replicate, layout.dp_shard, layout.tp)
     with fake_process_group(layout.gpus, "cpu", shape, MESH_DIMS) as mesh:
         parallelize_twin(twin, mesh, layout, plan or {})
@@ -169,7 +180,8 @@ def fake_measured_step(layout: Layout) -> dict[str, Any]:
 
 def layout_step_numbers(layout: Layout) -> dict[str, Any]:
     torch.manual_seed(0)
-    step = layout_step(deferred_init(LLAMA.cls, LLAMA.config()), **inputs(), layout=layout)
+    plan = HF_TP_PLAN if layout.tp > 1 else None
+    step = layout_step(deferred_init(LLAMA.cls, LLAMA.config()), **inputs(), layout=layout, tp_plan=plan)
     return {
         "peak_bytes": step.peak_bytes,
         "peak": step.peak,

@@ -236,7 +236,8 @@ def test_fsdp_by_tp_and_hsdp_on_four_fake_ranks_equal_fsdp_memtracker_on_four_gl
 def test_tp_plan_of_a_llama_is_its_base_plan_under_model_plus_its_head():
     model = deferred_init(LLAMA.cls, LLAMA.config())
     layers = "model.layers.*"
-    assert tp_plan_of(model) == {
+    plan = tp_plan_of(model)
+    assert {path: style for path, style in plan.items() if path != "model.embed_tokens"} == {
         f"{layers}.self_attn.q_proj": "colwise",
         f"{layers}.self_attn.k_proj": "colwise",
         f"{layers}.self_attn.v_proj": "colwise",
@@ -244,9 +245,11 @@ def test_tp_plan_of_a_llama_is_its_base_plan_under_model_plus_its_head():
         f"{layers}.mlp.gate_proj": "colwise",
         f"{layers}.mlp.up_proj": "colwise",
         f"{layers}.mlp.down_proj": "rowwise",
-        "model.embed_tokens": "embedding_rowwise",
         "lm_head": "colwise_gather_output",
     }
+    # transformers composes the same plan on the model itself; 5.24 adds the embedding
+    # ("embedding_rowwise"), 5.20 (the newest for Python 3.10) does not
+    assert plan == dict(model._tp_plan)
 
 
 def test_tp_plan_of_a_plain_module_is_none():
