@@ -353,7 +353,9 @@ def _tensor_metadata(value: Any) -> tuple[tuple[int, ...] | None, str | None]:
 # the file names. We unpickle it ourselves, allowing only the globals DCP's own metadata pickles
 # into (read off `pickletools` of torch 2.13's files): its metadata dataclasses, `torch.Size`, dtypes,
 # `torch.serialization._get_layout` (a name lookup), the memory-format enum and pathlib paths
-# (`storage_meta.checkpoint_id`). Re-check this list when torch changes `Metadata`.
+# (`storage_meta.checkpoint_id`). Re-check this list when torch changes `Metadata`. Python 3.13
+# pickles a path as `pathlib._local.PosixPath`: read as `pathlib`'s class of that name, so a file
+# written under 3.13 also reads under 3.10 to 3.12 (where DCP's own `pickle.load` fails).
 _DCP_GLOBALS = {
     "torch.distributed.checkpoint.metadata": {
         "Metadata",
@@ -379,6 +381,8 @@ class _RefusedGlobal(pickle.UnpicklingError):
 
 class _DcpMetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if module == "pathlib._local":  # Python 3.13's home of the path classes
+            module = "pathlib"
         is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
         if is_dtype or name in _DCP_GLOBALS.get(module, ()):
             return super().find_class(module, name)

@@ -131,7 +131,7 @@ def record_reinit(module: nn.Module, fn: ReinitFunction) -> ReinitRecording:
         if sys.version_info >= (3, 11):
             error.add_note(note)
         else:  # add_note is new in 3.11; 3.10's traceback does not print notes, but callers can read them
-            error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
+            error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]  # typeshed declares it from 3.11
         raise
     graph = None
     ids: dict[str, TensorId | None] = {}

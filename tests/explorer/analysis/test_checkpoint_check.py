@@ -244,6 +244,18 @@ def test_dcp_directory_is_read_from_its_metadata(tmp_path):
     assert check.missing == [] and check.unexpected == []
 
 
+def test_dcp_metadata_pickled_by_python_313_reads_on_every_python(tmp_path):
+    # 3.13 pickles the checkpoint's path as pathlib._local.PosixPath, a module older Pythons lack
+    directory = tmp_path / "dcp"
+    dcp.save(state(proj__weight=torch.zeros(3, 5)), checkpoint_id=directory)  # a Path: pickled in
+    metadata = directory / ".metadata"
+    as_written = pickle.dumps(pickle.loads(metadata.read_bytes()), protocol=2)  # GLOBAL opcodes: plain text
+    assert b"cpathlib\nPosixPath\n" in as_written or b"cpathlib._local\nPosixPath\n" in as_written
+    metadata.write_bytes(as_written.replace(b"cpathlib\nPosixPath\n", b"cpathlib._local\nPosixPath\n"))
+    check = check_checkpoint(explorer.deferred_init(Tied), directory)
+    assert rows(check.mismatches) == [["proj.weight", "shape", (3, 4), (3, 5), "__0_0.distcp"]]
+
+
 class _RunsCode:
     def __reduce__(self):  # unpickling calls print("pwned")
         return (print, ("pwned",))
