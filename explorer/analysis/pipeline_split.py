@@ -21,6 +21,7 @@ Other models raise PipelineSplitError naming what is missing.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -188,12 +189,18 @@ def _attention_masks(config: Any, hidden: torch.Tensor) -> dict[str, Any]:
 def _mask_arguments(mask_function: Callable[..., Any], config: Any, hidden: torch.Tensor) -> dict[str, Any]:
     """A mask function's arguments for a stage that runs without a cache, by the names this
     transformers release gives them: the cache is `cache` from 5.24, `past_key_values` before."""
-    names = inspect.signature(mask_function).parameters
+    names = _parameter_names(mask_function)
     arguments: dict[str, Any] = dict(config=config, inputs_embeds=hidden, attention_mask=None, position_ids=None)
     arguments |= {name: None for name in ("cache", "past_key_values") if name in names}
     if "cache_position" in names:  # releases that locate the queries by it rather than by the cache
         arguments["cache_position"] = torch.arange(hidden.shape[1], device=hidden.device)
     return arguments
+
+
+@functools.cache
+def _parameter_names(function: Callable[..., Any]) -> frozenset[str]:
+    """`function`'s parameter names, read once: stages build their masks at every forward."""
+    return frozenset(inspect.signature(function).parameters)
 
 
 def split_stages(model: nn.Module, stages: int, indices: list[int] | None = None) -> list[DecoderStage]:

@@ -34,9 +34,8 @@ class ReadsItsCudaValues(nn.Module):
         self.rates = made.tolist()  # a value read: made now, as eager would
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA reads them from CUDA (CI has no GPU)")
 def test_a_constructor_reading_cuda_values_without_a_gpu_reads_them_or_says_why_it_cannot():
-    if torch.cuda.is_available():
-        pytest.skip("a machine with CUDA reads them from CUDA")  # never on CI: it has no GPU
     assert deferred_init(ReadsItsCudaValues, random=False).rates == [0.0, 0.5, 1.0]  # no draw: made on the CPU
     with pytest.raises(DeferredInitError) as caught:
         deferred_init(ReadsItsCudaValues, random=True)
