@@ -85,6 +85,7 @@ __all__ = [
     "allows_unsafe_data_ptr",
     "fake_device_of",
     "fake_device_key",
+    "fake_instance_attributes",
     "set_in_kernel_invocation",
     "in_kernel_invocation",
     "unset_fake_temporarily",
@@ -98,6 +99,14 @@ def _sample_fake(fake_mode: FakeTensorMode, device: torch.device) -> FakeTensor:
     """A fake of no elements on `device`, made by FakeTensor.__new__ itself."""
     with torch._C._DisableTorchDispatch():
         return FakeTensor(fake_mode, torch.empty(0, device=_META), device)
+
+
+@functools.cache
+def fake_instance_attributes() -> frozenset[str]:
+    """The attributes FakeTensor.__new__ gives each fake on this release (`fake_mode`, where it keeps
+    the device, memos on some releases): a fake's own state, which `type(p)(data, **p.__dict__)`
+    passes along with whatever a user or library set on `p`."""
+    return frozenset(vars(_sample_fake(FakeTensorMode(), _CPU)))
 
 
 @functools.cache

@@ -188,9 +188,11 @@ def _attention_masks(config: Any, hidden: torch.Tensor) -> dict[str, Any]:
 
 def _mask_arguments(mask_function: Callable[..., Any], config: Any, hidden: torch.Tensor) -> dict[str, Any]:
     """A mask function's arguments for a stage that runs without a cache, by the names this
-    transformers release gives them: the cache is `cache` from 5.24, `past_key_values` before."""
+    transformers release gives them: the cache is `cache` from 5.24, `past_key_values` before; the
+    hidden states are `inputs_embeds` in 5, `input_embeds` in 4."""
     names = _parameter_names(mask_function)
-    arguments: dict[str, Any] = dict(config=config, inputs_embeds=hidden, attention_mask=None, position_ids=None)
+    embeds = "input_embeds" if "input_embeds" in names else "inputs_embeds"
+    arguments: dict[str, Any] = {"config": config, embeds: hidden, "attention_mask": None, "position_ids": None}
     arguments |= {name: None for name in ("cache", "past_key_values") if name in names}
     if "cache_position" in names:  # releases that locate the queries by it rather than by the cache
         arguments["cache_position"] = torch.arange(hidden.shape[1], device=hidden.device)

@@ -64,8 +64,10 @@ class TensorParallelPlanError(ValueError):
 def tp_plan_of(module: nn.Module) -> dict[str, str] | None:
     """The tensor-parallel plan a transformers model carries, keyed from `module`: its config's
     `base_model_tp_plan` and its base model's `_tp_plan` under the base model's prefix ("model."),
-    then the model's own `_tp_plan` (its head: {"lm_head": "colwise_gather_output"}). None when the
-    module carries none (not a transformers model, or an architecture without a plan)."""
+    then the model's own `_tp_plan` (its head: {"lm_head": "colwise_gather_output"}). Keys that name
+    nothing in `module` are left out, as transformers leaves them when it applies its plan
+    (transformers 4 copies the base model's unprefixed keys into the head's `_tp_plan`). None when
+    the module carries none (not a transformers model, or an architecture without a plan)."""
     plan: dict[str, str] = {}
     prefix = getattr(module, "base_model_prefix", "")
     base = getattr(module, prefix, None) if prefix else None
@@ -74,6 +76,8 @@ def tp_plan_of(module: nn.Module) -> dict[str, str] | None:
     for key, style in {**config_plan, **(_own_plan(base) if base_path else {})}.items():
         plan[base_path + key] = style
     plan.update(_own_plan(module))
+    names = [path for path, _ in module.named_modules() if path] + [path for path, _ in module.named_parameters()]
+    plan = {key: style for key, style in plan.items() if any(_matches(key, path) for path in names)}
     return plan or None
 
 

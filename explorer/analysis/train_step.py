@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
+from torch.utils.checkpoint import CheckpointError
 
 from .._torch_compat.fake import FakeTensorMode, unset_fake_temporarily
 from .._torch_compat.memory_tracker import (
@@ -367,6 +368,13 @@ def run_step(
                 raise
     except TrainStepError:
         raise
+    except CheckpointError as error:
+        raise TrainStepError(
+            f"the {run.phase} of {root_class} recomputed a checkpointed block with other shapes than its forward, "
+            f"in {running}: the block's forward does not repeat itself, as eager training would find too (a KV "
+            "cache that grows at each call does this: pass use_cache=False, as training with activation "
+            f"checkpointing needs): CheckpointError: {error}"
+        ) from error
     except Exception as error:
         raise TrainStepError(
             f"the {run.phase} of {root_class} cannot run on fake tensors, in {running}: {type(error).__name__}: {error}"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._torch_compat.dispatch import tree_flatten
-from .._torch_compat.fake import FakeTensor
+from .._torch_compat.fake import FakeTensor, fake_instance_attributes
 from ..naming import dtype_name
 from .no_data import DeferredStorage, named_tensors_of, no_data_error
 from .scope import active_scope, outside_recording, recording_graph
@@ -50,6 +50,16 @@ class DeferredTensor(FakeTensor):
     _unique_memo = _unique_memo_vc = _unique_memo_epoch = None
     _unique_consecutive_memo = _unique_consecutive_memo_vc = _unique_consecutive_memo_epoch = None
     _nested_int_memo = _nested_int_memo_vc = _nested_int_memo_epoch = None
+
+    @staticmethod
+    def __new__(cls: type[DeferredTensor], *args: Any, **kwargs: Any) -> Any:
+        """FakeTensor's constructor; and PyTorch's re-wrap idiom `type(p)(data, requires_grad=...,
+        **p.__dict__)`, which accelerate's `init_empty_weights` and `set_module_tensor_to_device` and
+        transformers 4's `from_pretrained` apply to every parameter. For a deferred `p` it gives what
+        it gives for an eager one (note [Re-wrapping a deferred tensor])."""
+        if len(args) != 1 or not isinstance(args[0], torch.Tensor):
+            return FakeTensor.__new__(cls, *args, **kwargs)
+        return _rewrapped(args[0], kwargs)
 
     @classmethod
     def __torch_dispatch__(  # type: ignore[override]  # the dispatcher passes a dict; FakeTensor's stub says Mapping
@@ -195,6 +205,34 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
         and a.shape == b.shape
         and a.stride() == b.stride()
         and a.storage_offset() == b.storage_offset()
+    )
+
+
+# Note: [Re-wrapping a deferred tensor]
+# Eager code re-wraps data as a parameter's class: `type(p)(data, requires_grad=r, **p.__dict__)`
+# (accelerate's `init_empty_weights`, transformers 4's loading) or `type(p)(data, requires_grad=r)`
+# (accelerate's `set_module_tensor_to_device`). For a plain parameter, whose `__dict__` is empty,
+# that is `nn.Parameter(data, r)`. A deferred `p` is a DeferredTensor whose `__dict__` holds fake
+# state (FakeTensor's instance attributes, the handle, `_is_param`), so the call would reach
+# FakeTensor's constructor with state it refuses. It means the eager call instead: the fake state is
+# dropped and anything else in `__dict__` (a user's or a library's attribute) is passed on as eager
+# passes it, so a keyword `nn.Parameter` does not take fails as it fails eagerly. Parameters and
+# buffers share the class, so the call is read as a parameter's when it says so (`_is_param` from
+# `__dict__`, or `requires_grad=`, which `torch.Tensor(other)` does not take); a bare
+# `type(t)(data)` is refused, naming both readings. `data` may be fake (recorded as
+# `nn.Parameter(data)` is) or real (a real parameter, as in eager).
+_FAKE_STATE = frozenset({HANDLE_ATTR, "_is_param"})
+
+
+def _rewrapped(data: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+    state = {k: v for k, v in kwargs.items() if k not in _FAKE_STATE and k not in fake_instance_attributes()}
+    if kwargs.get("_is_param") or "requires_grad" in kwargs:
+        return torch.nn.Parameter(data, **state)
+    raise TypeError(
+        f"type(t)(data) with t deferred and data of shape {tuple(data.shape)}, {dtype_name(data.dtype)}: "
+        "deferred parameters and buffers share one class, so say which is meant: for a parameter pass "
+        "requires_grad= (as nn.Parameter(data, requires_grad)); for a buffer's torch.Tensor(data), use "
+        "data.view_as(data)"
     )
 
 

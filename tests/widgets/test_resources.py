@@ -32,7 +32,11 @@ def _open_fds() -> int:
 
 
 def _registered_widgets() -> int:
-    return len(ipywidgets.widgets.widget._instances)  # the registry of open widget models
+    # The registry of open widget models: `_instances` since ipywidgets 8.1, `Widget._active_widgets`
+    # in 8.0 (pyproject allows >=8).
+    module = ipywidgets.widgets.widget
+    registry = getattr(module, "_instances", None)
+    return len(registry if registry is not None else module.Widget._active_widgets)
 
 
 def _child_processes() -> set[int]:

@@ -252,6 +252,16 @@ def test_tp_plan_of_a_llama_is_its_base_plan_under_model_plus_its_head():
     assert plan == dict(model._tp_plan)
 
 
+def test_tp_plan_of_leaves_out_keys_that_name_nothing_as_transformers_does():
+    # transformers 4 copies the base model's unprefixed keys ("layers.*...") into the head's _tp_plan,
+    # where they name nothing; applying the plan, transformers skips them
+    model = deferred_init(LLAMA.cls, LLAMA.config())
+    model._tp_plan = {**(model._tp_plan or {}), "layers.*.self_attn.q_proj": "colwise", "nowhere": "rowwise"}
+    plan = tp_plan_of(model)
+    assert "layers.*.self_attn.q_proj" not in plan and "nowhere" not in plan
+    assert plan["model.layers.*.self_attn.q_proj"] == "colwise" and plan["lm_head"] == "colwise_gather_output"
+
+
 def test_tp_plan_of_a_plain_module_is_none():
     assert tp_plan_of(nn.Sequential(nn.Linear(2, 2))) is None
 

@@ -3,6 +3,7 @@ the chained stages computing the model's own logits; unsplittable models refused
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import pytest
@@ -52,6 +53,30 @@ def test_the_chained_stages_compute_the_models_logits(name):
         for stage in split_stages(model, 2):
             hidden = stage(hidden)
         assert torch.equal(hidden, model(ids).logits)
+
+
+def test_stages_call_a_mask_function_by_transformers_4s_names(monkeypatch):
+    # transformers 4.57's create_causal_mask(config, input_embeds, attention_mask, cache_position,
+    # past_key_values, position_ids=None, ...): the stage passes what the signature names
+    from transformers import masking_utils
+
+    current = masking_utils.create_causal_mask
+    seen: list[set[str]] = []
+
+    def create_causal_mask_4(config, input_embeds, attention_mask, cache_position, past_key_values, position_ids=None):
+        seen.append({"input_embeds", "cache_position", "past_key_values"})
+        cache = {"cache": None} if "cache" in inspect.signature(current).parameters else {"past_key_values": None}
+        return current(
+            config=config, inputs_embeds=input_embeds, attention_mask=attention_mask, position_ids=position_ids, **cache
+        )
+
+    monkeypatch.setattr(masking_utils, "create_causal_mask", create_causal_mask_4)
+    model = _model("llama")
+    ids = HF_BY_NAME["llama"].inputs()["input_ids"]
+    with torch.no_grad():
+        first, last = split_stages(model, 2)
+        assert torch.equal(last(first(ids)), model(ids).logits)
+    assert len(seen) == 2
 
 
 def test_a_model_without_the_llama_layout_is_refused_naming_what_is_missing():

@@ -318,6 +318,36 @@ def test_a_failing_step_names_the_module_that_was_running():
     )
 
 
+class _GrowingCacheBlock(nn.Module):
+    """Attends over every input it has seen, as a decoder layer with a KV cache does (transformers 4
+    keeps `use_cache=True` in training): a recompute sees one more key than the forward did."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.keys: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.keys.append(x)
+        scores = x @ torch.cat(self.keys).t()  # saves the keys for backward
+        return self.proj(x) * scores.sum(-1, keepdim=True)
+
+
+def test_a_checkpointed_block_whose_recompute_differs_is_named_with_the_cache_advice():
+    model = deferred_init(nn.Sequential, _GrowingCacheBlock(), _GrowingCacheBlock())
+    with pytest.raises(TrainStepError) as error:
+        train_step(model, (2, 4), activation_checkpointing=True)
+    assert str(error.value).startswith(
+        "the backward of Sequential recomputed a checkpointed block with other shapes than its forward, in 1"
+    )
+    assert "pass use_cache=False, as training with activation checkpointing needs): CheckpointError: " in str(error.value)
+    eager = nn.Sequential(_GrowingCacheBlock(), _GrowingCacheBlock())
+    for i, block in enumerate(eager):
+        eager[i] = torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper(block)
+    with pytest.raises(torch.utils.checkpoint.CheckpointError):  # eager training fails the same way
+        eager(torch.ones(2, 4)).sum().backward()
+
+
 @pytest.mark.parametrize("accumulation_steps", [1, 2], ids=["one", "accumulated"])
 def test_llama_module_table_equals_memtracker_module_peaks(accumulation_steps):
     torch.manual_seed(0)
