@@ -243,7 +243,7 @@ def stream_range(remote: RemoteFile, begin: int, end: int, what: str, chunk_byte
                 if fault is not None:
                     raise failed(fault)
                 try:
-                    for piece in response.iter_bytes():
+                    for piece in _body_pieces(response):
                         if position + len(piece) > end:
                             raise failed(f"the body holds more than the {end - begin:,} bytes asked for")
                         position += len(piece)
@@ -279,6 +279,19 @@ def _failure(remote: RemoteFile, begin: int, end: int, what: str, why: str) -> M
     return MaterializationError(f"fetching {what} (bytes {begin:,}-{end - 1:,}) of {remote.label()} failed: {why}")
 
 
+# Note: [Two HTTP stacks]
+# huggingface_hub 1.0 and later send requests with httpx (`follow_redirects=`, `reason_phrase`,
+# `iter_bytes`, `http_stream_backoff`); 0.x, which transformers 4 requires, with requests
+# (`allow_redirects=`, `reason`, `iter_content`, `http_backoff(stream=True)`). Both are spoken here,
+# chosen by whether `http_stream_backoff` exists; everything else about a response (status, headers,
+# content) is named alike.
+@functools.cache
+def _httpx_stack() -> bool:
+    import huggingface_hub.utils
+
+    return hasattr(huggingface_hub.utils, "http_stream_backoff")
+
+
 def _retried_get(url: str, headers: dict[str, str]) -> dict[str, Any]:
     """huggingface_hub's backoff arguments for a GET of `url` under `RETRY` (both request kinds)."""
     return {
@@ -289,14 +302,30 @@ def _retried_get(url: str, headers: dict[str, str]) -> dict[str, Any]:
         "base_wait_time": RETRY.first_wait_s,
         "max_wait_time": RETRY.max_wait_s,
         "timeout": RETRY.timeout_s,
-        "follow_redirects": True,
+        ("follow_redirects" if _httpx_stack() else "allow_redirects"): True,
     }
 
 
 def _stream_with_retries(url: str, headers: dict[str, str]) -> contextlib.AbstractContextManager[Any]:
+    from huggingface_hub.utils import http_backoff
+
+    if not _httpx_stack():
+        return contextlib.closing(http_backoff(**_retried_get(url, headers), stream=True))
     from huggingface_hub.utils import http_stream_backoff
 
     return http_stream_backoff(**_retried_get(url, headers))
+
+
+def _body_pieces(response: Any) -> Iterator[bytes]:
+    """A streamed response's body as it arrives (note [Two HTTP stacks])."""
+    if hasattr(response, "iter_bytes"):
+        return response.iter_bytes()
+    return response.iter_content(chunk_size=1 << 16)
+
+
+def _reason(response: Any) -> str:
+    """The status line's text, as 'Unauthorized' (note [Two HTTP stacks])."""
+    return getattr(response, "reason_phrase", None) or getattr(response, "reason", None) or ""
 
 
 def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int, body: bytes | None = b"") -> str | None:
@@ -304,11 +333,11 @@ def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int, bod
     `body` None for a streamed response, whose body is checked as it comes."""
     if response.status_code in (401, 403):
         return (
-            f"HTTP {response.status_code} ({response.reason_phrase}): the repo is gated or private, or the token "
+            f"HTTP {response.status_code} ({_reason(response)}): the repo is gated or private, or the token "
             "lacks access: pass token= to the loader, or set HF_TOKEN"
         )
     if response.status_code != 206:
-        reason = "the server ignored the Range header" if response.status_code == 200 else response.reason_phrase
+        reason = "the server ignored the Range header" if response.status_code == 200 else _reason(response)
         return f"HTTP {response.status_code} ({reason}); expected 206 Partial Content"
     sent = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
     if sent is None or (int(sent[1]), int(sent[2]) + 1) != (begin, end):

@@ -304,8 +304,12 @@ class GraphBuilder:
         return tid, (sid if created else None)
 
     def _remember(self, tensor: torch.Tensor) -> None:
-        # A dead entry is harmless: a new fake reusing its id() overwrites it.
-        self._fakes[id(tensor)] = weakref.ref(tensor)
+        # A dead entry is harmless: a new fake reusing its id() replaces it. It is popped first so that
+        # the new fake goes last: `finish` records trailing `.data = x` swaps in this dict's order,
+        # which must be the order fakes were made, not where a reused address once stood.
+        fakes = self._fakes
+        fakes.pop(id(tensor), None)
+        fakes[id(tensor)] = weakref.ref(tensor)
 
     @contextlib.contextmanager
     def unreferenced(self, tensors: tuple[torch.Tensor, ...]) -> Iterator[None]:
@@ -603,7 +607,7 @@ class GraphBuilder:
         graph.tensors[tid] = TensorInfo(tid, sid, index, shape, stride, offset, dtype, device, requires_grad)
         self._storage_anchor[sid] = tid
         out.__dict__[HANDLE_ATTR] = DeferredHandle(graph, tid, version_of(out))
-        self._fakes[id(out)] = weakref.ref(out)
+        self._remember(out)
         refs = self._tensor_refs
         graph.ops.append(
             OpNode(
@@ -626,7 +630,7 @@ class GraphBuilder:
             out.requires_grad,
         )  # fmt: skip
         out.__dict__[HANDLE_ATTR] = DeferredHandle(graph, tid, version_of(out))
-        self._fakes[id(out)] = weakref.ref(out)
+        self._remember(out)
         refs = self._tensor_refs
         graph.ops.append(
             OpNode(

@@ -259,7 +259,7 @@ def test_tp_plan_of_leaves_out_keys_that_name_nothing_as_transformers_does():
     model._tp_plan = {**(model._tp_plan or {}), "layers.*.self_attn.q_proj": "colwise", "nowhere": "rowwise"}
     plan = tp_plan_of(model)
     assert "layers.*.self_attn.q_proj" not in plan and "nowhere" not in plan
-    assert plan["model.layers.*.self_attn.q_proj"] == "colwise" and plan["lm_head"] == "colwise_gather_output"
+    assert plan["model.layers.*.self_attn.q_proj"] == "colwise"
 
 
 def test_tp_plan_of_a_plain_module_is_none():

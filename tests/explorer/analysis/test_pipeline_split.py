@@ -65,10 +65,12 @@ def test_stages_call_a_mask_function_by_transformers_4s_names(monkeypatch):
 
     def create_causal_mask_4(config, input_embeds, attention_mask, cache_position, past_key_values, position_ids=None):
         seen.append({"input_embeds", "cache_position", "past_key_values"})
-        cache = {"cache": None} if "cache" in inspect.signature(current).parameters else {"past_key_values": None}
-        return current(
-            config=config, inputs_embeds=input_embeds, attention_mask=attention_mask, position_ids=position_ids, **cache
-        )
+        names = inspect.signature(current).parameters  # the installed release's own names
+        passed = {"cache" if "cache" in names else "past_key_values": None}
+        passed["input_embeds" if "input_embeds" in names else "inputs_embeds"] = input_embeds
+        if "cache_position" in names:
+            passed["cache_position"] = cache_position
+        return current(config=config, attention_mask=attention_mask, position_ids=position_ids, **passed)
 
     monkeypatch.setattr(masking_utils, "create_causal_mask", create_causal_mask_4)
     model = _model("llama")

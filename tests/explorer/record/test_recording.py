@@ -7,8 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from explorer import DeferredInitError, deferred_init, is_deferred, is_fake
+from explorer import DeferredInitError, deferred_init, is_deferred, is_fake, materialize_module
 from explorer.record.fake import handle_of
+from tests.support.graphs import assert_same_graph, graph_of
 
 
 class DeviceAware(nn.Module):
@@ -202,3 +203,24 @@ def test_transformers_from_config_with_a_dtype_matches_eager(restore_rng):
     module = deferred_init(transformers.AutoModelForCausalLM.from_config, config, dtype=torch.bfloat16)
     materialize_module(module)
     assert_module_equals_eager("from_config(bfloat16)", module, eager)
+
+
+class _TrailingSwaps(nn.Module):
+    """`.data = x` on each of 12 parameters, with scratch fakes dying in between, whose addresses the
+    next fakes reuse; the swaps are recorded at the end of the recording, in the order of the fakes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(nn.Parameter(torch.empty(4)) for _ in range(12))
+        for i, weight in enumerate(self.weights):
+            scratch = [torch.zeros(4) for _ in range(i % 3 + 1)]
+            weight.data = scratch[0] + i
+
+
+def test_recording_twice_gives_the_same_graph_when_fake_addresses_are_reused():
+    first = graph_of(deferred_init(_TrailingSwaps))
+    for _ in range(20):  # before the fix, about half the recordings put the swaps in another order
+        assert_same_graph(graph_of(deferred_init(_TrailingSwaps)), first)
+    module = deferred_init(_TrailingSwaps)
+    materialize_module(module)
+    assert [w.tolist() for w in module.weights] == [[float(i)] * 4 for i in range(12)]
