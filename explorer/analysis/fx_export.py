@@ -188,6 +188,17 @@ class _Builder:
             self.fx_graph.call_function(rng_tell, (self.rng_node, *op.stream, node))
 
 
+def _names_through_shared_modules(
+    module: nn.Module, slots: list, tids: list[TensorId], named: dict[str, Any]
+) -> list[tuple[str, TensorId]]:
+    """The names `slots` lack because a submodule sits at several paths (transformers 4's T5 puts its
+    `shared` embedding at `encoder.embed_tokens` too): `deferred_slots` visits each module once, and
+    `state_dict()` names every path."""
+    tid_of = {id(fake): tid for (_, fake), tid in zip(slots, tids)}
+    everything = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    return [(name, tid_of[id(tensor)]) for name, tensor in everything if id(tensor) in tid_of and name not in named]
+
+
 def to_fx(module: nn.Module) -> InitProgram:
     """The recorded initialization of `module`'s deferred tensors as an FX GraphModule.
 
@@ -227,7 +238,9 @@ def to_fx(module: nn.Module) -> InitProgram:
     builder = _Builder(graph)
     for index in ops:
         builder.emit(graph.ops[index])
-    builder.fx_graph.output({name: builder.env[tid] for name, tid in zip(names, tids)})
+    outputs = {name: builder.env[tid] for name, tid in zip(names, tids)}
+    outputs |= {name: builder.env[tid] for name, tid in _names_through_shared_modules(module, slots, tids, outputs)}
+    builder.fx_graph.output(outputs)
 
     root = nn.Module()
     for name, tensor in builder.constants.items():

@@ -195,3 +195,21 @@ def test_getitem_nodes_split_multi_output_ops():
     assert [n.args[1] for n in getitems] == [0, 1]
     out = assert_same_as_materialized(program, reference)
     assert torch.equal(out["second"], torch.tensor([30.0, 40.0, 50.0]))
+
+
+class _SharedSubmodule(nn.Module):
+    """One embedding module at two paths, as transformers 4's T5 puts `shared` at `encoder.embed_tokens`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Embedding(10, 4)
+        self.encoder = nn.Sequential(nn.Linear(4, 4))
+        self.encoder.embed_tokens = self.shared
+        self.head = nn.Linear(4, 2)
+
+
+def test_a_submodule_at_two_paths_is_named_at_both_as_state_dict_names_it():
+    module, reference = build_twice(_SharedSubmodule)
+    out = assert_same_as_materialized(to_fx(module), reference)
+    assert "encoder.embed_tokens.weight" in out and out["encoder.embed_tokens.weight"] is out["shared.weight"]
+    assert sorted(out) == sorted(reference.state_dict())
