@@ -32,7 +32,7 @@ from ..errors import MaterializationError
 from ..graph import ExternalRef, InitGraph, OpNode, TensorId, TensorRef
 from ..record.fake import handle_of, is_fake
 from ..record.scope import outside_recording
-from ..replay.materialize import check_materializable, deferred_slots
+from ..replay.materialize import TensorSlot, check_materializable, deferred_slots
 from ..replay.preflight import check_replayable
 from ..replay.replay import Replay, replayed_func
 from ..replay.rng import RngSession, RngStreams
@@ -189,7 +189,7 @@ class _Builder:
 
 
 def _names_through_shared_modules(
-    module: nn.Module, slots: list, tids: list[TensorId], named: dict[str, Any]
+    module: nn.Module, slots: list[tuple[TensorSlot, torch.Tensor]], tids: list[TensorId], named: dict[str, Any]
 ) -> list[tuple[str, TensorId]]:
     """The names `slots` lack because a submodule sits at several paths (transformers 4's T5 puts its
     `shared` embedding at `encoder.embed_tokens` too): `deferred_slots` visits each module once, and

@@ -144,7 +144,6 @@ class CastsInsideTheConstructor(nn.Module):
 
 
 def test_module_casts_inside_a_constructor_record_and_materialize_as_eager():
-    from explorer import materialize_module
     from tests.support.parity import assert_module_equals_eager
 
     torch.manual_seed(3)
@@ -178,7 +177,6 @@ class ChangesTheDefaultDtype(nn.Module):
 
 
 def test_factory_ops_keep_the_default_dtype_of_the_moment_they_were_recorded(restore_rng):
-    from explorer import materialize_module
     from tests.support.parity import assert_module_equals_eager
 
     torch.manual_seed(5)
@@ -192,7 +190,6 @@ def test_factory_ops_keep_the_default_dtype_of_the_moment_they_were_recorded(res
 
 def test_transformers_from_config_with_a_dtype_matches_eager(restore_rng):
     transformers = pytest.importorskip("transformers")
-    from explorer import materialize_module
     from tests.support.parity import assert_module_equals_eager
 
     config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
