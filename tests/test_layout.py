@@ -272,7 +272,11 @@ PRIVATE_TORCH_NAMES_ALLOWED = {
 }
 DICT_USES_ALLOWED = {
     # module: (uses that are not `obj.__dict__[X_ATTR]` / `.get(X_ATTR)` / dunder keys, why)
-    "explorer.record.fake": (3, "DeferredTensor.__deepcopy__ copies the user's own attributes that the new fake lacks"),
+    "explorer.record.fake": (
+        4,
+        "DeferredTensor.__deepcopy__ copies the user's own attributes that the new fake lacks; "
+        "user_attributes hands them to the real tensor at materialization",
+    ),
     "explorer.record.surgery": (1, "reads a model class's own method (a transformers class), not a torch object"),
     "explorer.analysis.init_reinit": (3, "copies an nn.Module's instance dict wholesale for a shallow twin"),
 }

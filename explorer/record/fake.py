@@ -134,19 +134,26 @@ class DeferredTensor(FakeTensor):
         )
 
     def __deepcopy__(self, memo: dict[Any, Any]) -> torch.Tensor:
-        """`copy.deepcopy` inside deferred_init (`nn.Transformer` clones its layers this way): the copy
-        is made of recorded ops, as eager makes it. A parameter clones its data, as
-        `nn.Parameter.__deepcopy__` does; any other tensor copies its whole storage once per deepcopy
-        and keeps its layout, as `Tensor.__deepcopy__` does, so views copied together still share
-        memory. Outside deferred_init there is nothing to record the copy into: RuntimeError.
+        """`copy.deepcopy` of a fake (inside a constructor, as `nn.Transformer` clones its layers, or
+        after deferred_init, as an EMA or teacher copy of a model is made): the copy is made of
+        recorded ops, as eager makes it, so it materializes to the values the source had when it was
+        copied. A parameter clones its data, as `nn.Parameter.__deepcopy__` does; any other tensor
+        copies its whole storage once per deepcopy and keeps its layout, as `Tensor.__deepcopy__`
+        does, so views copied together still share memory. TypeError inside another recording (the
+        copy would belong to neither) or while this one's constructor still runs on another thread.
         """
         if id(self) in memo:
             return memo[id(self)]
         handle = handle_of(self)
-        if handle is None or recording_graph() is not handle.graph:
+        current = recording_graph()
+        if handle is None or current is not handle.graph and (current is not None or handle.graph.recorder is None):
             raise TypeError(
-                f"copy.deepcopy of {describe(self)} works only inside the deferred_init that created it; "
-                "materialize the module first (explorer.materialize_module), then copy it"
+                f"copy.deepcopy of {describe(self)}: "
+                + (
+                    "it belongs to another deferred recording than the one running here; copy it outside this block"
+                    if current is not None
+                    else "its recording is still running (or failed); copy it once deferred_init has returned"
+                )
             )
         if not self.is_leaf:
             raise RuntimeError(  # eager's rule and wording (Tensor.__deepcopy__)
@@ -234,6 +241,13 @@ def _rewrapped(data: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         "requires_grad= (as nn.Parameter(data, requires_grad)); for a buffer's torch.Tensor(data), use "
         "data.view_as(data)"
     )
+
+
+def user_attributes(tensor: torch.Tensor) -> dict[str, Any]:
+    """What a user or a library set on deferred `tensor` (`p._no_weight_decay = True`, Hugging Face's
+    `_is_hf_initialized`): its instance attributes less the fake's own state. Materialization puts
+    them on the real tensor, where eager construction has them."""
+    return {k: v for k, v in tensor.__dict__.items() if k not in _FAKE_STATE and k not in fake_instance_attributes()}
 
 
 def _recorder_of(args: tuple, kwargs: dict) -> Any:

@@ -1,4 +1,5 @@
-"""`copy.deepcopy` of fake tensors inside a constructor (as `nn.Transformer` clones its layers)."""
+"""`copy.deepcopy` of fake tensors inside a constructor (as `nn.Transformer` clones its layers) and
+after deferred_init (an EMA or teacher copy of a deferred model)."""
 
 import copy
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from explorer import deferred_init, is_deferred, materialize_module
+from explorer import deferred, deferred_init, is_deferred, materialize_module
 
 
 class Clones(nn.Module):
@@ -64,12 +65,82 @@ def test_deepcopy_keeps_buffer_attributes_and_parameter_kind_while_recording():
     assert torch.equal(module.b, torch.zeros(2)) and torch.equal(module.p, torch.ones(2))
 
 
-def test_deepcopy_of_a_deferred_module_outside_deferred_init_says_to_materialize_first():
+class Shared(nn.Module):
+    """A tie, two buffers viewing one storage, and a parameter's own attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 3), nn.Linear(4, 3)
+        self.second.weight = self.first.weight
+        base = torch.randn(7)
+        self.register_buffer("head", base[:2])
+        self.register_buffer("tail", base[3:].view(2, 2))
+        self.first.bias.tag = "dropped"  # nn.Parameter.__deepcopy__ does not copy attributes
+        self.tail.tag = ["copied"]  # Tensor.__deepcopy__ does
+
+
+def test_deepcopy_after_deferred_init_materializes_to_the_eager_copy():
+    torch.manual_seed(0)
+    eager = Shared()
+    eager_copy = copy.deepcopy(eager)
+    nn.init.zeros_(eager.first.weight)  # a change after the copy reaches the source only
+    torch.manual_seed(0)
+    module = deferred_init(Shared)
+    copied = copy.deepcopy(module)
+    nn.init.zeros_(module.first.weight)
+    assert is_deferred(copied.first.weight) and copied.second.weight is copied.first.weight
+    materialize_module(copied)
+    materialize_module(module)
+    for want_module, got_module in ((eager_copy, copied), (eager, module)):
+        for (name, want), (_, got) in zip(want_module.state_dict().items(), got_module.state_dict().items()):
+            assert torch.equal(got, want), name
+            assert (got.stride(), got.storage_offset()) == (want.stride(), want.storage_offset()), name
+    assert type(copied.first.weight) is nn.Parameter and copied.second.weight is copied.first.weight
+    assert not hasattr(eager_copy.first.bias, "tag") and not hasattr(copied.first.bias, "tag")
+    assert copied.tail.tag == eager_copy.tail.tag == ["copied"] and copied.tail.tag is not module.tail.tag
+    assert copied.head.untyped_storage().data_ptr() == copied.tail.untyped_storage().data_ptr()
+    assert copied.head.untyped_storage().nbytes() == 28
+    assert copied.first.weight.untyped_storage().data_ptr() != module.first.weight.untyped_storage().data_ptr()
+
+
+def test_deepcopy_of_a_deferred_transformers_model_equals_the_eager_copy():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=64
+    )
+    torch.manual_seed(0)
+    want = copy.deepcopy(LlamaForCausalLM(config)).state_dict()
+    torch.manual_seed(0)
+    teacher = copy.deepcopy(deferred_init(LlamaForCausalLM, config)).eval().requires_grad_(False)
+    got = materialize_module(teacher).state_dict()
+    assert list(got) == list(want)
+    assert [name for name in want if not torch.equal(got[name], want[name])] == []
+    assert not any(parameter.requires_grad for parameter in teacher.parameters())
+
+
+def test_deepcopy_inside_another_recording_is_refused_naming_the_tensor():
     module = deferred_init(nn.Linear, 2, 3)
-    with pytest.raises(TypeError) as error:
+    with pytest.raises(TypeError) as error, deferred():
         copy.deepcopy(module)
     assert str(error.value) == (
-        "copy.deepcopy of parameter 'weight' (shape (3, 2), float32) works only inside the deferred_init "
-        "that created it; "
-        "materialize the module first (explorer.materialize_module), then copy it"
+        "copy.deepcopy of parameter 'weight' (shape (3, 2), float32): it belongs to another deferred "
+        "recording than the one running here; copy it outside this block"
+    )
+
+
+def test_deepcopy_of_a_fake_from_a_failed_recording_is_refused():
+    kept = []
+
+    def build() -> nn.Module:
+        kept.append(torch.ones(2, 3))
+        raise ValueError("constructor failed")
+
+    with pytest.raises(ValueError, match="constructor failed"):  # the constructor's own error
+        deferred_init(build)
+    with pytest.raises(TypeError) as error:
+        copy.deepcopy(kept[0])
+    assert str(error.value) == (
+        "copy.deepcopy of a deferred tensor (shape (2, 3), float32): its recording is still running (or "
+        "failed); copy it once deferred_init has returned"
     )

@@ -81,6 +81,37 @@ def test_materialized_parameter_keeps_kind_and_requires_grad():
     assert type(module.b) is torch.Tensor
 
 
+class Tagged(nn.Module):
+    """Attributes set on tensors, as Mamba's `A_log._no_weight_decay` and parallel libraries' tags."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decay_free = nn.Parameter(torch.ones(3))
+        self.decay_free._no_weight_decay = True
+        self.linear = nn.Linear(2, 2)
+        self.linear.weight.owner = self.linear  # an object, kept by reference
+        self.register_buffer("mask", torch.zeros(2))
+        self.mask.tag = ["kept"]
+
+
+def _tags(module: nn.Module) -> list:
+    return [
+        module.decay_free._no_weight_decay,
+        module.linear.weight.owner is module.linear,
+        module.mask.tag,
+        sorted(vars(module.linear.bias)),
+    ]
+
+
+def test_materialized_tensors_keep_attributes_set_on_them_as_eager():
+    eager = Tagged()
+    module = deferred_init(Tagged)
+    materialize_tensor(module.mask)  # one tensor alone, then the rest
+    materialize_module(module)
+    assert _tags(module) == _tags(eager) == [True, True, ["kept"], []]
+    assert module.mask.tag is not eager.mask.tag  # each construction makes its own list
+
+
 class Stack(nn.Module):
     def __init__(self) -> None:
         super().__init__()
