@@ -142,6 +142,12 @@ class _Builder:
         if node is None:
             name = f"_external_{index}"
             tensor = self.graph.externals[index].value()
+            if handle_of(tensor) is not None:  # note [Reading another recording] in record/foreign.py
+                raise MaterializationError(
+                    "to_fx exports one recorded initialization, but this one reads a tensor of another "
+                    "deferred recording (load_state_dict or a copy between two deferred models); "
+                    "materialize_module gives the same values"
+                )
             self.constants[name] = tensor
             node = self._externals[index] = self.fx_graph.get_attr(name)
             node.meta["val"] = self.mode.from_tensor(tensor)

@@ -33,6 +33,7 @@ import torch
 from ..graph import ExternalRef, InitGraph, OpIndex, OpNode, SourceLocation, StorageId, TensorId, TensorRef
 from ..inspection.checkpoint_sources import is_checkpoint_read
 from ..record.builder import written_arguments
+from ..record.fake import is_fake
 from . import init_distributions as dists
 from .init_distributions import Distribution
 from .init_regions import Region
@@ -483,6 +484,8 @@ def _computed_names(previous: Distribution) -> list[str]:
 def external_value(tensor: torch.Tensor) -> Distribution:
     """A tensor from outside the recording (a constant, an argument): its exact moments, or a
     constant when every element is the same number."""
+    if is_fake(tensor):  # a tensor of another recording (record/foreign.py): no values to read
+        return dists.copied("a tensor of another deferred recording")
     with torch.no_grad():
         values = (
             tensor.detach().to("cpu", torch.float64)

@@ -35,6 +35,7 @@ from ..graph import (
 from ..naming import dtype_name
 from . import rng_ledger
 from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, describe, handle_of
+from .foreign import READ_DEFERRED, mixed_recordings
 from .generators import capture_start_state, stream_key
 from .initializers import INITIALIZER_OPS
 from .plans import FactoryPlan, Layout
@@ -220,16 +221,6 @@ def all_plain(values: Any) -> bool:
 # both ways). `RecordingDispatchMode` picks them; any other op takes `record`.
 
 
-def _mixed_recordings(source: SourceLocation | None) -> DeferredInitError:
-    """The refusal of an op given fakes of two recordings: one graph's replay cannot read the other's."""
-    return DeferredInitError(
-        f"a fake tensor from another deferred_init graph was used at {source}; "
-        "tensors of two deferred recordings cannot be mixed in one op. Materialize one of "
-        "them first (explorer.materialize_module), or build the new modules inside "
-        "`with explorer.deferred(model):` so that they share the model's recording"
-    )
-
-
 def _first_tensor_dtype(out: Any) -> torch.dtype | None:
     if isinstance(out, torch.Tensor):
         return out.dtype
@@ -332,7 +323,7 @@ class GraphBuilder:
         storage_key = _storage_key(tensor)
         if handle is not None:
             if handle.graph is not self.graph:
-                raise _mixed_recordings(source)
+                raise mixed_recordings(source)
             info = self.graph.tensors[handle.tensor_id]
             if (
                 self._storage_keys[info.storage] == storage_key
@@ -380,7 +371,7 @@ class GraphBuilder:
         if isinstance(value, FakeTensor):
             handle = value.__dict__.get(HANDLE_ATTR)
             if handle is not None and handle.graph is not self.graph:
-                raise _mixed_recordings(source)
+                raise mixed_recordings(source)
 
     def _unchanged(self, tensor: FakeTensor, handle: DeferredHandle) -> bool:
         """True when `tensor` of this graph has the storage and layout its id was recorded with."""
@@ -464,7 +455,7 @@ class GraphBuilder:
         holds ids taken before the op ran (`before_write`)."""
         if type(value) in _PLAIN_ARGUMENTS:
             return value
-        if isinstance(value, FakeTensor):
+        if isinstance(value, FakeTensor) and func is not READ_DEFERRED:
             tid = known.get(id(value)) if known else None
             if tid is None:
                 tid = self.id_of(value, source)
@@ -549,6 +540,13 @@ class GraphBuilder:
                 inference=torch.is_inference_mode_enabled(),
             )
         )
+
+    def record_other_recording_read(
+        self, pinned: DeferredTensor, stand_in: DeferredTensor, source: SourceLocation | None
+    ) -> None:
+        """Record `stand_in` as the value of `pinned`, a fake of another recording, kept as an
+        external input (note [Reading another recording] in record/foreign.py)."""
+        self.record(READ_DEFERRED, (pinned,), {}, stand_in, source)
 
     # -- the ops constructors repeat, recorded directly -----------------------------------------
     # See note [Direct records]. Each returns False, having changed nothing, when the op is not of
@@ -704,7 +702,7 @@ class GraphBuilder:
             kind = type(a)
             if kind in plain:
                 ref_list.append(a)
-            elif kind is DeferredTensor:  # `_ref`'s fake branch, inlined: most ops take one
+            elif kind is DeferredTensor and func is not READ_DEFERRED:  # `_ref`'s fake branch, inlined
                 tid = written.get(id(a)) if written else None
                 if tid is None:
                     tid = self.id_of(a, source)

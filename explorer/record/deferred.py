@@ -296,10 +296,15 @@ def _recording_of(model: nn.Module) -> InitGraph:
             "or already materialized); run the code directly, or use `with explorer.deferred():` for new modules"
         )
     if len(graphs) > 1:
-        raise DeferredInitError(
-            f"explorer.deferred(model): this {type(model).__name__} holds tensors of {len(graphs)} deferred "
-            "recordings; extend one submodule at a time"
-        )
+        # Modules of other recordings put into it (`model.head = other_model.head`): the block extends
+        # the model's own recording, and reads the others' tensors (note [Reading another recording]).
+        own = [graph for graph in graphs.values() if graph.root is not None and graph.root() is model]
+        if len(own) != 1:
+            raise DeferredInitError(
+                f"explorer.deferred(model): this {type(model).__name__} holds tensors of {len(graphs)} deferred "
+                "recordings, and none of them built it; extend one submodule at a time"
+            )
+        graphs = {id(own[0]): own[0]}
     graph = next(iter(graphs.values()))
     if graph.recorder is None:
         raise DeferredInitError("explorer.deferred(model): the model's recording has not finished")

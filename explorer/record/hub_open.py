@@ -15,7 +15,10 @@ Note: [cached_files is the narrowest seam] `cached_file` and `get_checkpoint_sha
 the module global `transformers.utils.hub.cached_files`, and only `transformers.exporters.base`, no
 weight loader, binds it by name (checked for transformers 5.24; re-check on upgrades), so replacing
 that one name covers every weight lookup of `from_pretrained`, while tokenizers and processors
-outside deferred scopes are untouched. Loaders other than transformers' (diffusers) still download.
+outside deferred scopes are untouched. Releases before `cached_files` (4.45 to about 4.50) look each
+file up with `cached_file`, which the hub module and `transformers.modeling_utils` both hold by
+name: those two bindings are replaced there (`SingleFileOpener`). Loaders other than transformers'
+(diffusers) still download.
 """
 
 from __future__ import annotations
@@ -276,6 +279,26 @@ def _download_json(repo: PinnedRepo, filename: str) -> str:
 
 
 _HUB_HOME = "transformers.utils.hub"
+# Where transformers releases before `cached_files` (4.45 to about 4.50) look weights up with
+# `cached_file`: the hub module itself (`get_checkpoint_shard_files`) and the loader, which binds
+# the name at import (note [cached_files is the narrowest seam]).
+_SINGLE_FILE_HOMES = (_HUB_HOME, "transformers.modeling_utils")
+
+
+class SingleFileOpener:
+    """`cached_file(path_or_repo_id, filename, **kwargs)` of transformers releases without
+    `cached_files`, answered by a `HubOpener` over the original, one file at a time."""
+
+    def __init__(self, original: Any) -> None:
+        def each(path_or_repo_id: Any, filenames: list[str], **kwargs: Any) -> list[str] | None:
+            found = [original(path_or_repo_id, name, **kwargs) for name in filenames]
+            return [path for path in found if path is not None] or None
+
+        self._opener = HubOpener(each)
+
+    def __call__(self, path_or_repo_id: Any, filename: str, **kwargs: Any) -> str | None:
+        found = self._opener(path_or_repo_id, [filename], **kwargs)
+        return found[0] if found else None
 
 
 @contextlib.contextmanager
@@ -284,7 +307,11 @@ def recorded_hub_downloads() -> Iterator[None]:
     module docstring); undone on any exit."""
     module: Any = sys.modules.get(_HUB_HOME)
     original = getattr(module, "cached_files", None)
-    if original is None or isinstance(original, HubOpener):
+    if original is None:
+        with _recorded_single_file_lookups(module):
+            yield
+        return
+    if isinstance(original, HubOpener):
         yield
         return
     module.cached_files = HubOpener(original)
@@ -292,3 +319,23 @@ def recorded_hub_downloads() -> Iterator[None]:
         yield
     finally:
         module.cached_files = original
+
+
+@contextlib.contextmanager
+def _recorded_single_file_lookups(hub: Any) -> Iterator[None]:
+    """`recorded_hub_downloads` for transformers releases that look each file up with `cached_file`."""
+    original = getattr(hub, "cached_file", None)
+    if original is None or isinstance(original, SingleFileOpener):
+        yield
+        return
+    opener = SingleFileOpener(original)
+    homes = [
+        home for name in _SINGLE_FILE_HOMES if getattr(home := sys.modules.get(name), "cached_file", None) is original
+    ]
+    for home in homes:
+        home.cached_file = opener  # type: ignore[union-attr]  # the homes hold the name (checked above)
+    try:
+        yield
+    finally:
+        for home in homes:
+            home.cached_file = original  # type: ignore[union-attr]  # restoring what the homes held

@@ -30,6 +30,7 @@ from ..graph import is_inplace_random
 from .builder import PLAIN_ARGUMENTS, SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
 from .computed import compute_for_real
 from .fake import DeferredTensor
+from .foreign import reads_other_recordings, run_in_other_recording, runs_in_other_recording, with_reads_adopted
 from .lean_fake import (
     FACTORIES,
     FakeFactory,
@@ -91,6 +92,10 @@ class RecordingDispatchMode(TorchDispatchMode):
             out = self._record_directly(entry, func, args, kwargs, source)
             if out is not NotImplemented:
                 return out
+        if reads_other_recordings(self.builder.graph, args, kwargs):
+            if runs_in_other_recording(self.builder.graph, func, args, kwargs):
+                return run_in_other_recording(func, args, kwargs, source)
+            args, kwargs = self._adopting_reads(func, args, kwargs, source)
         if kind is _VALUE_READ:
             # A fake's true value comes from replay; a real tensor from outside has its own.
             real = self.read_value(args[0]) if isinstance(args[0], FakeTensor) else args[0]
@@ -146,6 +151,14 @@ class RecordingDispatchMode(TorchDispatchMode):
         with _metadata_access():
             self.builder.record(func, args, kwargs, out, source, written)
         return out
+
+    def _adopting_reads(self, func: Any, args: tuple, kwargs: dict, source: Any) -> tuple[tuple, dict]:
+        """`func`'s arguments with other recordings' fakes read into this one (record/foreign.py)."""
+
+        def record_read(pinned: DeferredTensor, stand_in: DeferredTensor) -> None:
+            self.builder.record_other_recording_read(pinned, stand_in, source)
+
+        return with_reads_adopted(self.builder.graph, self.make_fake, record_read, func, args, kwargs, source)
 
     def _from_values(self, func: Any, args: tuple, kwargs: dict, source: Any, written: Any) -> Any:
         """`func` run on the true values of its inputs (record/computed.py), recorded as such."""

@@ -50,12 +50,15 @@ def recording_graph() -> InitGraph | None:
 
 @contextlib.contextmanager
 def recording(scope: RecordingScope) -> Iterator[RecordingScope]:
-    """Make `scope` this thread's recording scope until the block exits (on any exit path)."""
+    """Make `scope` this thread's recording scope until the block exits (on any exit path), then
+    the one before it again (a read of another recording records into it for a moment: note
+    [Reading another recording] in record/foreign.py)."""
+    before = active_scope()
     _local.scope = scope
     try:
         yield scope
     finally:
-        _local.scope = None
+        _local.scope = before
 
 
 @contextlib.contextmanager

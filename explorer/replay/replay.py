@@ -22,6 +22,8 @@ from ..errors import MaterializationError
 from ..graph import ExternalRef, InitGraph, OpIndex, StorageId, TensorId, TensorRef
 from ..hub_fetch import prefetch
 from ..record.checkpoint_reads import READ_SAFETENSORS
+from ..record.fake import DeferredHandle, handle_of
+from ..record.foreign import READ_DEFERRED
 from ..record.generators import stream_key
 from ..record.scope import outside_recording
 from .fills import ParallelFills
@@ -235,6 +237,8 @@ class Replay:
             done_at = self._completion_points(ops, tids)
             total_bytes = sum(self._nbytes(tid) for tid in set(tids))
             total_tensors = len(set(tids))
+            with outside_recording():
+                self._read_other_recordings(ops)
             with (
                 outside_recording(),
                 RngSession(self.state.streams, self.routing.rng, self.run_scratch) as rng,
@@ -268,6 +272,21 @@ class Replay:
                 if sid not in self.anchor_store:
                     self.anchor_store[sid] = result
             return results
+
+    def _read_other_recordings(self, ops: Sequence[OpIndex]) -> None:
+        """The values of other recordings' tensors that `ops` read, made by replays of those
+        recordings with this call's devices and rng, before this replay starts (note [Reading
+        another recording] in record/foreign.py)."""
+        for index in ops:
+            op = self.graph.ops[index]
+            if op.func is not READ_DEFERRED or op.externals[0] in self._externals:
+                continue
+            pinned = self.graph.externals[op.externals[0]].tensor
+            handle = cast(DeferredHandle, handle_of(pinned))
+            name = f"a tensor of another deferred recording, read at {op.source or 'an unknown line'}"
+            other = Replay(handle.graph, self.routing, remember=False, names={handle.tensor_id: name})
+            real = other.run([pinned], [handle.tensor_id])[0]
+            self._externals[op.externals[0]] = real.to(self.routing.exec_device(pinned.device))
 
     def _position_generators(self, ops: Sequence[OpIndex], rng: RngSession, on_step: StepReport | None) -> None:
         """With rng="eager" and a step report, reach eager's generator state before every random op

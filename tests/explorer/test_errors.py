@@ -158,13 +158,20 @@ def test_fake_modified_after_deferred_init_is_recorded_and_replayed():
     assert torch.equal(module.weight, eager.weight) and torch.equal(module.bias, eager.bias)
 
 
-def test_tensor_from_another_graph_is_rejected():
+def test_a_write_into_a_tensor_of_another_graph_is_rejected_and_a_read_is_recorded():
     first = deferred_init(nn.Linear, 2, 2)
 
-    def mixes():
+    def writes() -> nn.Module:
+        module = nn.Linear(2, 2)
+        first.weight.data.copy_(module.weight)
+        return module
+
+    with pytest.raises(DeferredInitError, match="a fake tensor from another deferred_init graph"):
+        deferred_init(writes)
+
+    def reads() -> nn.Module:  # record/foreign.py: the value `first.weight` has now
         module = nn.Linear(2, 2)
         module.weight.data.copy_(first.weight)
         return module
 
-    with pytest.raises(DeferredInitError, match="a fake tensor from another deferred_init graph"):
-        deferred_init(mixes)
+    assert torch.equal(materialize_module(deferred_init(reads)).weight, materialize_module(first).weight)

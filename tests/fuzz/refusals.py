@@ -52,7 +52,9 @@ REAL_TENSOR_WRITE_AFTER = Refusal(
     phases=("copy_slot", "new_from", "load", "reinit", "parametrize"),
 )
 # One aten op over fakes of two recordings (two deferred_init calls, or a deferred model and a
-# `deferred()` block): the replay of one graph cannot read the other (README "Limitations").
+# `deferred()` block) that writes into or views the other recording's tensor beside its own, or
+# draws random numbers on it alone (note [Reading another recording] in record/foreign.py). Reads
+# across recordings are recorded, so generated programs (copies out of the other model) never earn it.
 TWO_RECORDINGS = Refusal(
     "an op mixing tensors of two deferred recordings",
     (DeferredInitError,),

@@ -470,3 +470,34 @@ def test_save_checkpoint_of_a_hub_tensor_changed_after_loading_writes_the_change
     for key, tensor in stored.items():
         if key != changed:
             assert torch.equal(saved[key], tensor.to(torch.float32)), key
+
+
+def test_releases_that_look_up_one_file_at_a_time_get_header_stubs_too(local_hub, llama_checkpoint, monkeypatch):
+    """transformers before `cached_files` (4.45 to about 4.50) looks each weight file up with
+    `cached_file`, which its hub module and its loader hold by name: both are wrapped in a deferred
+    scope and restored after it. Such a release is stood in for by modules holding only that name."""
+    import json
+    import sys
+    import types
+    from pathlib import Path
+
+    from transformers.utils import hub as current_hub
+
+    old_hub, old_loader = types.ModuleType("old_hub"), types.ModuleType("old_loader")
+    old_hub.cached_file = old_loader.cached_file = current_hub.cached_file
+    monkeypatch.setitem(sys.modules, "transformers.utils.hub", old_hub)
+    monkeypatch.setitem(sys.modules, "transformers.modeling_utils", old_loader)
+    shard = _shard_of(llama_checkpoint, "model.layers.3.mlp.up_proj.weight")
+    with explorer.deferred():
+        assert old_loader.cached_file is old_hub.cached_file is not current_hub.cached_file
+        index = old_loader.cached_file(LLAMA_REPO, "model.safetensors.index.json")
+        stub = old_hub.cached_file(LLAMA_REPO, shard)
+        single = old_loader.cached_file(LLAMA_REPO, "model.safetensors", _raise_exceptions_for_missing_entries=False)
+    assert old_hub.cached_file is old_loader.cached_file is current_hub.cached_file
+    real = (llama_checkpoint / shard).read_bytes()
+    header = 8 + int.from_bytes(real[:8], "little")
+    assert Path(stub).stat().st_size == len(real) and Path(stub).read_bytes()[:header] == real[:header]
+    assert _shard_bytes(local_hub) == header  # the header only
+    wanted = json.loads((llama_checkpoint / "model.safetensors.index.json").read_text())
+    assert json.loads(Path(index).read_text()) == wanted
+    assert single is None  # not in this sharded repo, and asked without raising
