@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,7 +70,26 @@ def _decoder_parts(model: nn.Module) -> dict[str, nn.Module]:
         raise PipelineSplitError(
             f"no pipeline split for {type(model).__name__}: `model.layers` is not a non-empty ModuleList of blocks"
         )
+    missing = _missing_mask_builder()
+    if missing:
+        raise PipelineSplitError(
+            f"no pipeline split for {type(model).__name__}: stages build their attention masks with "
+            f"transformers.masking_utils, which {missing} (the Llama-layout models of releases before it "
+            "build masks inside the model's forward); upgrade transformers, or plan layouts without "
+            "pipeline stages (pp=1)"
+        )
     return parts
+
+
+def _missing_mask_builder() -> str:
+    """Why transformers' mask functions cannot be imported here ("" when they can)."""
+    if importlib.util.find_spec("transformers") is None:
+        return "needs transformers, which is not installed"
+    if importlib.util.find_spec("transformers.masking_utils") is None:
+        import transformers
+
+        return f"transformers {transformers.__version__} does not have"
+    return ""
 
 
 def plan_stages(model: nn.Module, stages: int) -> list[StagePlan]:

@@ -90,6 +90,23 @@ def test_a_model_without_the_llama_layout_is_refused_naming_what_is_missing():
         plan_stages(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), 2)
 
 
+def test_a_transformers_release_without_mask_functions_is_refused_naming_it(monkeypatch):
+    import sys
+
+    import transformers
+
+    model = _model("llama")
+    monkeypatch.setitem(sys.modules, "transformers.masking_utils", None)  # as releases before it (4.46)
+    message = (
+        "no pipeline split for LlamaForCausalLM: stages build their attention masks with transformers.masking_utils, "
+        f"which transformers {transformers.__version__} does not have (the Llama-layout models of releases before "
+        "it build masks inside the model's forward); upgrade transformers, or plan layouts without pipeline stages "
+        "(pp=1)"
+    )
+    with pytest.raises(PipelineSplitError, match=re.escape(message)):
+        plan_stages(model, 2)
+
+
 def test_blocks_not_divisible_by_the_stages_are_refused_with_both_counts():
     message = "LlamaForCausalLM has 4 blocks (model.layers), not divisible into 3 pipeline stages"
     with pytest.raises(PipelineSplitError, match=re.escape(message)):
