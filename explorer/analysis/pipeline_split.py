@@ -70,14 +70,6 @@ def _decoder_parts(model: nn.Module) -> dict[str, nn.Module]:
         raise PipelineSplitError(
             f"no pipeline split for {type(model).__name__}: `model.layers` is not a non-empty ModuleList of blocks"
         )
-    missing = _missing_mask_builder()
-    if missing:
-        raise PipelineSplitError(
-            f"no pipeline split for {type(model).__name__}: stages build their attention masks with "
-            f"transformers.masking_utils, which {missing} (the Llama-layout models of releases before it "
-            "build masks inside the model's forward); upgrade transformers, or plan layouts without "
-            "pipeline stages (pp=1)"
-        )
     return parts
 
 
@@ -228,6 +220,15 @@ def _parameter_names(function: Callable[..., Any]) -> frozenset[str]:
 def split_stages(model: nn.Module, stages: int, indices: list[int] | None = None) -> list[DecoderStage]:
     """`DecoderStage`s of `model` (all `stages`, or those at `indices`), sharing its modules.
 
-    Raises PipelineSplitError as `plan_stages` does."""
+    Raises PipelineSplitError as `plan_stages` does, and when transformers' mask functions, which
+    the stages call, are not there (releases before `transformers.masking_utils`)."""
     plans = plan_stages(model, stages)
+    missing = _missing_mask_builder()
+    if missing:
+        raise PipelineSplitError(
+            f"no pipeline split for {type(model).__name__}: stages build their attention masks with "
+            f"transformers.masking_utils, which {missing} (the Llama-layout models of releases before it "
+            "build masks inside the model's forward); upgrade transformers, or plan layouts without "
+            "pipeline stages (pp=1)"
+        )
     return [DecoderStage(model, plans[i]) for i in (range(stages) if indices is None else indices)]

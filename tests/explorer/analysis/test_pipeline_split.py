@@ -103,8 +103,12 @@ def test_a_transformers_release_without_mask_functions_is_refused_naming_it(monk
         "it build masks inside the model's forward); upgrade transformers, or plan layouts without pipeline stages "
         "(pp=1)"
     )
+    assert [plan.blocks for plan in plan_stages(model, 2)] == [
+        ("model.layers.0", "model.layers.1"),
+        ("model.layers.2", "model.layers.3"),
+    ]
     with pytest.raises(PipelineSplitError, match=re.escape(message)):
-        plan_stages(model, 2)
+        split_stages(model, 2)
 
 
 def test_blocks_not_divisible_by_the_stages_are_refused_with_both_counts():
