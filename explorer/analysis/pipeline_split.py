@@ -118,6 +118,14 @@ class DecoderStage(nn.Module):
     def __init__(self, model: nn.Module, plan: StagePlan) -> None:
         super().__init__()
         parts = _decoder_parts(model)
+        missing = _missing_mask_builder()
+        if missing:
+            raise PipelineSplitError(
+                f"no pipeline split for {type(model).__name__}: stages build their attention masks with "
+                f"transformers.masking_utils, which {missing} (the Llama-layout models of releases before it "
+                "build masks inside the model's forward); upgrade transformers, or plan layouts without "
+                "pipeline stages (pp=1)"
+            )
         self.config = model.config
         self.plan = plan
         self.embed_tokens = parts["model.embed_tokens"] if plan.embedding else None
@@ -221,14 +229,6 @@ def split_stages(model: nn.Module, stages: int, indices: list[int] | None = None
     """`DecoderStage`s of `model` (all `stages`, or those at `indices`), sharing its modules.
 
     Raises PipelineSplitError as `plan_stages` does, and when transformers' mask functions, which
-    the stages call, are not there (releases before `transformers.masking_utils`)."""
+    the stages call, are not there (releases before `transformers.masking_utils`): each stage checks."""
     plans = plan_stages(model, stages)
-    missing = _missing_mask_builder()
-    if missing:
-        raise PipelineSplitError(
-            f"no pipeline split for {type(model).__name__}: stages build their attention masks with "
-            f"transformers.masking_utils, which {missing} (the Llama-layout models of releases before it "
-            "build masks inside the model's forward); upgrade transformers, or plan layouts without "
-            "pipeline stages (pp=1)"
-        )
     return [DecoderStage(model, plans[i]) for i in (range(stages) if indices is None else indices)]
