@@ -542,7 +542,7 @@ class GraphBuilder:
         )
 
     def record_other_recording_read(
-        self, pinned: DeferredTensor, stand_in: DeferredTensor, source: SourceLocation | None
+        self, pinned: FakeTensor, stand_in: FakeTensor, source: SourceLocation | None
     ) -> None:
         """Record `stand_in` as the value of `pinned`, a fake of another recording, kept as an
         external input (note [Reading another recording] in record/foreign.py)."""

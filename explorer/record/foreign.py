@@ -27,6 +27,7 @@ running, or failed).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -111,7 +112,7 @@ def run_in_other_recording(func: Any, args: tuple, kwargs: dict, source: SourceL
 def with_reads_adopted(
     graph: InitGraph,
     make_fake: FakeFactory,
-    record_read: Any,
+    record_read: Callable[[FakeTensor, FakeTensor], None],
     func: Any,
     args: tuple,
     kwargs: dict,
@@ -138,7 +139,13 @@ def with_reads_adopted(
     return adopted_args, {name: adopt(value, name) for name, value in kwargs.items()}
 
 
-def _read(tensor: FakeTensor, make_fake: FakeFactory, record_read: Any, source: SourceLocation | None) -> Any:
+def _read(
+    tensor: FakeTensor,
+    make_fake: FakeFactory,
+    record_read: Callable[[FakeTensor, FakeTensor], None],
+    source: SourceLocation | None,
+) -> FakeTensor:
+    """The stand-in for `tensor`'s value now: pinned by a clone in its own recording, read into this one."""
     recorder = tensor.__dict__[HANDLE_ATTR].graph.recorder
     if recorder is None:
         raise mixed_recordings(source, " (its recording has not finished)")

@@ -155,7 +155,7 @@ class RecordingDispatchMode(TorchDispatchMode):
     def _adopting_reads(self, func: Any, args: tuple, kwargs: dict, source: Any) -> tuple[tuple, dict]:
         """`func`'s arguments with other recordings' fakes read into this one (record/foreign.py)."""
 
-        def record_read(pinned: DeferredTensor, stand_in: DeferredTensor) -> None:
+        def record_read(pinned: FakeTensor, stand_in: FakeTensor) -> None:
             self.builder.record_other_recording_read(pinned, stand_in, source)
 
         return with_reads_adopted(self.builder.graph, self.make_fake, record_read, func, args, kwargs, source)
