@@ -30,6 +30,7 @@ from .hub_open import recorded_hub_downloads
 from .initializers import recorded_initializers
 from .lazy import deferred_lazy_modules
 from .modes import RecordingDispatchMode
+from .parameter_classes import recorded_parameter_classes
 from .scope import RecordingScope, recording, recording_graph
 from .seeding import seeding_moves_the_start
 from .source import module_being_built, user_location
@@ -178,6 +179,7 @@ def _recording_into() -> Iterator[_Session]:
             fake_mode,
             RecordingDispatchMode(builder, reader, fake_mode),
             deferred_lazy_modules(),
+            recorded_parameter_classes(),
             recorded_initializers(),
             recorded_checkpoint_reads(),
             recorded_hub_downloads(),
@@ -328,6 +330,7 @@ def _recording_onto(graph: InitGraph) -> Iterator[_Session]:
             session.fake_mode,
             RecordingDispatchMode(session.builder, session.reader, session.fake_mode),
             deferred_lazy_modules(),
+            recorded_parameter_classes(),
             recorded_initializers(),
             recorded_checkpoint_reads(),
             recorded_hub_downloads(),

@@ -18,6 +18,7 @@ from .._torch_compat.dispatch import tree_flatten
 from .._torch_compat.fake import FakeTensor, fake_instance_attributes
 from ..naming import dtype_name
 from .no_data import DeferredStorage, named_tensors_of, no_data_error
+from .parameter_classes import PARAMETER_CLASS_ATTR
 from .scope import active_scope, outside_recording, recording_graph
 
 if TYPE_CHECKING:
@@ -165,6 +166,8 @@ class DeferredTensor(FakeTensor):
             if isinstance(self, torch.nn.Parameter):
                 data = self.data.clone(memory_format=torch.preserve_format)
                 result = torch.nn.Parameter(data, self.requires_grad)
+                if PARAMETER_CLASS_ATTR in self.__dict__:  # eager's copy is `type(self)(...)`
+                    result.__dict__[PARAMETER_CLASS_ATTR] = self.__dict__[PARAMETER_CLASS_ATTR]
             else:
                 result = _copy_keeping_storage(self, memo)
                 if self.requires_grad:
@@ -228,7 +231,7 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
 # `__dict__`, or `requires_grad=`, which `torch.Tensor(other)` does not take); a bare
 # `type(t)(data)` is refused, naming both readings. `data` may be fake (recorded as
 # `nn.Parameter(data)` is) or real (a real parameter, as in eager).
-_FAKE_STATE = frozenset({HANDLE_ATTR, "_is_param"})
+_FAKE_STATE = frozenset({HANDLE_ATTR, "_is_param", PARAMETER_CLASS_ATTR})
 
 
 def _rewrapped(data: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:

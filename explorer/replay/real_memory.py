@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..record.fake import user_attributes
+from ..record.parameter_classes import parameter_class
 
 
 def alias_on(base: torch.Tensor, shape: tuple, stride: tuple, offset: int, dtype: torch.dtype) -> torch.Tensor:
@@ -32,14 +33,15 @@ def storage_moved(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def as_recorded_kind(real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
-    """Parameters come back as nn.Parameter (same requires_grad); buffers as plain tensors. Either
+    """Parameters come back as nn.Parameter, or the subclass they were made as (same requires_grad);
+    buffers as plain tensors. Either
     way with the attributes a user or library set on the fake (`user_attributes`), as eager's
     tensor has them."""
     if real.is_inference() and not torch.is_inference_mode_enabled():
         with torch.inference_mode():  # where eager made it: requires_grad is refused elsewhere
             return as_recorded_kind(real, fake)
-    if isinstance(fake, torch.nn.Parameter):
-        real = torch.nn.Parameter(real, requires_grad=fake.requires_grad)
+    if isinstance(fake, torch.nn.Parameter):  # of its class, without its own __new__ (eager's ran on the fake)
+        real = torch.nn.Parameter.__new__(parameter_class(fake), real, fake.requires_grad)
     elif fake.requires_grad and not real.requires_grad and real.is_leaf and real.is_floating_point():
         real.requires_grad_(True)
     for name, value in user_attributes(fake).items():

@@ -1,5 +1,7 @@
 """Materialization: views, in-place ops, memoization, ties and partial orders."""
 
+import copy
+
 import torch
 from torch import nn
 
@@ -110,6 +112,43 @@ def test_materialized_tensors_keep_attributes_set_on_them_as_eager():
     materialize_module(module)
     assert _tags(module) == _tags(eager) == [True, True, ["kept"], []]
     assert module.mask.tag is not eager.mask.tag  # each construction makes its own list
+
+
+class ScaledParameter(nn.Parameter):
+    """A parameter subclass with its own `__new__` and an attribute, as quantization libraries have."""
+
+    def __new__(cls, data: torch.Tensor, scale: float = 1.0) -> "ScaledParameter":
+        parameter = super().__new__(cls, data)
+        parameter.scale = scale
+        return parameter
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = ScaledParameter(torch.ones(2), scale=3.0)
+        self.frozen = ScaledParameter(torch.zeros(1))
+        self.frozen.requires_grad_(False)
+        self.linear = nn.Linear(2, 2)
+
+
+def _kinds(module: nn.Module) -> list:
+    return [
+        (type(module.w), module.w.scale, module.w.requires_grad),
+        (type(module.frozen), module.frozen.requires_grad),
+    ]
+
+
+def test_a_parameter_subclass_materializes_as_its_class_and_so_does_a_deepcopy():
+    eager = Scaled()
+    module = deferred_init(Scaled)
+    copied = copy.deepcopy(module)
+    materialize_module(module)
+    materialize_module(copied)
+    want = [(ScaledParameter, 3.0, True), (ScaledParameter, False)]
+    assert _kinds(module) == _kinds(eager) == want
+    assert type(module.linear.weight) is nn.Parameter
+    assert type(copied.w) is type(copy.deepcopy(eager).w) is ScaledParameter
 
 
 class Stack(nn.Module):
