@@ -237,7 +237,11 @@ _FAKE_STATE = frozenset({HANDLE_ATTR, "_is_param", PARAMETER_CLASS_ATTR})
 def _rewrapped(data: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
     state = {k: v for k, v in kwargs.items() if k not in _FAKE_STATE and k not in fake_instance_attributes()}
     if kwargs.get("_is_param") or "requires_grad" in kwargs:
-        return torch.nn.Parameter(data, **state)
+        made_as = kwargs.get(PARAMETER_CLASS_ATTR, torch.nn.Parameter)  # eager calls that class
+        out = made_as(data, **state)
+        if made_as is not torch.nn.Parameter and isinstance(out, FakeTensor):
+            out.__dict__[PARAMETER_CLASS_ATTR] = made_as
+        return out
     raise TypeError(
         f"type(t)(data) with t deferred and data of shape {tuple(data.shape)}, {dtype_name(data.dtype)}: "
         "deferred parameters and buffers share one class, so say which is meant: for a parameter pass "

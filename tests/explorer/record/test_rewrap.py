@@ -90,3 +90,29 @@ def test_a_bare_call_of_the_deferred_class_says_which_readings_it_has():
         "one class, so say which is meant: for a parameter pass requires_grad= (as nn.Parameter(data, "
         "requires_grad)); for a buffer's torch.Tensor(data), use data.view_as(data)"
     )
+
+
+class QuantizedParameter(nn.Parameter):
+    """Takes its attributes back as keywords, as bitsandbytes' `Params4bit` does for the re-wrap idiom."""
+
+    def __new__(cls, data: torch.Tensor, requires_grad: bool = True, blocksize: int = 64) -> QuantizedParameter:
+        parameter = super().__new__(cls, data, requires_grad)
+        parameter.blocksize = blocksize
+        return parameter
+
+
+class Quantized(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = QuantizedParameter(torch.ones(2, 2), blocksize=32)
+
+
+def test_a_parameter_subclass_rewrapped_after_deferred_init_keeps_its_class_and_attributes():
+    eager, module = Quantized(), deferred_init(Quantized)
+    for owner in (eager, module):
+        p = owner.w
+        owner.w = type(p)(p.data * 2, requires_grad=False, **p.__dict__)  # accelerate's idiom
+    materialize_module(module)
+    assert type(module.w) is type(eager.w) is QuantizedParameter
+    assert (module.w.blocksize, module.w.requires_grad) == (eager.w.blocksize, eager.w.requires_grad) == (32, False)
+    assert torch.equal(module.w, eager.w)
