@@ -647,7 +647,7 @@ def test_rows_of_an_unbind_output_changed_in_place_are_refused_as_eager_refuses_
         ("register_buffer", "", "t6", 4, True),
     ))
     eager, _ = build_eager(program)
-    with pytest.raises(RuntimeError, match="Output 0 of Unbind is a view"):
+    with pytest.raises(RuntimeError, match=r"Output 0 of Unbind(Backward0)? is a view"):  # 2.11 names the node
         eager.t6[1:]
     assert check_rows(program, eager) == 1  # drawn alone; the view t[1:] skipped, as eager refuses it
     assert check_outcome(program, Plan(()), "t6") is None
