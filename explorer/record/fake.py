@@ -235,7 +235,7 @@ _FAKE_STATE = frozenset({HANDLE_ATTR, "_is_param", PARAMETER_CLASS_ATTR})
 
 
 def _rewrapped(data: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
-    state = {k: v for k, v in kwargs.items() if k not in _FAKE_STATE and k not in fake_instance_attributes()}
+    state = _without_fake_state(kwargs)
     if kwargs.get("_is_param") or "requires_grad" in kwargs:
         made_as = kwargs.get(PARAMETER_CLASS_ATTR, torch.nn.Parameter)  # eager calls that class
         out = made_as(data, **state)
@@ -254,7 +254,12 @@ def user_attributes(tensor: torch.Tensor) -> dict[str, Any]:
     """What a user or a library set on deferred `tensor` (`p._no_weight_decay = True`, Hugging Face's
     `_is_hf_initialized`): its instance attributes less the fake's own state. Materialization puts
     them on the real tensor, where eager construction has them."""
-    return {k: v for k, v in tensor.__dict__.items() if k not in _FAKE_STATE and k not in fake_instance_attributes()}
+    return _without_fake_state(tensor.__dict__)
+
+
+def _without_fake_state(attributes: dict[str, Any]) -> dict[str, Any]:
+    """`attributes` (a fake's `__dict__`, or the keywords built from it) less the fake's own state."""
+    return {k: v for k, v in attributes.items() if k not in _FAKE_STATE and k not in fake_instance_attributes()}
 
 
 def _recorder_of(args: tuple, kwargs: dict) -> Any:

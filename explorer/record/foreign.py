@@ -27,7 +27,7 @@ running, or failed).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -60,6 +60,14 @@ def mixed_recordings(source: SourceLocation | None, why: str = "") -> DeferredIn
     )
 
 
+def _fake_arguments(args: tuple, kwargs: dict) -> Iterator[FakeTensor]:
+    """The fakes among an op's arguments and the items of its list arguments."""
+    for value in (*args, *kwargs.values()):
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, FakeTensor):
+                yield item
+
+
 def other_recording(value: Any, graph: InitGraph) -> bool:
     """Whether `value` is a deferred fake recorded into another graph than `graph`."""
     if not isinstance(value, FakeTensor):
@@ -70,13 +78,7 @@ def other_recording(value: Any, graph: InitGraph) -> bool:
 
 def reads_other_recordings(graph: InitGraph, args: tuple, kwargs: dict) -> bool:
     """Whether any argument (or item of a list argument) is a fake of another recording."""
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, (list, tuple)):
-            if any(other_recording(item, graph) for item in value):
-                return True
-        elif other_recording(value, graph):
-            return True
-    return False
+    return any(other_recording(fake, graph) for fake in _fake_arguments(args, kwargs))
 
 
 def runs_in_other_recording(graph: InitGraph, func: Any, args: tuple, kwargs: dict) -> bool:
@@ -84,12 +86,7 @@ def runs_in_other_recording(graph: InitGraph, func: Any, args: tuple, kwargs: di
     `graph` among its arguments, and no random numbers drawn (see the note)."""
     if torch.Tag.nondeterministic_seeded in func.tags:
         return False
-    for value in (*args, *kwargs.values()):
-        items = value if isinstance(value, (list, tuple)) else (value,)
-        for item in items:
-            if isinstance(item, FakeTensor) and not other_recording(item, graph):
-                return False
-    return True
+    return all(other_recording(fake, graph) for fake in _fake_arguments(args, kwargs))
 
 
 def run_in_other_recording(func: Any, args: tuple, kwargs: dict, source: SourceLocation | None) -> Any:
@@ -97,9 +94,8 @@ def run_in_other_recording(func: Any, args: tuple, kwargs: dict, source: SourceL
     its outputs are that recording's fakes."""
     graphs = {
         id(handle.graph): handle.graph
-        for value in (*args, *kwargs.values())
-        for item in (value if isinstance(value, (list, tuple)) else (value,))
-        if isinstance(item, FakeTensor) and (handle := item.__dict__.get(HANDLE_ATTR)) is not None
+        for fake in _fake_arguments(args, kwargs)
+        if (handle := fake.__dict__.get(HANDLE_ATTR)) is not None
     }
     recorder = next(iter(graphs.values())).recorder if len(graphs) == 1 else None
     if recorder is None:
