@@ -23,6 +23,7 @@ __all__ = [
     "disable_torch_function",
     "metadata_access",
     "meta_in_tls_dispatch_include",
+    "never_traced_by_dynamo",
     "preserve_dispatch_key_guard",
     "pytree",
     "storage_id",
@@ -54,6 +55,15 @@ def meta_in_tls_dispatch_include(value: bool) -> None:
     """Add (or drop) Meta in the thread's dispatch include set: kernels run their meta versions.
     Use inside `preserve_dispatch_key_guard()`."""
     torch._C._set_meta_in_tls_dispatch_include(value)
+
+
+def never_traced_by_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` as torch.compile's frame tracer must leave it: run as plain Python, with every frame it
+    calls (see note [A deferred model under torch.compile] in record/fake.py). The decorator torch
+    puts on TorchDispatchMode handlers; it imports torch._dynamo on the first call only, which
+    FakeTensorMode has done by then. A torch without it leaves `fn` as it is."""
+    disable = getattr(torch, "_disable_dynamo", None)
+    return fn if disable is None else disable(fn, recursive=True)
 
 
 def throw_on_mutable_data_ptr(tensor: torch.Tensor) -> None:

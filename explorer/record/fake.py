@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._torch_compat.dispatch import tree_flatten
+from .._torch_compat.dispatch import never_traced_by_dynamo, tree_flatten
 from .._torch_compat.fake import FakeTensor, fake_instance_attributes
 from ..naming import dtype_name
 from .no_data import DeferredStorage, named_tensors_of, no_data_error
@@ -63,9 +63,14 @@ class DeferredTensor(FakeTensor):
         return _rewrapped(args[0], kwargs)
 
     @classmethod
-    def __torch_dispatch__(  # type: ignore[override]  # the dispatcher passes a dict; FakeTensor's stub says Mapping
-        cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
-    ) -> Any:
+    @never_traced_by_dynamo  # note [A deferred model under torch.compile]
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        # Note: [A deferred model under torch.compile]
+        # `torch.compile(model)(x)` on a deferred model does what `model(x)` does: the forward is
+        # recorded and its output is fake. Dynamo cannot trace the recorder (it would compile the
+        # handler's own frames, and AOT autograd's RNG save/restore then meets a fake generator
+        # state: "Invalid mt19937 state"), so this handler runs untraced, as a graph break. Once
+        # the model is materialized the same compiled module compiles its real forward.
         kwargs = kwargs or {}
         if active_scope() is None:  # during deferred_init the recording mode sees ops first
             recorder = _recorder_of(args, kwargs)

@@ -201,3 +201,27 @@ def test_a_saved_transformers_model_loads_into_a_deferred_one(tmp_path, restore_
     materialize_module(module)
     for name, value in saved.state_dict().items():
         assert torch.equal(module.state_dict()[name], value), name
+
+
+def _two_layers() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+
+
+def test_torch_compile_of_a_deferred_model_records_the_forward_as_calling_it_does(restore_rng) -> None:
+    # note [A deferred model under torch.compile]: before, dynamo compiled the recorder's own frames
+    # and AOT autograd failed with "Invalid mt19937 state"
+    from explorer import materialize_tensor
+
+    torch.manual_seed(0)
+    model = deferred_init(_two_layers)
+    compiled = torch.compile(model, backend="aot_eager")
+    x = torch.randn(2, 4)
+    out = compiled(x)
+    assert is_fake(out) and out.shape == (2, 2)
+    torch.manual_seed(0)
+    eager = _two_layers()
+    assert torch.equal(materialize_tensor(out), eager(x))
+    materialize_module(model)
+    real_out = compiled(x)  # the same compiled module, now over real tensors
+    assert not is_fake(real_out)
+    assert torch.equal(real_out, eager(x))
