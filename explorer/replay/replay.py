@@ -230,6 +230,7 @@ class Replay:
         on_step: StepReport | None = None,
     ) -> list[torch.Tensor]:
         """Materialize `fakes` (whose ids are `tids`); nothing is remembered unless all succeed."""
+        self._read_other_recordings_first(tids)
         with self.state.lock:
             ops = self.ops_to_run(tids)
             check_replayable(self.graph, self.routing, ops, tids, self.names)
@@ -272,6 +273,18 @@ class Replay:
                 if sid not in self.anchor_store:
                     self.anchor_store[sid] = result
             return results
+
+    def _read_other_recordings_first(self, tids: Sequence[TensorId]) -> None:
+        """Note: [Recordings that read each other]
+        Two recordings can read each other: B's constructor read A, then an op on A read B. Then
+        materializing A replays part of B, and materializing B part of A, each under its graph's
+        lock. Were the other recording read with that lock held, two threads materializing A and B
+        at once would each wait for the lock the other holds. So the other recordings' values are
+        read first, holding no lock; the run under the lock then finds them read."""
+        if not any(handle_of(external.tensor) is not None for external in self.graph.externals):
+            return  # reads no other recording: the common case, with no closure walked twice
+        with outside_recording():
+            self._read_other_recordings(self.graph.closure_of(tids, skip_dead_writes=True))
 
     def _read_other_recordings(self, ops: Sequence[OpIndex]) -> None:
         """The values of other recordings' tensors that `ops` read, made by replays of those

@@ -2,6 +2,7 @@
 
 import gc
 import re
+import threading
 
 import pytest
 import torch
@@ -196,3 +197,49 @@ def test_to_fx_refuses_a_recording_that_reads_another():
         "recording (load_state_dict or a copy between two deferred models); materialize_module gives "
         "the same values"
     )
+
+
+def test_two_recordings_that_read_each_other_materialize_on_two_threads_at_once(monkeypatch):
+    # note [Recordings that read each other]: each thread holds its own graph's lock when it needs
+    # the other's, unless the other recording is read first
+    torch.manual_seed(0)
+    teacher = Teacher()
+    student = Student(teacher)
+    with torch.no_grad():
+        teacher.a.bias.add_(student.a.bias)
+    torch.manual_seed(0)
+    deferred_teacher = deferred_init(Teacher)
+    deferred_student = deferred_init(Student, deferred_teacher)
+    with torch.no_grad():
+        deferred_teacher.a.bias.add_(deferred_student.a.bias)  # now each reads the other
+
+    from explorer.replay.replay import Replay
+
+    both_started = threading.Barrier(2, timeout=20)
+    started = threading.local()
+    read_others = Replay._read_other_recordings
+
+    def read_others_after_both_started(self, ops):  # the two threads' first reads, side by side
+        if not getattr(started, "done", False):
+            started.done = True
+            both_started.wait()
+        return read_others(self, ops)
+
+    monkeypatch.setattr(Replay, "_read_other_recordings", read_others_after_both_started)
+    failures: list[BaseException] = []
+
+    def materialize(module: nn.Module) -> None:
+        try:
+            materialize_module(module)
+        except BaseException as error:  # noqa: BLE001 - reported by the assertion below
+            failures.append(error)
+
+    threads = [threading.Thread(target=materialize, args=(m,), daemon=True) for m in (deferred_teacher, deferred_student)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert [thread.is_alive() for thread in threads] == [False, False], "the two materializations deadlocked"
+    assert failures == []
+    _assert_equal(deferred_teacher, teacher)
+    _assert_equal(deferred_student, student)
