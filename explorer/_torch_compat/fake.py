@@ -61,6 +61,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._prims_common import suggest_memory_format as _suggest_memory_format
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -88,10 +89,20 @@ __all__ = [
     "fake_instance_attributes",
     "set_in_kernel_invocation",
     "in_kernel_invocation",
+    "kernel_memory_format",
     "unset_fake_temporarily",
 ]
 
 _META = torch.device("meta")
+
+
+def kernel_memory_format(tensor: torch.Tensor) -> torch.memory_format:
+    """The layout ATen's `Tensor::suggest_memory_format()` gives `tensor` (what kernels that
+    allocate `empty_like(x, x.suggest_memory_format())` lay their output out as): channels_last for
+    4-d and channels_last_3d for 5-d tensors with channels-last strides, else contiguous."""
+    return _suggest_memory_format(tensor)
+
+
 _CPU = torch.device("cpu")
 
 

@@ -27,6 +27,7 @@ from .._torch_compat.fake import (
 )
 from ..errors import DeferredInitError, MaterializationError
 from ..graph import is_inplace_random
+from .batch_norm import BATCH_NORMS, as_kernels_run_it, with_kernel_layout
 from .builder import PLAIN_ARGUMENTS, SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
 from .computed import compute_for_real
 from .fake import DeferredTensor
@@ -87,6 +88,10 @@ class RecordingDispatchMode(TorchDispatchMode):
             return func(*args, **kwargs)
         if kind is _RESOLVE and not _RESOLVE_BIT[func](args[0]):
             return args[0]  # eager returns its argument itself when there is nothing to resolve
+        batch_norm = kind is _BATCH_NORM
+        if batch_norm:  # note [Batch norm as its kernels run it]
+            func, args, kwargs = as_kernels_run_it(func, args, kwargs)
+            kind = _read_kind(func, batch_norm=False)
         source = user_location(2)
         if entry.direct:
             out = self._record_directly(entry, func, args, kwargs, source)
@@ -97,13 +102,7 @@ class RecordingDispatchMode(TorchDispatchMode):
                 return run_in_other_recording(func, args, kwargs, source)
             args, kwargs = self._adopting_reads(func, args, kwargs, source)
         if kind is _VALUE_READ:
-            # A fake's true value comes from replay; a real tensor from outside has its own.
-            real = self.read_value(args[0]) if isinstance(args[0], FakeTensor) else args[0]
-            with outside_recording():
-                value = func(real)
-            with _metadata_access():
-                self.builder.record(func, args, kwargs, value, source)
-            return value
+            return self._record_value_read(func, args, kwargs, source)
         if kind is _INPLACE_VIEW_OP and isinstance(args[0], FakeTensor):
             with _metadata_access():
                 self.builder.id_of(args[0], source)  # the layout before, in case it was never seen
@@ -128,6 +127,8 @@ class RecordingDispatchMode(TorchDispatchMode):
                 # Fake mode would take another recording's fake for a real tensor and convert it.
                 self.builder.refuse_other_recordings(args, kwargs, source)
                 out = func(*args, **kwargs)
+            if batch_norm:
+                out = with_kernel_layout(out, args, self.make_fake)
         except DeferredInitError:
             raise
         except (DynamicOutputShapeException, DataDependentOutputException):
@@ -151,6 +152,16 @@ class RecordingDispatchMode(TorchDispatchMode):
         with _metadata_access():
             self.builder.record(func, args, kwargs, out, source, written)
         return out
+
+    def _record_value_read(self, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:
+        """`.item()` and its kin: answered with the true value, and recorded."""
+        # A fake's true value comes from replay; a real tensor from outside has its own.
+        real = self.read_value(args[0]) if isinstance(args[0], FakeTensor) else args[0]
+        with outside_recording():
+            value = func(real)
+        with _metadata_access():
+            self.builder.record(func, args, kwargs, value, source)
+        return value
 
     def _adopting_reads(self, func: Any, args: tuple, kwargs: dict, source: Any) -> tuple[tuple, dict]:
         """`func`'s arguments with other recordings' fakes read into this one (record/foreign.py)."""
@@ -253,6 +264,7 @@ _PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLV
     "detach",
     "other",
 )
+_BATCH_NORM = "batch-norm"  # note [Batch norm as its kernels run it]
 
 
 class _Kind(NamedTuple):
@@ -292,13 +304,15 @@ def _entry(func: Any) -> _Kind:
     return entry
 
 
-def _read_kind(func: Any) -> str:
+def _read_kind(func: Any, batch_norm: bool = True) -> str:
     if func.namespace == "prim":
         return _PASS_THROUGH
     if func in _VALUE_READS:
         return _VALUE_READ
     if func in _RESOLVE_BIT:
         return _RESOLVE
+    if batch_norm and func in BATCH_NORMS:
+        return _BATCH_NORM
     if _INPLACE_VIEW in func.tags and func is not _aten.resize_.default:
         return _INPLACE_VIEW_OP
     if is_inplace_random(func):
