@@ -8,7 +8,15 @@ reseed after random ops were recorded would split the stream in two, which repla
 it is refused with a message saying to seed before the block. Inside the scope only; undone on
 every exit.
 
-Note: wraps `torch.manual_seed` (= `torch.random.manual_seed`), looked up at call time by callers
+Note: [Rewinding the generator while recording]
+`torch.set_rng_state` (and `torch.random.fork_rng`, which restores the state it read on exit) can
+rewind the generator: in eager, the draws after it repeat earlier ones. Replay's stream only moves
+forward, so a rewind after random ops were recorded would replay other numbers than eager's,
+silently. It is refused instead, unless nothing was drawn since the state was read (a no-op). Before
+the first random op it moves the start like a seed. Not seen: `torch.default_generator.set_state`
+and `.manual_seed` called on the generator object itself (C methods, not wrappable).
+
+Note: wraps `torch.manual_seed` (= `torch.random.manual_seed`) and its kin, looked up at call time by callers
 such as `transformers.set_seed`; re-check on upgrades (tests/explorer/record/test_deferred_block.py).
 """
 
@@ -25,29 +33,78 @@ from ..graph import InitGraph
 from .generators import capture_start_state
 
 
+def _drawn(graph: InitGraph) -> int:
+    return sum(len(ops) for ops in graph.random_streams.values())
+
+
+def _recapture_start(graph: InitGraph) -> None:
+    """The generator states as they are now become `graph`'s start (nothing was drawn yet)."""
+    graph.rng_start["cpu"] = torch.default_generator.get_state()
+    graph.rng_restarts.clear()  # the seed, not earlier deferred recordings, now decides the start
+    for key in list(graph.rng_start):
+        if key != "cpu":
+            graph.rng_start[key] = capture_start_state(key)
+
+
 @contextlib.contextmanager
 def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
-    """While the block runs, `torch.manual_seed` before any random op re-captures `graph`'s start states."""
-    original = torch.random.manual_seed
+    """While the block runs, `torch.manual_seed`, `torch.seed` or `torch.set_rng_state` before any
+    random op re-captures `graph`'s start states; after one, they are refused (note [Rewinding the
+    generator while recording])."""
+    originals = torch.random.manual_seed, torch.random.seed, torch.random.get_rng_state, torch.random.set_rng_state
+    original_manual_seed, original_seed, original_get_state, original_set_state = originals
+    read_at: dict[int, tuple[torch.Tensor, int]] = {}  # states handed out by get_rng_state, and when
+
+    def refuse_after_draws(call: str) -> None:
+        if drawn := _drawn(graph):
+            raise DeferredInitError(
+                f"{call} was called while recording, after {drawn} random op{'s' * (drawn != 1)} had been "
+                "recorded; replay could not reproduce eager's numbers. Seed before deferred_init / the "
+                "deferred block (or before the first random op)"
+            )
 
     def manual_seed(seed: int) -> torch.Generator:
-        drawn = sum(len(ops) for ops in graph.random_streams.values())
-        if drawn:
-            raise DeferredInitError(
-                f"torch.manual_seed({seed}) was called while recording, after {drawn} random op"
-                f"{'s' * (drawn != 1)} had been recorded; replay could not reproduce eager's numbers. "
-                "Seed before deferred_init / the deferred block (or before the first random op)"
-            )
-        generator = original(seed)
-        graph.rng_start["cpu"] = torch.default_generator.get_state()
-        graph.rng_restarts.clear()  # the seed, not earlier deferred recordings, now decides the start
-        for key in list(graph.rng_start):
-            if key != "cpu":
-                graph.rng_start[key] = capture_start_state(key)
+        refuse_after_draws(f"torch.manual_seed({seed})")
+        generator = original_manual_seed(seed)
+        _recapture_start(graph)
         return generator
 
-    torch.manual_seed = torch.random.manual_seed = manual_seed
+    def seed() -> int:
+        refuse_after_draws("torch.seed()")
+        value = original_seed()
+        _recapture_start(graph)
+        return value
+
+    def get_rng_state() -> torch.Tensor:
+        state = original_get_state()
+        read_at[id(state)] = (state, _drawn(graph))
+        return state
+
+    def set_rng_state(new_state: torch.Tensor) -> None:
+        drawn = _drawn(graph)
+        read = read_at.get(id(new_state))
+        if drawn and not (read is not None and read[0] is new_state and read[1] == drawn):
+            if read is not None and read[0] is new_state:
+                when = f"{drawn - read[1]} random op(s) after that state was read"
+            else:
+                when = f"after {drawn} random op(s) had been recorded"
+            raise DeferredInitError(
+                f"torch.set_rng_state was called while recording, {when}. It rewinds the generator "
+                "(torch.random.fork_rng does so on exit), which replay does not model: eager's numbers could "
+                "not be reproduced. Draw without rewinding inside the constructor, or seed before deferred_init"
+            )
+        original_set_state(new_state)
+        if not drawn:
+            _recapture_start(graph)
+
+    replaced = manual_seed, seed, get_rng_state, set_rng_state
+    names = ("manual_seed", "seed", "get_rng_state", "set_rng_state")
+    for name, function in zip(names, replaced):
+        setattr(torch, name, function)
+        setattr(torch.random, name, function)
     try:
         yield
     finally:
-        torch.manual_seed = torch.random.manual_seed = original
+        for name, function in zip(names, originals):
+            setattr(torch, name, function)
+            setattr(torch.random, name, function)
