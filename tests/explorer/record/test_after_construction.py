@@ -4,6 +4,9 @@ calls gives: bytes, dtype, device, Parameter-ness, requires_grad, ties."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from inspect import getsourcelines
 from typing import Callable
 
@@ -203,25 +206,33 @@ def test_a_saved_transformers_model_loads_into_a_deferred_one(tmp_path, restore_
         assert torch.equal(module.state_dict()[name], value), name
 
 
-def _two_layers() -> nn.Module:
-    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
 
-
-def test_torch_compile_of_a_deferred_model_records_the_forward_as_calling_it_does(restore_rng) -> None:
+def test_torch_compile_of_a_deferred_model_records_the_forward_as_calling_it_does(tmp_path) -> None:
     # note [A deferred model under torch.compile]: before, dynamo compiled the recorder's own frames
-    # and AOT autograd failed with "Invalid mt19937 state"
-    from explorer import materialize_tensor
+    # and AOT autograd failed with "Invalid mt19937 state". In a process of its own: dynamo, once
+    # used, patches nn.Module.__init__ for good.
+    script = tmp_path / "compiled.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        from explorer import deferred_init, is_fake, materialize_module, materialize_tensor
 
-    torch.manual_seed(0)
-    model = deferred_init(_two_layers)
-    compiled = torch.compile(model, backend="aot_eager")
-    x = torch.randn(2, 4)
-    out = compiled(x)
-    assert is_fake(out) and out.shape == (2, 2)
-    torch.manual_seed(0)
-    eager = _two_layers()
-    assert torch.equal(materialize_tensor(out), eager(x))
-    materialize_module(model)
-    real_out = compiled(x)  # the same compiled module, now over real tensors
-    assert not is_fake(real_out)
-    assert torch.equal(real_out, eager(x))
+        def two_layers():
+            return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+
+        torch.manual_seed(0)
+        model = deferred_init(two_layers)
+        compiled = torch.compile(model, backend="aot_eager")
+        x = torch.randn(2, 4)
+        out = compiled(x)
+        torch.manual_seed(0)
+        eager = two_layers()
+        checks = [is_fake(out), tuple(out.shape) == (2, 2), torch.equal(materialize_tensor(out), eager(x))]
+        materialize_module(model)
+        real_out = compiled(x)  # the same compiled module, now over real tensors
+        checks += [not is_fake(real_out), torch.equal(real_out, eager(x))]
+        print(checks)
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "[True, True, True, True, True]"
