@@ -163,6 +163,19 @@ def _covers_storage(tensor: torch.Tensor, storage_nbytes: int | None = None) -> 
     return tensor.numel() * tensor.element_size() == storage_nbytes
 
 
+def _name_in(model: torch.nn.Module, tensor: torch.Tensor) -> str | None:
+    """The name under which `model` holds `tensor`, or a tensor over the same memory (`p.data`)."""
+    key = _storage_key(tensor)
+    named = (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
+    for name, held in named:
+        if held is tensor:
+            return name
+    for name, held in named:
+        if not isinstance(held, FakeTensor) and _storage_key(held) == key:
+            return name
+    return None
+
+
 def version_of(tensor: torch.Tensor) -> int | None:
     """The tensor's version counter, or None for an inference tensor (it has none)."""
     try:
@@ -253,6 +266,9 @@ class GraphBuilder:
         self._covering: dict[TensorId, tuple[int, bool]] = {}
         # device → (generator key, the graph's positions list of that stream), once the stream exists
         self._streams: dict[torch.device, tuple[str, list[OpIndex]]] = {}
+        # The model of the `with deferred(model):` block recording now, if one is: names its tensors
+        # in errors (`_real_write_refusal`).
+        self.block_model: torch.nn.Module | None = None
 
     # -- ids ---------------------------------------------------------------------------------
     def _storage_id(self, tensor: torch.Tensor, device: torch.device, creator: int) -> tuple[int, bool]:
@@ -350,6 +366,15 @@ class GraphBuilder:
                 "it may come from another FakeTensorMode"
             )
         return self.alias(tensor, self._storage_anchor[sid], name=name, source=source)
+
+    def records_storage_of(self, tensor: torch.Tensor) -> bool:
+        """True when `tensor` views a storage of this recording (a real tensor given a fake's data:
+        note [A materialized tensor given deferred data] in record/redeferred.py)."""
+        return _storage_key(tensor) in self._storage_ids
+
+    def recorded_device_of(self, tensor: torch.Tensor) -> torch.device:
+        """The device recorded for the storage `tensor` views (`records_storage_of` must hold)."""
+        return self.graph.storages[self._storage_ids[_storage_key(tensor)]].device
 
     def refuse_other_recordings(self, args: tuple, kwargs: dict, source: SourceLocation | None) -> None:
         """Refuse an op given a fake of another recording, before fake mode runs it.
@@ -868,15 +893,7 @@ class GraphBuilder:
                     what = "a real tensor"
                 dtype = dtype_name(tensor.dtype)
                 if self.graph.finished:
-                    raise DeferredInitError(
-                        f"{func} writes values of a deferred model into {what} ({dtype}{list(tensor.shape)} "
-                        f"on {tensor.device}) at {source or '<unknown source>'}; the deferred tensors have no "
-                        "values yet, and writing eager's into a tensor made outside the model's recording "
-                        "cannot be deferred. Run this code inside `with explorer.deferred(model): ...` "
-                        "(new modules and tensors are then recorded with the model's: model surgery), or "
-                        "materialize the model first (explorer.materialize_module)",
-                        self.graph,
-                    )
+                    raise self._real_write_refusal(func, tensor, self._real_memory_of(tensor), what, source)
                 raise DeferredInitError(
                     f"{func} writes in place into {what} from outside the constructor ({dtype}"
                     f"{list(tensor.shape)} on {tensor.device}) while building {building_modules(2)} at "
@@ -886,6 +903,46 @@ class GraphBuilder:
                     self.graph,
                 )
         return ids
+
+    def _real_memory_of(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """`tensor` if it is real; for a fake viewing real tensors from outside, those tensors."""
+        if not isinstance(tensor, FakeTensor):
+            return [tensor]
+        sid = self._storage_ids.get(_storage_key(tensor))
+        return [self.graph.externals[index].tensor for index in self._viewed_externals.get(sid, ())] if sid else []
+
+    def _real_write_refusal(
+        self, func: Any, tensor: torch.Tensor, real: list[torch.Tensor], what: str, source: SourceLocation | None
+    ) -> DeferredInitError:
+        """Why `func`, recorded after construction, cannot write deferred values into `tensor`, which
+        is (or views) the real tensors `real`."""
+        where = f"({dtype_name(tensor.dtype)}{list(tensor.shape)} on {tensor.device}) at {source or '<unknown source>'}"
+        model = self.block_model
+        name = next((n for t in real if model is not None and (n := _name_in(model, t)) is not None), None)
+        if name is not None:
+            module = "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in name.split(".")[:-1])
+            return DeferredInitError(
+                f"{func} writes values of a deferred model into '{name}' {where}, which was materialized "
+                "before this block: it holds real values and the written ones are not made yet, so the write "
+                f"cannot be deferred. Release it before the block (explorer.release_module(model{module})), "
+                "which makes it deferred again and lets the block record "
+                "the write, or materialize what the write reads first",
+                self.graph,
+            )
+        inside = self.block_model is not None
+        return DeferredInitError(
+            f"{func} writes values of a deferred model into {what} {where}; the deferred tensors have no "
+            "values yet, and writing eager's into a tensor made outside the model's recording cannot be "
+            "deferred. "
+            + (
+                "Make that tensor inside this block, or materialize the model first (explorer.materialize_module)"
+                if inside
+                else "Run this code inside `with explorer.deferred(model): ...` (new modules and tensors are then "
+                "recorded with the model's: model surgery), or materialize the model first "
+                "(explorer.materialize_module)"
+            ),
+            self.graph,
+        )
 
     @staticmethod
     def _random_device(func: Any, args: tuple, kwargs: dict, out: Any) -> torch.device | None:

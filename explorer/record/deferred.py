@@ -29,8 +29,10 @@ from .fake import handle_of
 from .hub_open import recorded_hub_downloads
 from .initializers import recorded_initializers
 from .lazy import deferred_lazy_modules
+from .lean_fake import FakeFactory
 from .modes import RecordingDispatchMode
 from .parameter_classes import recorded_parameter_classes
+from .redeferred import redefer_swapped_tensors
 from .scope import RecordingScope, recording, recording_graph
 from .seeding import seeding_moves_the_start
 from .source import module_being_built, user_location
@@ -267,7 +269,12 @@ def deferred(model: nn.Module | None = None) -> Iterator[DeferredBlock]:
         graph = _recording_of(model)
         with _recording_onto(graph) as session, _tracking_modules(created):
             block = DeferredBlock(graph)
-            yield block
+            session.builder.block_model = model
+            try:
+                yield block
+                redefer_swapped_tensors(session.builder, FakeFactory(session.fake_mode), [model])
+            finally:
+                session.builder.block_model = None
         block.modules = [module for module in _top_level(created) if _holds_fakes_of(module, graph)]
         # `old.weight.data = new.weight.data` (Hugging Face's resize) swapped storages behind the
         # dispatcher: stamp every tensor of the model now, so materialization sees the new layout.
