@@ -11,6 +11,7 @@ Invariants the graph keeps:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import linecache
 import threading
@@ -225,6 +226,8 @@ class OpRecorder(Protocol):
     def run(self, func: OpOverload, args: tuple, kwargs: dict) -> Any: ...
 
     def catch_up(self, tensor: torch.Tensor) -> None: ...
+
+    def reopened(self, touched: Callable[[], list[torch.Tensor]]) -> contextlib.AbstractContextManager[None]: ...
 
 
 class ReplayMemory(Protocol):

@@ -17,7 +17,9 @@ are detected on next use, as during construction, and at the latest when the ten
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,20 @@ class Recorder:
                 return out
             self.builder.settle([*tree_flatten((args, kwargs))[0], *tree_flatten(out)[0]])
         return out
+
+    @contextlib.contextmanager
+    def reopened(self, touched: Callable[[], list[torch.Tensor]]) -> Iterator[None]:
+        """The block's ops recorded into this graph, as `run` records one, then the tensors
+        `touched()` names stamped afresh (their `.data = x` swaps recorded): a lazy parameter shaped
+        by a forward run outside any deferred scope (record/lazy.py)."""
+        with self.lock:
+            with (
+                recording(RecordingScope(self.builder.graph, self.read_value)),
+                self.fake_mode,
+                RecordingDispatchMode(self.builder, self.read_value, self.fake_mode),
+            ):
+                yield
+            self.builder.settle(touched())
 
     def catch_up(self, tensor: torch.Tensor) -> None:
         """Record a `.data = x` made on fake `tensor` since its last op (see the note above), so its

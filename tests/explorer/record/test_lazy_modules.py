@@ -66,3 +66,27 @@ def test_uninitialized_fakes_are_instances_of_the_torch_uninitialized_classes():
     assert isinstance(seen["weight"], nn.parameter.UninitializedParameter)
     assert isinstance(seen["running_mean"], nn.parameter.UninitializedBuffer)
     assert not isinstance(seen["running_mean"], nn.Parameter)
+
+
+def _linear_then_lazy() -> nn.Module:
+    return nn.Sequential(nn.Linear(7, 7), nn.LazyLinear(5), nn.LazyBatchNorm1d())
+
+
+def test_a_forward_after_deferred_init_shapes_lazy_modules_in_the_recording(restore_rng):
+    # before: the lazy parameter was shaped with a real tensor, refused as a `.data = real` set by the user
+    torch.manual_seed(0)
+    eager = _linear_then_lazy()
+    x = torch.arange(14.0).reshape(2, 7)
+    eager_out = eager(x)
+    torch.manual_seed(0)
+    module = deferred_init(_linear_then_lazy)
+    out = module(x)  # recorded, as calling a deferred model is
+    assert type(module[1]) is nn.Linear and module[1].weight.shape == (5, 7) and is_deferred(module[1].weight)
+    assert type(module[2]) is nn.BatchNorm1d and is_deferred(module[2].running_mean)
+    from explorer import materialize_tensor
+
+    assert torch.equal(materialize_tensor(out), eager_out)
+    materialize_module(module)
+    assert list(module.state_dict()) == list(eager.state_dict())
+    assert [n for n, v in eager.state_dict().items() if not torch.equal(module.state_dict()[n], v)] == []
+    assert type(module[1].weight) is nn.Parameter
