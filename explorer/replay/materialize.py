@@ -25,7 +25,14 @@ from .slices import made_alone, materialize_slice
 
 __all__ = ["is_deferred", "materialize_module", "materialize_tensor"]
 
-TensorSlot = tuple[nn.Module, str, str, str]  # (owner, "_parameters" | "_buffers", key, qualified name)
+TensorSlot = tuple[nn.Module, str, str, str]  # (owner, "_parameters" | "_buffers" | "__dict__", key, qualified name)
+
+# Note: [Tensors held as attributes]
+# A module may hold a tensor as a plain attribute (`self.scale = torch.randn(3)`, not a buffer).
+# torchdistx left those fake; then a module `is_deferred` called materialized still held fakes, and
+# its forward returned fakes. `materialize_module` and `release_module` treat such an attribute
+# (the module's `__dict__`, not containers inside it) as a slot like a buffer's, with
+# `buffers_only` skipping it. The distributed hand-off and `to_fx` keep to parameters and buffers.
 
 
 def is_deferred(obj: torch.Tensor | nn.Module) -> bool:
@@ -45,6 +52,9 @@ def _module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
     for sub in module.modules():
         yield from (p for p in sub._parameters.values() if p is not None)
         yield from (b for b in sub._buffers.values() if b is not None)
+        yield from (
+            a for a in sub.__dict__.values() if isinstance(a, torch.Tensor)
+        )  # note [Tensors held as attributes]
 
 
 def materialize_fakes(
@@ -152,10 +162,16 @@ def materialize_tensor(tensor: torch.Tensor, *, device: DeviceMap = None, rng: R
 
 
 def deferred_slots(
-    module: nn.Module, buffers_only: bool = False, check_fn: Callable[[nn.Module], bool] | None = None
+    module: nn.Module,
+    buffers_only: bool = False,
+    check_fn: Callable[[nn.Module], bool] | None = None,
+    attributes: bool = False,
 ) -> list[tuple[TensorSlot, torch.Tensor]]:
-    """Every deferred parameter/buffer slot `materialize_module` would fill, in module order."""
-    kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
+    """Every deferred parameter/buffer slot `materialize_module` would fill, in module order; with
+    `attributes`, also tensors held as plain attributes (note [Tensors held as attributes])."""
+    kinds: tuple[str, ...] = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
+    if attributes and not buffers_only:
+        kinds += ("__dict__",)
     return module_slots(module, kinds, check_fn, lambda tensor: handle_of(tensor) is not None, "materialized")
 
 
@@ -179,7 +195,7 @@ def module_slots(
         if check_fn is None or _chosen(check_fn, sub, prefix, action):
             for kind in kinds:
                 for key, tensor in getattr(sub, kind).items():
-                    if tensor is not None and wanted(tensor):
+                    if isinstance(tensor, torch.Tensor) and wanted(tensor):
                         slots.append(((sub, kind, key, prefix + key), tensor))
         for name, child in sub._modules.items():
             if child is not None:
@@ -224,7 +240,7 @@ def materialize_module(
         raise TypeError(f"explorer.materialize_module expects an nn.Module, got {type(module).__name__} {module!r:.80}")
     if check_fn is not None and not callable(check_fn):
         raise TypeError(f"check_fn must be a function of a submodule returning bool, got {type(check_fn).__name__}")
-    slots = deferred_slots(module, buffers_only, check_fn)
+    slots = deferred_slots(module, buffers_only, check_fn, attributes=True)
     if not slots:
         return module
     fakes, names = [t for _, t in slots], [s[3] for s, _ in slots]

@@ -27,7 +27,11 @@ from .deferred_forms import DeferredForm, deferred_form_of, forget_deferred_form
 from .materialize import TensorSlot, module_slots
 from .replay import ReplayState
 
-_KINDS = {"_parameters": "parameter", "_buffers": "buffer"}
+_KINDS = {
+    "_parameters": "parameter",
+    "_buffers": "buffer",
+    "__dict__": "attribute",
+}  # note [Tensors held as attributes]
 _NAMED_CHANGES = 5  # the refusal names this many changed tensors, then counts the rest
 
 
