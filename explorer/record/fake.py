@@ -118,6 +118,13 @@ class DeferredTensor(FakeTensor):
         self._refuse_bytes_outside_recording("Tensor.__dlpack__() (from_dlpack)")
         return super().__dlpack__(*args, **kwargs)
 
+    def share_memory_(self) -> DeferredTensor:
+        """Outside a recording, NoDataError (`Module.share_memory()` on a deferred model: a fake has
+        no memory to share; materialize first). Inside one, nothing to do: where the values will
+        live does not change them, and the materialized tensor is not in shared memory."""
+        self._refuse_bytes_outside_recording("Tensor.share_memory_() (Module.share_memory)")
+        return self
+
     def untyped_storage(self) -> torch.UntypedStorage:
         """The storage, as a `DeferredStorage` that refuses to hand out bytes outside a recording
         (see note [Deferred storages] in record/no_data.py)."""

@@ -225,3 +225,24 @@ def test_inside_deferred_init_pointers_are_zero_and_numpy_reads_true_values():
     assert (module.pointer, module.storage_pointer) == (0, 0)
     assert module.table.tolist() == [0, 1, 2, 3]
     assert module.doubled.tolist() == [0, 2, 4]
+
+
+def test_share_memory_of_a_deferred_model_names_the_first_tensor_and_changes_nothing():
+    # before: PyTorch's "_share_fd_: only available on CPU", naming no tensor, on a CPU fake
+    module = deferred_init(linear_and_norm)
+    ask = lambda: module.share_memory()  # noqa: E731
+    assert str(refusal(ask)) == expected("Tensor.share_memory_() (Module.share_memory)", WEIGHT, asked_at(ask))
+    assert all(handle_of(t) is not None for t in module.state_dict().values())
+
+
+def test_share_memory_inside_a_deferred_block_leaves_the_values_to_replay(restore_rng):
+    from explorer import deferred
+
+    torch.manual_seed(0)
+    eager = linear_and_norm().share_memory()
+    torch.manual_seed(0)
+    module = deferred_init(linear_and_norm)
+    with deferred(module):
+        module.share_memory()
+    materialize_module(module)
+    assert all(torch.equal(module.state_dict()[n], v) for n, v in eager.state_dict().items())
