@@ -13,8 +13,10 @@ Note: [Rewinding the generator while recording]
 rewind the generator: in eager, the draws after it repeat earlier ones. Replay's stream only moves
 forward, so a rewind after random ops were recorded would replay other numbers than eager's,
 silently. It is refused instead, unless nothing was drawn since the state was read (a no-op). Before
-the first random op it moves the start like a seed. Not seen: `torch.default_generator.set_state`
-and `.manual_seed` called on the generator object itself (C methods, not wrappable).
+the first random op it moves the start like a seed. `torch.default_generator.set_state`, `.seed`
+and `.manual_seed` called on the generator object itself are C methods, not wrappable: the state
+they leave is seen at the end of the recording, which is then refused; not a rewind made that way
+to the state the recording started from (recording draws nothing, so that state is unchanged).
 
 Note: wraps `torch.manual_seed` (= `torch.random.manual_seed`) and its kin, looked up at call time by callers
 such as `transformers.set_seed`; re-check on upgrades (tests/explorer/record/test_deferred_block.py).
@@ -31,6 +33,7 @@ import torch.random
 from ..errors import DeferredInitError
 from ..graph import InitGraph
 from .generators import capture_start_state
+from .scope import outside_recording
 
 
 def _drawn(graph: InitGraph) -> int:
@@ -104,7 +107,23 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
         setattr(torch.random, name, function)
     try:
         yield
+        _refuse_a_generator_moved_directly(graph)
     finally:
         for name, function in zip(names, originals):
             setattr(torch, name, function)
             setattr(torch.random, name, function)
+
+
+def _refuse_a_generator_moved_directly(graph: InitGraph) -> None:
+    """Recording draws nothing from the CPU generator, and the calls above re-capture the start, so
+    a state other than the start at the end was set on the generator object itself."""
+    start = graph.rng_start["cpu"]
+    with outside_recording():  # not an op of the model
+        moved = start is not None and not torch.equal(torch.default_generator.get_state(), start)
+    if moved:
+        raise DeferredInitError(
+            "the CPU generator's state was changed while recording by a call on the generator itself "
+            "(torch.default_generator.manual_seed, .set_state or .seed), which the recording does not see, "
+            "so replay could not reproduce eager's numbers. Call torch.manual_seed / torch.set_rng_state "
+            "instead (before the first random op), or seed before deferred_init"
+        )

@@ -82,3 +82,19 @@ def test_torch_seed_after_draws_is_refused(restore_rng) -> None:
 
     with pytest.raises(DeferredInitError, match=r"^torch\.seed\(\) was called while recording, after 2 random ops"):
         deferred_init(build)
+
+
+def test_a_seed_set_on_the_generator_object_itself_is_refused_at_the_end_of_the_recording(restore_rng) -> None:
+    def build() -> nn.Module:
+        first = nn.Linear(2, 2)
+        torch.default_generator.manual_seed(5)  # a C method: unseen until the recording ends
+        return nn.Sequential(first, nn.Linear(2, 2))
+
+    with pytest.raises(DeferredInitError) as caught:
+        deferred_init(build)
+    assert str(caught.value) == (
+        "the CPU generator's state was changed while recording by a call on the generator itself "
+        "(torch.default_generator.manual_seed, .set_state or .seed), which the recording does not see, so replay "
+        "could not reproduce eager's numbers. Call torch.manual_seed / torch.set_rng_state instead (before the "
+        "first random op), or seed before deferred_init"
+    )
