@@ -279,6 +279,8 @@ DICT_USES_ALLOWED = {
     ),
     "explorer.record.surgery": (1, "reads a model class's own method (a transformers class), not a torch object"),
     "explorer.analysis.init_reinit": (3, "copies an nn.Module's instance dict wholesale for a shallow twin"),
+    "explorer.record.redeferred": (2, "carries the attributes a user set on a real tensor over to its deferred twin"),
+    "explorer.replay.materialize": (1, "finds tensors a module holds as plain attributes (its own instance dict)"),
 }
 
 
