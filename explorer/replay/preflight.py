@@ -69,7 +69,13 @@ def check_replayable(
                     f"after deferred_init (version {record.version + record.layout_bumps}, now "
                     f"{record.tensor._version}); "
                     f"{target_names(names, tids)} cannot be materialized with its original value: "
-                    "materialize before changing that tensor, or pass the constructor a clone of it"
+                    "materialize before changing that tensor, or "
+                    + (
+                        "give the call that read it a clone (a state_dict loaded: {k: v.clone() for k, v in "
+                        "state.items()})"
+                        if graph.finished and index >= graph.constructor_ops
+                        else "pass the constructor a clone of it"
+                    )
                 )
         if op.stream is not None and routing.rng == "eager":
             key = op.stream[0]

@@ -38,6 +38,29 @@ def test_external_tensor_modified_after_deferred_init_fails_naming_tensor_and_op
     assert module.scaled.__class__.__name__ == "DeferredTensor"  # nothing changed
 
 
+def test_a_loaded_state_dict_changed_before_materializing_says_to_load_a_clone():
+    state = {"weight": torch.ones(2, 2), "bias": torch.zeros(2)}
+    module = deferred_init(nn.Linear, 2, 2)
+    module.load_state_dict(state)  # read after construction: eager copies here and then
+    state["weight"].mul_(3)
+    with pytest.raises(MaterializationError) as error:
+        materialize_module(module)
+    assert str(error.value).endswith(
+        "materialize before changing that tensor, or give the call that read it a clone (a state_dict "
+        "loaded: {k: v.clone() for k, v in state.items()})"
+    )
+    assert "pass the constructor a clone" in _constructor_case_message()
+
+
+def _constructor_case_message() -> str:
+    table = torch.arange(4.0)
+    module = deferred_init(FromOutside, table)
+    table.add_(1)
+    with pytest.raises(MaterializationError) as error:
+        materialize_module(module)
+    return str(error.value)
+
+
 def test_inference_tensor_input_fails_with_a_clear_message():
     with torch.inference_mode():
         table = torch.arange(4.0)
