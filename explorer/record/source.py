@@ -7,6 +7,7 @@ module chain is only computed when an error message needs it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import linecache
 import os
 import re
@@ -18,9 +19,20 @@ import torch
 
 from ..graph import SourceLocation
 
+
+def _typing_extensions_file() -> tuple[str, ...]:
+    try:
+        import typing_extensions
+    except ImportError:  # not installed: nothing of it on the stack
+        return ()
+    return (typing_extensions.__file__,)
+
+
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _EXPLORER_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # all of explorer/, not only record/
-_CONTEXTLIB_FILE = contextlib.__file__
+# Wrappers between the user's call and torch's: `with explorer.deferred():` (contextlib), and the
+# `@deprecated` of typing_extensions that torch puts on functions (`quantize_dynamic`).
+_WRAPPER_FILES = frozenset({contextlib.__file__, functools.__file__, *_typing_extensions_file()})
 _ASSIGNMENT = re.compile(r"self\.(\w+)\s*(?::[^=]*)?=")
 
 
@@ -37,8 +49,8 @@ def _is_library_code(code: CodeType) -> bool:
         filename = code.co_filename
         known = _library_code[id(code)] = (
             code,
-            filename.startswith(_TORCH_DIR) or filename.startswith(_EXPLORER_DIR) or filename == _CONTEXTLIB_FILE,
-        )  # `with explorer.deferred():`
+            filename.startswith(_TORCH_DIR) or filename.startswith(_EXPLORER_DIR) or filename in _WRAPPER_FILES,
+        )
     return known[1]
 
 

@@ -100,3 +100,28 @@ def test_a_materialized_tensor_still_owns_the_ops_of_its_closure():
     assert rows(ops, COLUMNS) == TINY_OPS
     assert ops.loc[10, "modules"] == PROJ
 
+
+def test_an_op_issued_through_a_deprecation_wrapper_names_the_callers_line():
+    # torch wraps functions (`torch.ao.quantization.quantize_dynamic`) in typing_extensions'
+    # `@deprecated`: its wrapper frame, between torch and the caller, was taken for the user's line
+    import types
+
+    import pytest
+    import torch
+    from typing_extensions import deprecated
+
+    normalize = torch.nn.functional.normalize  # a fresh function over its code: torch's own is left alone
+    old_normalize = deprecated("use normalize")(
+        types.FunctionType(normalize.__code__, normalize.__globals__, "normalize", normalize.__defaults__)
+    )
+
+    def build() -> torch.nn.Module:
+        module = torch.nn.Linear(2, 2)
+        with pytest.warns(DeprecationWarning):
+            module.register_buffer("unit", old_normalize(module.weight.detach()))  # the line the ops name
+        return module
+
+    ops = inspect(deferred_init(build)).ops
+    line = build.__code__.co_firstlineno + 3
+    normalizing = ops.loc[ops["op"].tolist().index("aten.linalg_vector_norm.default") :]
+    assert set(normalizing["source"]) == {f"{__file__}:{line} in build"}
