@@ -39,6 +39,8 @@ RANDOM_FAMILIES = frozenset({"normal", "uniform", "trunc_normal", "orthogonal", 
 
 def number(value: float) -> str:
     """A parameter as people write it: `0.02`, `-0.125`, `1.0`, `0.0883883` (6 significant digits)."""
+    if not math.isfinite(value):
+        return repr(float(value))  # `inf`, `-inf`, `nan`: a causal mask's fill, a sentinel
     if value == int(value) and abs(value) < 1e15:
         return f"{float(value):.1f}" if abs(value) < 1e4 else f"{value:g}"
     return f"{value:.6g}"

@@ -470,3 +470,22 @@ def test_hugging_face_qwen2_has_no_defects_and_every_overwrite_is_waste():
     assert row(report, "model.embed_tokens.weight")["wasted_bytes"] == 96 * 32 * 4
     assert row(report, "lm_head.weight")["wasted_bytes"] == 0
     assert report["wasted_bytes"].sum() == 87184
+
+
+class MaskedAttention(nn.Module):
+    """A causal mask's -inf fill and a NaN sentinel: constants that are not numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mask", torch.full((4, 4), float("-inf")).triu(1))
+        self.register_buffer("fill", torch.full((4,), float("-inf")))
+        self.register_buffer("sentinel", torch.full((2,), float("nan")))
+
+
+def test_constants_that_are_not_finite_are_described_not_crashed_on():
+    # before: OverflowError "cannot convert float infinity to integer" from the text of the constant
+    report = init_report(deferred_init(MaskedAttention)).set_index("name")
+    assert report.loc["fill", "init"] == "constant(-inf)"
+    assert report.loc["sentinel", "init"] == "constant(nan)"
+    assert report.loc["fill", "flags"] == [] and report.loc["sentinel", "flags"] == []
+    assert explorer.inspect(deferred_init(MaskedAttention)).init is not None
