@@ -147,9 +147,17 @@ def _recorded_load(
         or map_location in ("meta", torch.device("meta"))
     )
     if plain:
-        return ORIGINAL_LOAD(
-            f, map_location=map_location, pickle_module=pickle_module, weights_only=weights_only, mmap=mmap, **kwargs
-        )
+        # what eager gives (real or meta tensors); unpickling's `set_` onto the file's storages is
+        # not an op of the model (transformers reads a `.bin` on meta for its dtype)
+        with outside_recording():
+            return ORIGINAL_LOAD(
+                f,
+                map_location=map_location,
+                pickle_module=pickle_module,
+                weights_only=weights_only,
+                mmap=mmap,
+                **kwargs,
+            )
     path = os.path.abspath(os.fspath(f))
     structure = meta_load(path)
     device = map_location if isinstance(map_location, (str, torch.device)) else None

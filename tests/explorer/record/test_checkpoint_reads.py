@@ -66,6 +66,18 @@ def test_from_pretrained_under_deferred_init_is_all_read_ops_and_materializes_as
     assert_same(model, eager)
 
 
+def test_from_pretrained_of_a_pytorch_model_bin_with_the_default_dtype_materializes_as_eager(tmp_path):
+    # transformers' dtype="auto" reads the .bin on meta for its dtype: that torch.load is not a model op
+    torch.manual_seed(0)
+    source = transformers.LlamaForCausalLM(tiny_config(False))
+    source.config.save_pretrained(tmp_path)
+    torch.save(source.state_dict(), tmp_path / "pytorch_model.bin")
+    eager = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, tmp_path)
+    materialize_module(model)
+    assert_same(model, eager)
+
+
 def test_recording_reads_no_tensor_bytes_and_materializing_reads_them(tmp_path):
     file = tmp_path / "w.safetensors"
     save_file({"weight": torch.ones(4, 4), "bias": torch.ones(4)}, str(file))
