@@ -87,17 +87,28 @@ def read_dcp(path: str, key: str, shape: list[int], dtype: torch.dtype, device: 
     import warnings
 
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     state = {key: torch.empty(shape, dtype=dtype)}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process"
             dcp.load(state, checkpoint_id=path, no_dist=True)
-    except Exception as error:  # DCP raises CheckpointException wrapping the cause
+    except (Exception, CheckpointException) as error:  # a BaseException, wrapping each rank's cause
+        cause = _dcp_cause(error)
         raise MaterializationError(
-            f"reading {key!r} from checkpoint {path} failed: {type(error).__name__}: {error}"
+            f"reading {key!r} from checkpoint {path} failed: {type(cause).__name__}: {cause}"
         ) from error
     return _checked(state[key], f"{key!r} of checkpoint {path}", shape, dtype, device)
+
+
+def _dcp_cause(error: BaseException) -> BaseException:
+    """The exception DCP gathered from this (the only) process, else `error` itself."""
+    failures = getattr(error, "failures", None)
+    own = failures.get(0) if isinstance(failures, dict) else None
+    if own is None:
+        return error
+    return own[0] if isinstance(own, tuple) else own
 
 
 def _meta(path: str, key: str, shape: list[int], dtype: torch.dtype, device: Any = None) -> torch.Tensor:

@@ -229,6 +229,21 @@ def test_load_checkpoint_from_a_dcp_directory_is_recorded_and_equals_load_state_
     assert_same(model, reference)
 
 
+def test_a_dcp_checkpoint_cut_after_loading_fails_naming_directory_and_key_and_leaves_the_module_deferred(tmp_path):
+    # DCP's CheckpointException is a BaseException: it passed `except Exception` unnamed
+    import torch.distributed.checkpoint as dcp
+
+    source, model = source_and_copy(tmp_path)
+    with pytest.warns(UserWarning):
+        dcp.save(source.state_dict(), checkpoint_id=tmp_path / "dcp")
+    load_checkpoint(model, tmp_path / "dcp")
+    for data in (tmp_path / "dcp").glob("*.distcp"):
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    with pytest.raises(MaterializationError, match=rf"^reading '[\w.]+' from checkpoint {tmp_path / 'dcp'} failed: "):
+        materialize_module(model)
+    assert all(explorer.is_fake(tensor) for tensor in model.state_dict().values())
+
+
 def test_torch_load_inside_deferred_init_reads_nothing_and_replays_the_file(tmp_path):
     torch.manual_seed(5)
     torch.save(nn.Linear(4, 4).state_dict(), tmp_path / "w.pt")
