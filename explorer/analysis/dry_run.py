@@ -1,7 +1,7 @@
 """`dry_run`: a module's forward pass on fake tensors, for shapes, FLOPs and activation memory.
 
 The forward runs under a FakeTensorMode of its own, on fake copies of the module's parameters and
-buffers swapped in with `torch.func.functional_call`, so nothing about the module changes: a
+buffers swapped in for the call (`swapped_state.swapped_in`), so nothing about the module changes: a
 deferred module stays deferred (its fakes belong to the recording, and an in-place op in forward
 would otherwise bump their versions), a real tensor is never read or written, and no op is
 recorded. The copies keep the module's aliasing (one fake storage per census storage, so tied
@@ -37,6 +37,7 @@ from ..record.source import innermost_user_frame, traceback_frames
 from .cpu_fake_mode import CpuFakeTensorMode
 from .fake_copies import FakeCopies, layout_extent
 from .forward_record import FLOP_MAPPING
+from .swapped_state import swapped_in
 
 MODULE_COLUMNS = [
     "name",
@@ -396,13 +397,12 @@ def dry_run(module: nn.Module, *inputs: Any, **kwargs: Any) -> DryRun:
     counter = FlopCounterMode(display=False, custom_mapping=FLOP_MAPPING)
     tracker = _ActivationTracker(excluded)
     hooks = _ModuleHooks(module, counter, tracker)
-    # functional_call's hint is an invariant dict of Tensor; it only reads the fakes
-    state_tensors = cast(dict[str, torch.Tensor], state)
     rng_state = torch.get_rng_state()
     try:
         with torch.no_grad(), mode, counter, tracker, hooks:
             try:
-                output = torch.func.functional_call(module, state_tensors, tuple(args), kwargs, strict=False)
+                with swapped_in(module, state):  # note [Each slot swapped once]
+                    output = module(*args, **kwargs)
             except Exception as error:
                 where = hooks.running() or f"<root> ({type(module).__name__})"
                 raise DryRunError(not_on_fakes_message(where, error)) from error

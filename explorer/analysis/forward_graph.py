@@ -3,7 +3,7 @@
 Where `dry_run` sums a forward up per module, this keeps every aten call: what it read, what it
 made, with which shapes, dtypes, FLOPs and bytes, and which module's forward ran it. The forward
 runs exactly as in `dry_run` (a FakeTensorMode of its own, fake copies of the module's tensors
-swapped in with `torch.func.functional_call`, global forward hooks), so a deferred module stays
+swapped in for the call (`swapped_state.swapped_in`), global forward hooks), so a deferred module stays
 deferred, a real tensor is never read, nothing is recorded into the module's own graphs and the
 global CPU RNG state is restored.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import pandas as pd
 import torch
@@ -27,6 +27,7 @@ from ..inspection.ops import op_kind
 from ..naming import dtype_name, is_inside
 from .dry_run import DryRunError, not_on_fakes_message, prepare_fake_forward
 from .forward_record import ForwardRecorder, ModuleStack
+from .swapped_state import swapped_in
 
 OP_COLUMNS = [
     "index",
@@ -174,13 +175,12 @@ def forward_graph(module: nn.Module, *inputs: Any, **kwargs: Any) -> ForwardGrap
     recorder = ForwardRecorder(modules)
     named_inputs = {f"input {i}": recorder.tensor_id(v) for i, v in enumerate(args) if isinstance(v, torch.Tensor)}
     named_inputs.update({k: recorder.tensor_id(v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
-    # functional_call's hint is an invariant dict of Tensor; it only reads the fakes
-    state_tensors = cast(dict[str, torch.Tensor], state)
     rng_state = torch.get_rng_state()
     try:
         with torch.no_grad(), mode, recorder, modules:
             try:
-                output = torch.func.functional_call(module, state_tensors, args, kwargs, strict=False)
+                with swapped_in(module, state):  # note [Each slot swapped once]
+                    output = module(*args, **kwargs)
             except Exception as error:
                 raise _failure(error, modules) from error
         read = {name: recorder.known_id(fake) for name, fake in state.items()}

@@ -340,3 +340,37 @@ def test_grouped_mm_with_misaligned_strides_is_refused_on_fakes_as_on_cpu():
         f"(at {__file__}:{line} in forward: "
         "return torch._grouped_mm(rows, self.experts, offsets), torch._grouped_mm(batched, self.experts))"
     )
+
+
+class SharedAtTwoPaths(nn.Module):
+    """One layer at three paths (ALBERT-style sharing) and another module also held twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.Linear(8, 8)
+        self.layers = nn.ModuleList([layer] * 3)
+        self.norm = nn.LayerNorm(8)
+        self.again = self.norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.again(x)
+
+
+@pytest.mark.parametrize("analysis", ["dry_run", "forward_graph"])
+@pytest.mark.parametrize("deferred", [True, False])
+def test_a_module_held_at_two_paths_keeps_its_own_tensors_after_the_analysis(analysis, deferred, restore_rng):
+    # note [Each slot swapped once]: functional_call restored the analysis's fakes into such slots
+    import explorer
+
+    torch.manual_seed(0)
+    model = explorer.deferred_init(SharedAtTwoPaths) if deferred else SharedAtTwoPaths()
+    before = {name: tensor for name, tensor in model.state_dict(keep_vars=True).items()}
+    getattr(explorer, analysis)(model, torch.randn(2, 8))
+    after = model.state_dict(keep_vars=True)
+    assert [name for name in before if after[name] is not before[name]] == []
+    assert all(isinstance(p, nn.Parameter) for p in model.parameters())
+    if not deferred:
+        torch.manual_seed(0)
+        assert torch.equal(model(torch.ones(2, 8)), SharedAtTwoPaths()(torch.ones(2, 8)))
