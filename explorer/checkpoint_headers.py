@@ -34,11 +34,12 @@ from .errors import CheckpointError
 from .naming import dtype_name
 
 CheckpointFormat = Literal["safetensors", "torch.save", "dcp"]
+# In transformers' order (`from_pretrained`): a single file before an index beside it.
 DIRECTORY_CANDIDATES = (
-    "model.safetensors.index.json",
     "model.safetensors",
-    "pytorch_model.bin.index.json",
+    "model.safetensors.index.json",
     "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
 )
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint.filesystem's metadata file name
 MAX_HEADER_BYTES = 100_000_000  # safetensors refuses larger headers too

@@ -17,6 +17,7 @@ without gaps (the reader checks this). Mirrors safetensors' `serialize`; re-chec
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Callable
 from functools import partial
@@ -151,7 +152,20 @@ def write_safetensors(
         path = target / INDEX_NAME
         write_then_rename(path, len(text), lambda stream: stream.write(text))
         written.append(path)
+    _remove_earlier_saves(target, written)
     return written
+
+
+_OUR_NAMES = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
+
+
+def _remove_earlier_saves(target: Path, written: list[Path]) -> None:
+    """Shards and an index an earlier save left under the names this one writes, as
+    `save_pretrained` cleans its own: left there, a stale index would be read for the new model."""
+    kept = {path.name for path in written}
+    for path in target.iterdir():
+        if path.name not in kept and _OUR_NAMES.fullmatch(path.name) and path.is_file():
+            path.unlink()
 
 
 def _write_shard(

@@ -290,3 +290,25 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(explorer.MaterializationError, match=r"unknown device 'gpu'"):
         save_checkpoint(deferred_init(nn.Linear, 4, 4), tmp_path, device="gpu")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("first_shard_size,second_shard_size", [("2KB", "5GB"), ("5GB", "2KB")])
+def test_saving_again_replaces_the_earlier_saves_files_and_loads_the_new_model(tmp_path, first_shard_size,
+                                                                                second_shard_size):
+    # before: the earlier save's index stayed and was read first, giving the old weights back
+    def two_linears() -> nn.Module:
+        return nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+
+    torch.manual_seed(0)
+    save_checkpoint(deferred_init(two_linears), tmp_path, max_shard_size=first_shard_size, progress=False)
+    (tmp_path / "notes.txt").write_text("kept")
+    torch.manual_seed(1)
+    written = save_checkpoint(deferred_init(two_linears), tmp_path, max_shard_size=second_shard_size, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in {".safetensors", ".json"}) == sorted(
+        p.name for p in written if p.suffix in {".safetensors", ".json"}
+    )
+    assert (tmp_path / "notes.txt").read_text() == "kept"
+    torch.manual_seed(1)
+    expected = two_linears()
+    loaded = explorer.materialize_module(explorer.load_checkpoint(deferred_init(two_linears), tmp_path))
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in expected.state_dict().items())
