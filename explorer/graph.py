@@ -250,6 +250,8 @@ class InitGraph:
     writers: dict[StorageId, list[OpIndex]] = field(default_factory=dict)
     externals: list[ExternalTensor] = field(default_factory=list)
     rng_start: dict[str, torch.Tensor | None] = field(default_factory=dict)  # generator key → state
+    # checkpoint path → its stamp when the recording first read it (record/file_stamps.py)
+    file_stamps: dict[str, tuple] = field(default_factory=dict)
     random_streams: dict[str, list[OpIndex]] = field(default_factory=dict)  # key → random ops in order
     # key → position → where eager's state before that random op comes from, where it does not
     # continue from the previous op (position 0: rng_start, unless a restart is there).

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import MaterializationError
 from . import initializers  # noqa: F401 - defines the `explorer` op namespace this extends
+from .file_stamps import stamped
 from .scope import outside_recording, recording_graph
 
 _LIBRARY = torch.library.Library("explorer", "FRAGMENT")
@@ -126,7 +127,7 @@ ORIGINAL_LOAD = torch.load  # torch.load itself (what the scope's wrapper stands
 
 def recorded_read(op: Any, path: str, key: str, like: torch.Tensor, device: Any) -> torch.Tensor:
     """A read op for a tensor shaped like `like` (a meta tensor or a header's fake), inside a recording."""
-    return op(path, key, list(like.shape), like.dtype, device=device)
+    return op(stamped(path), key, list(like.shape), like.dtype, device=device)
 
 
 def _replace_tensors(structure: Any, path: str, at: list, device: Any) -> Any:

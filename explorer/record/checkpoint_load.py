@@ -23,6 +23,7 @@ from .checkpoint_formats import READ_DCP, READ_TORCH, meta_load
 from .checkpoint_reads import READ_SAFETENSORS
 from .deferred import deferred
 from .fake import is_fake
+from .file_stamps import stamped
 from .hub_open import hub_checkpoint
 
 Reader = Callable[[str], torch.Tensor]  # checkpoint key → tensor (a read op inside a recording)
@@ -80,7 +81,7 @@ def _reader(headers: CheckpointHeaders, path: Path) -> Reader:
     root = path if path.is_dir() else path.parent
     if headers.format == "dcp":
         directory = str(path.resolve())
-        return lambda key: READ_DCP(directory, key, *_layout(headers, key))
+        return lambda key: READ_DCP(stamped(directory), key, *_layout(headers, key))
     prefixes: dict[str, list] = {}
 
     def prefix(file: str) -> list:
@@ -93,8 +94,8 @@ def _reader(headers: CheckpointHeaders, path: Path) -> Reader:
     def read(key: str) -> torch.Tensor:
         file = str((root / headers.entries[key].file).resolve())
         if file.endswith(".safetensors"):
-            return READ_SAFETENSORS(file, key, *_layout(headers, key))
-        return READ_TORCH(file, json.dumps([*prefix(file), key]), *_layout(headers, key))
+            return READ_SAFETENSORS(stamped(file), key, *_layout(headers, key))
+        return READ_TORCH(stamped(file), json.dumps([*prefix(file), key]), *_layout(headers, key))
 
     return read
 

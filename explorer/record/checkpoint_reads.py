@@ -28,6 +28,7 @@ from ..checkpoint_headers import safetensors_dtype
 from ..errors import MaterializationError
 from ..hub_fetch import read_remote, remote_file
 from . import initializers  # noqa: F401 - defines the `explorer` op namespace this extends
+from .file_stamps import stamped
 from .lean_fake import register_factory
 from .plans import layout_free_arguments
 from .scope import recording_graph
@@ -146,7 +147,7 @@ class RecordedSafeOpen:
             raise NotImplementedError(f"deferred reads of {header.get_dtype()} tensors ({key!r} in {self._path})")
         if recording_graph() is None:  # a Hub header stub holds no data: fetch it
             return read_tensor(self._path, key, list(header.get_shape()), dtype, self._device)
-        return READ_SAFETENSORS(self._path, key, list(header.get_shape()), dtype, device=self._device)
+        return READ_SAFETENSORS(stamped(self._path), key, list(header.get_shape()), dtype, device=self._device)
 
     def get_tensors(self) -> dict[str, torch.Tensor]:
         return {key: self.get_tensor(key) for key in self.keys()}

@@ -10,8 +10,13 @@ from torch import nn
 from ..errors import DeferredInitError, MaterializationError
 from ..graph import InitGraph, OpIndex, TensorId
 from ..naming import dtype_name
+from ..record.checkpoint_formats import READ_DCP, READ_TORCH
+from ..record.checkpoint_reads import READ_SAFETENSORS
 from ..record.fake import DeferredHandle, handle_of
+from ..record.file_stamps import file_stamp
 from .routing import DeviceRouting, describe_absence, is_available
+
+FILE_READS = frozenset({READ_SAFETENSORS, READ_TORCH, READ_DCP})
 
 
 def describe_external(graph: InitGraph, index: int) -> str:
@@ -23,6 +28,29 @@ def target_names(names: dict[TensorId, str], tids: Sequence[TensorId]) -> str:
     """The first three targets of a call by name, for error messages."""
     shown = [names.get(tid, f"tensor #{tid}") for tid in tids[:3]]
     return ", ".join(repr(n) for n in shown) + (f" and {len(tids) - 3} more" if len(tids) > 3 else "")
+
+
+def _refuse_changed_files(
+    graph: InitGraph, ops: Sequence[OpIndex], tids: Sequence[TensorId], names: dict[TensorId, str]
+) -> None:
+    """note [A checkpoint changed since recording] in record/file_stamps.py"""
+    if not graph.file_stamps:
+        return
+    seen: set[str] = set()
+    for index in ops:
+        op = graph.ops[index]
+        if op.func not in FILE_READS or op.args[0] in seen:
+            continue
+        path = op.args[0]
+        seen.add(path)
+        recorded = graph.file_stamps.get(path)
+        if recorded is not None and file_stamp(path) != recorded:
+            raise MaterializationError(
+                f"checkpoint {path} changed since it was recorded (its size, modification time or inode "
+                f"differ): {target_names(names, tids)} would be read from bytes the recording never saw, "
+                "and mixed with what was read before. Record again to read the new file (deferred_init, "
+                "load_checkpoint), or put the recorded file back"
+            )
 
 
 def check_replayable(
@@ -49,6 +77,7 @@ def check_replayable(
                 f"materialized there, but {describe_absence(target)}; pass device= (e.g. device='cpu' "
                 f"or device={{'{recorded.type}': 'cpu'}})"
             )
+    _refuse_changed_files(graph, ops, tids, names)
     for index in ops:
         op = graph.ops[index]
         for external in op.externals:

@@ -3,7 +3,9 @@ materializing reads the bytes and equals eager loading bit for bit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import struct
 
 import pytest
@@ -83,7 +85,10 @@ def test_recording_reads_no_tensor_bytes_and_materializing_reads_them(tmp_path):
     save_file({"weight": torch.ones(4, 4), "bias": torch.ones(4)}, str(file))
     model = deferred_init(nn.Linear, 4, 4)
     load_checkpoint(model, file)
-    rewrite_data(file, lambda data: bytes(len(data)))  # zeros, same header: only a later read sees them
+    # zeros, same header, same size, inode and modification time (note [A checkpoint changed since
+    # recording] sees none of it): only a read at materialization can see them
+    with keeping_stamp(file):
+        rewrite_data(file, lambda data: bytes(len(data)))
     materialize_module(model)
     assert torch.equal(model.weight, torch.zeros(4, 4)) and torch.equal(model.bias, torch.zeros(4))
 
@@ -94,16 +99,46 @@ def rewrite_data(file, change) -> None:  # noqa: ANN001
     file.write_bytes(raw[: 8 + length] + change(raw[8 + length:]))
 
 
+@contextlib.contextmanager
+def keeping_stamp(file):  # noqa: ANN001, ANN201
+    """The block changes `file` in place; its times are put back after."""
+    stat = os.stat(file)
+    yield
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_checkpoint_rewritten_after_recording_is_refused_before_anything_is_read(tmp_path):
+    # before: a rewrite with the same keys and shapes was read silently, so one module could mix two
+    # checkpoints, and release + materialize gave other bytes
+    file = tmp_path / "w.safetensors"
+    save_file({"0.weight": torch.ones(2, 2), "0.bias": torch.ones(2), "1.weight": torch.ones(2, 2),
+               "1.bias": torch.ones(2)}, str(file))
+    model = deferred_init(lambda: nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)))
+    load_checkpoint(model, file)
+    materialize_module(model[0])
+    save_file({"0.weight": torch.zeros(2, 2), "0.bias": torch.zeros(2), "1.weight": torch.zeros(2, 2),
+               "1.bias": torch.zeros(2)}, str(file))
+    with pytest.raises(MaterializationError) as error:
+        materialize_module(model[1])
+    assert str(error.value) == (
+        f"checkpoint {file} changed since it was recorded (its size, modification time or inode differ): "
+        "'weight', 'bias' would be read from bytes the recording never saw, and mixed with what was read "
+        "before. Record again to read the new file (deferred_init, load_checkpoint), or put the recorded file back"
+    )
+    assert explorer.is_deferred(model[1].weight) and torch.equal(model[0].weight, torch.ones(2, 2))
+
+
 def test_a_truncated_checkpoint_fails_naming_file_and_key_and_leaves_the_module_deferred(tmp_path):
     file = tmp_path / "w.safetensors"
     save_file({"weight": torch.ones(4, 4), "bias": torch.ones(4)}, str(file))
     model = deferred_init(nn.Linear, 4, 4)
     load_checkpoint(model, file)
-    rewrite_data(file, lambda data: data[:10])
+    with keeping_stamp(file):  # cut, and dated back: the read itself must fail, naming file and key
+        rewrite_data(file, lambda data: data[:10])
     with pytest.raises(MaterializationError) as error:
         materialize_module(model)
     message = str(error.value)
-    assert f"from checkpoint {file} failed" in message and ("'weight'" in message or "'bias'" in message)
+    assert f"{file}" in message and ("'weight'" in message or "'bias'" in message)
     assert explorer.is_deferred(model.weight) and explorer.is_deferred(model.bias)
 
 
@@ -112,7 +147,9 @@ def test_a_checkpoint_rewritten_with_another_shape_is_refused_as_changed_since_r
     save_file({"weight": torch.ones(4, 4), "bias": torch.ones(4)}, str(file))
     model = deferred_init(nn.Linear, 4, 4)
     load_checkpoint(model, file)
-    save_file({"weight": torch.ones(2, 8), "bias": torch.ones(4)}, str(file))
+    save_file({"weight": torch.ones(2, 8), "bias": torch.ones(4)}, str(tmp_path / "other.safetensors"))
+    with keeping_stamp(file):  # the same size, in place, dated back: the header check itself must see it
+        file.write_bytes((tmp_path / "other.safetensors").read_bytes())
     with pytest.raises(MaterializationError, match=(
             rf"checkpoint {file} holds 'weight' as torch.float32 \[2, 8\], but it was recorded as torch.float32 "
             r"\[4, 4\]: the file changed since; record again")):
@@ -238,7 +275,8 @@ def test_a_dcp_checkpoint_cut_after_loading_fails_naming_directory_and_key_and_l
         dcp.save(source.state_dict(), checkpoint_id=tmp_path / "dcp")
     load_checkpoint(model, tmp_path / "dcp")
     for data in (tmp_path / "dcp").glob("*.distcp"):
-        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+        with keeping_stamp(data):  # garbage of the same size, dated back: the read itself fails
+            data.write_bytes(bytes(data.stat().st_size))
     with pytest.raises(MaterializationError, match=rf"^reading '[\w.]+' from checkpoint {tmp_path / 'dcp'} failed: "):
         materialize_module(model)
     assert all(explorer.is_fake(tensor) for tensor in model.state_dict().values())
