@@ -427,3 +427,9 @@ def _read_dcp(directory: Path) -> CheckpointHeaders:
         )
     files = (DCP_METADATA, *sorted(set(first_file.values())))
     return CheckpointHeaders(str(directory), "dcp", files, entries)
+
+
+def loads_into(stored: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether `load_state_dict` copies a checkpoint tensor of shape `stored` into a tensor of shape
+    `target`: equal shapes, and (PyTorch's backward compatibility) a one-element [1] into a scalar."""
+    return tuple(stored) == tuple(target) or (len(target) == 0 and tuple(stored) == (1,))

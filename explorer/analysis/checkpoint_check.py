@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .._torch_compat.dispatch import metadata_access
-from ..checkpoint_headers import CheckpointEntry, CheckpointHeaders, read_headers
+from ..checkpoint_headers import CheckpointEntry, CheckpointHeaders, loads_into, read_headers
 from ..inspection.census import take_census
 from ..naming import dtype_name
 from ..record.hub_open import hub_checkpoint
@@ -179,7 +179,7 @@ def _compare_key(key: str, mine: _ModuleKey, stored: CheckpointEntry) -> list[di
     if stored.shape is None:
         return [dict(key=key, kind="shape", module=mine.shape, checkpoint=NOT_A_TENSOR, file=stored.file)]
     rows: list[dict] = []
-    if mine.shape is not None and stored.shape != mine.shape:
+    if mine.shape is not None and not loads_into(stored.shape, mine.shape):
         rows.append(dict(key=key, kind="shape", module=mine.shape, checkpoint=stored.shape, file=stored.file))
     if stored.dtype != mine.dtype:
         rows.append(dict(key=key, kind="dtype", module=mine.dtype, checkpoint=stored.dtype, file=stored.file))

@@ -13,11 +13,14 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
-from ..checkpoint_headers import CheckpointHeaders, read_headers, state_dict_in
+from .._torch_compat.dispatch import metadata_access
+from ..checkpoint_headers import CheckpointHeaders, loads_into, read_headers, state_dict_in
 from ..errors import CheckpointError
 from .checkpoint_formats import READ_DCP, READ_TORCH, meta_load
 from .checkpoint_reads import READ_SAFETENSORS
@@ -64,8 +67,9 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
             + "; ".join(parts)
             + " (strict=False loads the keys both have)"
         )
-    read = _reader(headers, Path(local))
     wanted = sorted(expected & stored)
+    _refuse_other_shapes(path, module, headers, {key: current[key] for key in wanted})
+    read = _reader(headers, Path(local))
     real_keys = [key for key in wanted if not is_fake(current[key])]
     deferred_keys = [key for key in wanted if is_fake(current[key])]
     if real_keys:  # already materialized (or never deferred): loaded for real now
@@ -74,6 +78,29 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
         with deferred(module):
             module.load_state_dict({key: read(key) for key in deferred_keys}, strict=False)
     return module
+
+
+def _refuse_other_shapes(
+    path: str | os.PathLike, module: nn.Module, headers: CheckpointHeaders, current: dict[str, torch.Tensor]
+) -> None:
+    """CheckpointError for the keys `load_state_dict` would refuse as a size mismatch, before
+    anything is loaded: it loads the keys before them first, leaving the module half-loaded."""
+    with metadata_access():  # lazy parameters refuse metadata reads
+        other = [
+            (key, headers.entries[key], tuple(tensor.shape))
+            for key, tensor in current.items()
+            if not is_lazy(tensor) and not loads_into(cast(tuple, headers.entries[key].shape), tuple(tensor.shape))
+        ]
+    if other:
+        listed = "; ".join(
+            f"{key}: {list(entry.shape or ())} in {entry.file}, {list(shape)} in the module"
+            for key, entry, shape in other[:5]
+        )
+        more = f"; and {len(other) - 5} more" if len(other) > 5 else ""
+        raise CheckpointError(
+            f"{path} does not fit {type(module).__name__}: size mismatch for {len(other)} key(s): {listed}{more}; "
+            "nothing was loaded"
+        )
 
 
 def _reader(headers: CheckpointHeaders, path: Path) -> Reader:

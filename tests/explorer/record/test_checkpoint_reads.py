@@ -198,6 +198,35 @@ def test_load_checkpoint_with_missing_or_unexpected_keys_names_them_and_loads_no
     assert torch.equal(model.weight, torch.ones(4, 4))
 
 
+def test_load_checkpoint_with_another_shape_names_it_and_loads_nothing_into_a_partly_real_module(tmp_path):
+    # before: the real tensors were loaded first, then load_state_dict's size mismatch left it half-loaded
+    file = tmp_path / "w.safetensors"
+    save_file({"0.weight": torch.ones(3, 4), "0.bias": torch.ones(3), "1.weight": torch.ones(2, 5),
+               "1.bias": torch.ones(2)}, str(file))
+    model = deferred_init(lambda: nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)))
+    materialize_module(model[1])
+    bias = model[1].bias.detach().clone()
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(model, file, strict=False)
+    assert str(error.value) == (f"{file} does not fit Sequential: size mismatch for 1 key(s): 1.weight: [2, 5] in "
+                                "w.safetensors, [2, 3] in the module; nothing was loaded")
+    assert torch.equal(model[1].bias, bias) and explorer.is_deferred(model[0].weight)
+
+
+def test_a_one_element_tensor_loads_into_a_scalar_as_load_state_dict_takes_it(tmp_path):
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.tensor(1.0))
+
+    file = tmp_path / "w.safetensors"
+    save_file({"scale": torch.tensor([3.0])}, str(file))
+    model = deferred_init(Scaled)
+    assert explorer.check_checkpoint(model, file).ok
+    load_checkpoint(model, file)
+    assert torch.equal(materialize_module(model).scale, torch.tensor(3.0))
+
+
 def test_load_checkpoint_names_a_missing_shard_and_a_foreign_file(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"weight": "gone.safetensors"}}))
     model = deferred_init(nn.Linear, 4, 4)
