@@ -250,4 +250,27 @@ def materialize_module(
         reals = materialize_fakes(fakes, names, device, rng, progress, on_step)
     for ((owner, kind, key, _), _), real in zip(slots, reals):
         getattr(owner, kind)[key] = real
+    _fill_tied_slots_elsewhere(module, {id(fake): real for fake, real in zip(fakes, reals)}, fakes)
     return module
+
+
+def _fill_tied_slots_elsewhere(module: nn.Module, real_of: dict[int, torch.Tensor], fakes: list[torch.Tensor]) -> None:
+    """Note: [Ties across a partial materialization]
+    A tensor tied outside the materialized submodule (`lm_head.weight is embed_tokens.weight`,
+    materializing `lm_head` alone) is held by slots of the recording's root that `module` does not
+    reach. Left fake there, the tie is broken until both sides are materialized: a load into the
+    fake side (`load_checkpoint`) never reaches the real one, and a save stores both. So every slot
+    of the root that holds one of the materialized fakes gets the same real tensor."""
+    roots = {id(root): root for fake in fakes if (root := root_of(fake)) is not None and root is not module}
+    for root in roots.values():
+        for (owner, kind, key, _), fake in deferred_slots(root, attributes=True):
+            real = real_of.get(id(fake))
+            if real is not None:
+                getattr(owner, kind)[key] = real
+
+
+def root_of(fake: torch.Tensor) -> nn.Module | None:
+    """The module `deferred_init` returned for `fake`'s recording, while it lives."""
+    handle = handle_of(fake)
+    root = handle.graph.root if handle is not None else None
+    return root() if root is not None else None

@@ -24,7 +24,7 @@ from ..errors import ReleaseError
 from ..graph import InitGraph
 from ..record.fake import DeferredHandle, handle_of
 from .deferred_forms import DeferredForm, deferred_form_of, forget_deferred_form
-from .materialize import TensorSlot, module_slots
+from .materialize import TensorSlot, module_slots, root_of
 from .replay import ReplayState
 
 _KINDS = {
@@ -58,8 +58,23 @@ def release_module(
     reals = {id(real): real for _, real in slots}
     for (owner, kind, key, _), real in slots:
         getattr(owner, kind)[key] = _form(real).fake
+    _release_tied_slots_elsewhere(module, reals)
     _forget(module, reals.values())
     return module
+
+
+def _release_tied_slots_elsewhere(module: nn.Module, reals: dict[int, torch.Tensor]) -> None:
+    """The other side of note [Ties across a partial materialization] (replay/materialize.py): a
+    released tensor the recording's root also holds outside `module` is released there too, so the
+    tie stays one tensor and its memory can go."""
+    roots = {id(root): root for real in reals.values() if (root := root_of(_form(real).fake)) is not None}
+    for root in roots.values():
+        if root is module:
+            continue
+        for (owner, kind, key, _), real in module_slots(
+            root, tuple(_KINDS), None, lambda t: id(t) in reals, "released"
+        ):
+            getattr(owner, kind)[key] = _form(real).fake
 
 
 def _form(real: torch.Tensor) -> DeferredForm:

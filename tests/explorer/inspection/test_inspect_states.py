@@ -39,19 +39,21 @@ def test_state_goes_from_fake_through_partly_materialized_to_materialized():
 
     materialize_module(module.embed)
     partly = inspect(module)
-    # The head still holds the fake that materializing it would turn into this very tensor: tied.
-    assert states(partly.tensors) == {**dict.fromkeys(TINY_NAMES, "fake"), "embed.weight": "materialized"}
+    # The head holds the same tensor, tied (note [Ties across a partial materialization]).
+    assert states(partly.tensors) == {
+        **dict.fromkeys(TINY_NAMES, "fake"), "embed.weight": "materialized", "head.weight": "materialized"
+    }
     assert rows(partly.tensors, IDENTITY) == rows(fake.tensors, IDENTITY)
     assert partly.tensors["graph"].tolist() == [0] * 13
     assert partly.storages["state"].tolist() == ["fake"] * 5 + ["materialized"] + ["fake"] * 2
     assert partly.modules["total_params"].tolist() == fake.modules["total_params"].tolist()  # counted once
     assert partly.summary().splitlines()[-1] == fake.summary().splitlines()[-1]  # "tied: embed.weight = ..."
-    assert partly.modules["materialized_bytes"].tolist() == [48, 48, 0, 0, 0, 0, 0]
-    assert partly.modules["materialized"].tolist() == [48 / 144, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert partly.modules["materialized_bytes"].tolist() == [48, 48, 48, 0, 0, 0, 0]
+    assert partly.modules["materialized"].tolist() == [48 / 144, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
 
     materialize_module(module, buffers_only=True)
     buffers = inspect(module)
-    materialized = {"base", "window", "const", "scaled", "steps", "embed.weight"}
+    materialized = {"base", "window", "const", "scaled", "steps", "embed.weight", "head.weight"}
     assert states(buffers.tensors) == {name: "materialized" if name in materialized else "fake" for name in TINY_NAMES}
     # `shift` (fake) and `base`/`window` (real now) are still one storage.
     assert rows(buffers.tensors, IDENTITY) == rows(fake.tensors, IDENTITY)
