@@ -95,9 +95,10 @@ def init_report(module: nn.Module, reinit: ReinitFunction | None = None) -> pd.D
       of repeated modules as `*`;
     - `flags`: a list of `FLAGS` words: "uninitialized" (some or all elements), "overwritten" (dead
       writes), "outlier" (an init differing from most names of its role, among 3 or more),
-      "constant matrix" (a parameter of 2+ dims whose elements are all one value: nothing breaks
-      the symmetry of its rows), "nan/inf" and "measured differs" (materialized tensors whose values
-      are further from `mean`/`std` than sampling error allows), and with `reinit`
+      "constant matrix" (a parameter of 2+ dims whose elements are all one nonzero value: nothing
+      breaks the symmetry of its rows; zeros are a deliberate init, as LoRA's B), "nan/inf" and
+      "measured differs" (materialized tensors whose values are further from `mean`/`std` than
+      sampling error allows), and with `reinit`
       "uninitialized after reinit" and "reinit differs" (`FLAGS`, explorer/analysis/init_flags.py);
     - `severity`: "defect" when a flag is one (wrong or irreproducible values), "waste" when every
       flag is ("overwritten": right values, lost work), None without flags (`SEVERITY` says why
@@ -210,7 +211,15 @@ def _recorded_flags(
         flags.append("uninitialized")
     if init is not None and init.dead_writes:
         flags.append("overwritten")
-    if kind == "parameter" and len(shape) >= 2 and math.prod(shape) > 1 and distribution.std == 0:
+    # zeros are deliberate (LoRA's B, zero-initialized output projections, adaLN-Zero): the random
+    # matrix beside them breaks the symmetry
+    if (
+        kind == "parameter"
+        and len(shape) >= 2
+        and math.prod(shape) > 1
+        and distribution.std == 0
+        and distribution.mean != 0
+    ):
         flags.append("constant matrix")
     return flags
 

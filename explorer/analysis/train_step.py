@@ -459,6 +459,11 @@ def _check_arguments(module: Any, world_size: int, shard: Any, loop: TrainingLoo
         raise TypeError(f"explorer.train_step expects an nn.Module, got {type(module).__name__}")
     if recording_graph() is not None:
         raise TrainStepError("train_step cannot run inside deferred_init: call it on the module deferred_init returned")
+    if next(module.parameters(), None) is None:
+        raise TrainStepError(
+            f"{type(module).__name__} has no parameters: a training step would update nothing (the optimizer "
+            "refuses an empty parameter list); for its forward alone use dry_run"
+        )
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if shard is not None and world_size == 1:

@@ -71,7 +71,7 @@ def test_each_nn_init_function_is_named_with_its_analytic_moments(init, shape, t
     assert w["init"] == text
     assert w["mean"] == pytest.approx(mean, abs=1e-12)
     assert w["std"] == pytest.approx(std, rel=1e-9)
-    assert w["flags"] == (["constant matrix"] if std == 0 else [])  # a matrix of one value
+    assert w["flags"] == (["constant matrix"] if std == 0 and mean != 0 else [])  # one nonzero value
     assert w["uninitialized"] == 0
 
 
@@ -222,7 +222,9 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
         nn.init.normal_(self.layers[2].weight, std=0.5)
         self.head = nn.Linear(8, 8)
-        nn.init.zeros_(self.head.weight)
+        nn.init.constant_(self.head.weight, 0.5)
+        self.gate = nn.Linear(8, 8)
+        nn.init.zeros_(self.gate.weight)  # deliberate, as LoRA's B
 
 
 def test_outlier_is_the_layer_whose_init_differs_from_its_siblings():
@@ -237,6 +239,7 @@ def test_constant_matrix_flags_a_weight_whose_rows_cannot_differ():
     report = init_report(deferred_init(Stack))
     assert row(report, "head.weight")["flags"] == ["overwritten", "constant matrix"]
     assert "constant matrix" not in row(report, "head.bias")["flags"]  # 1-D
+    assert row(report, "gate.weight")["flags"] == ["overwritten"]  # zeros: not flagged
 
 
 def test_measured_values_that_disagree_are_flagged():

@@ -557,3 +557,11 @@ def test_a_step_on_a_device_this_process_cannot_reach_is_refused_before_anything
     with pytest.raises(TrainStepError, match=refusal):
         layout_step(model, (4, 16), layout=Layout())
     assert is_deferred(model) and model[0].weight.device == torch.device("cuda", 0)
+
+
+def test_a_module_with_nothing_to_train_is_refused_naming_it():
+    # before: the optimizer's own "optimizer got an empty parameter list"
+    with pytest.raises(TrainStepError) as error:
+        train_step(deferred_init(nn.ReLU), torch.randn(2, 4))
+    assert str(error.value) == ("ReLU has no parameters: a training step would update nothing (the optimizer "
+                                "refuses an empty parameter list); for its forward alone use dry_run")
