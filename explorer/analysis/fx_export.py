@@ -36,7 +36,7 @@ from ..replay.materialize import TensorSlot, check_materializable, deferred_slot
 from ..replay.preflight import check_replayable
 from ..replay.replay import Replay, replayed_func
 from ..replay.rng import RngSession, RngStreams
-from ..replay.routing import route_devices
+from ..replay.routing import describe_absence, is_available, route_devices
 from .fake_copies import FakeCopies
 
 if TYPE_CHECKING:
@@ -205,6 +205,19 @@ def _names_through_shared_modules(
     return [(name, tid_of[id(tensor)]) for name, tensor in everything if id(tensor) in tid_of and name not in named]
 
 
+def _refuse_absent_devices(graph: InitGraph, tids: list[TensorId], names: list[str]) -> None:
+    """The program runs on the recorded devices, which `materialize_module(device=...)` could move
+    and `to_fx` cannot: say so, instead of replay's advice to pass a device."""
+    for tid, name in zip(tids, names):
+        recorded = graph.tensors[tid].device
+        if not is_available(recorded):
+            raise MaterializationError(
+                f"to_fx exports the initialization on the devices it was recorded on: {name!r} was recorded on "
+                f"{recorded}, but {describe_absence(recorded)}. Export on a machine that has it, or record the "
+                "model on the CPU"
+            )
+
+
 def to_fx(module: nn.Module) -> InitProgram:
     """The recorded initialization of `module`'s deferred tensors as an FX GraphModule.
 
@@ -237,6 +250,7 @@ def to_fx(module: nn.Module) -> InitProgram:
         return InitProgram(nn.Module(), empty, class_name=f"{type(module).__name__}Init")
     graph = next(iter(graphs.values()))
     tids = [handle.tensor_id for handle in handles]
+    _refuse_absent_devices(graph, tids, names)
     ops = graph.closure_of(tids)
     rng = InitRng(graph)
     check_replayable(graph, rng.replay.routing, ops, tids, dict(zip(tids, names)))

@@ -213,3 +213,21 @@ def test_a_submodule_at_two_paths_is_named_at_both_as_state_dict_names_it():
     out = assert_same_as_materialized(to_fx(module), reference)
     assert "encoder.embed_tokens.weight" in out and out["encoder.embed_tokens.weight"] is out["shared.weight"]
     assert sorted(out) == sorted(reference.state_dict())
+
+
+def test_a_model_recorded_on_an_absent_device_is_refused_without_advice_to_fx_cannot_take():
+    # before: replay's "pass device= (e.g. device='cpu')", an argument to_fx does not have
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA: this one could export it")  # CI has none
+
+    def on_cuda() -> nn.Module:
+        with torch.device("cuda"):
+            return nn.Linear(4, 4)
+
+    with pytest.raises(MaterializationError) as error:
+        to_fx(deferred_init(on_cuda))
+    assert str(error.value) == (
+        "to_fx exports the initialization on the devices it was recorded on: 'weight' was recorded on cuda:0, "
+        "but device cuda:0 is not available (this machine has 0 CUDA devices). Export on a machine that has it, "
+        "or record the model on the CPU"
+    )
