@@ -103,6 +103,20 @@ class ExternalRef:
     index: int
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class GeneratorState:
+    """An op argument that was a generator of the constructor's own (`generator=g`, not a default
+    generator): its device and its state when the op ran, which is all replay needs to draw what
+    eager drew (record/private_generators.py). `label` names it for tables and messages."""
+
+    device: str
+    state: torch.Tensor
+    label: str
+
+    def __repr__(self) -> str:
+        return f"<{self.label}>"
+
+
 @dataclass(slots=True)
 class ExternalTensor:
     """A real tensor the constructor read, and its version counter when it was read.

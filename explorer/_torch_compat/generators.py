@@ -93,3 +93,13 @@ def cuda_state(seed: int, offset: int) -> torch.Tensor:
     """The CUDA generator state with `seed` and Philox `offset` (what `set_state` takes)."""
     raw = seed.to_bytes(8, "little") + offset.to_bytes(8, "little", signed=True)
     return torch.tensor(list(raw), dtype=torch.uint8)
+
+
+# Note: [Telling generators apart] An op given `generator=g` reaches `__torch_dispatch__` with a new
+# Python wrapper around g's C++ generator on every call (torch/csrc/Generator.cpp wraps the
+# `at::Generator` again), so `is` never matches the user's object, nor `torch.default_generator`.
+# `_cdata` is the address of the C++ generator (`THPGenerator.cdata`), the same for every wrapper of
+# one generator: checked by tests/explorer/test_torch_compat.py on every tested release.
+def same_generator(first: torch.Generator, second: torch.Generator) -> bool:
+    """Whether two generator objects wrap one C++ generator (see note [Telling generators apart])."""
+    return first._cdata == second._cdata  # type: ignore[attr-defined]  # a C attribute the stubs omit

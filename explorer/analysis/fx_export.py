@@ -15,7 +15,9 @@ the replay's own `RngSession` and `RngStreams` (the program keeps streams of its
 generator is put in the state eager construction had just before that op (skipped random ops are
 re-run on scratch tensors, states are cached), and the caller's generator state is put back after
 each op. So calling the program gives bitwise what `materialize_module(module)` gives with
-rng="eager", and leaves the global RNG as it was.
+rng="eager", and leaves the global RNG as it was. A random op given a generator of the
+constructor's own takes `generator_in_state(device, _generator_<i>)`: a new generator in the state
+it had when the op was recorded (note [A constructor's own generators]).
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ from torch import fx, nn
 from .._torch_compat.dispatch import tree_flatten, tree_map
 from .._torch_compat.fake import FakeTensorMode
 from ..errors import MaterializationError
-from ..graph import ExternalRef, InitGraph, OpNode, TensorId, TensorRef
+from ..graph import ExternalRef, GeneratorState, InitGraph, OpNode, TensorId, TensorRef
 from ..record.fake import handle_of, is_fake
 from ..record.scope import outside_recording
 from ..replay.materialize import TensorSlot, check_materializable, deferred_slots
 from ..replay.preflight import check_replayable
 from ..replay.replay import Replay, replayed_func
-from ..replay.rng import RngSession, RngStreams
+from ..replay.rng import RngSession, RngStreams, own_generator
 from ..replay.routing import describe_absence, is_available, route_devices
 from .fake_copies import FakeCopies
 
@@ -119,6 +121,11 @@ def _stack_trace(op: OpNode) -> str | None:
     return f'  File "{source.filename}", line {source.lineno}, in {source.function}\n    {source.line}\n'
 
 
+def generator_in_state(device: str, state: torch.Tensor) -> torch.Generator | None:
+    """A new generator on `device` in `state`: a constructor's own generator as a random op found it."""
+    return own_generator(GeneratorState(device, state, "own generator"), torch.device(device))
+
+
 class _Builder:
     """Emits the FX graph for one recorded graph and a set of target tensors."""
 
@@ -131,6 +138,7 @@ class _Builder:
         self.constants: dict[str, torch.Tensor] = {}
         self._externals: dict[int, fx.Node] = {}
         self.rng_node: fx.Node | None = None
+        self._generators: list[str] = []
 
     def _fake(self, tid: TensorId) -> torch.Tensor:
         info = self.graph.tensors[tid]
@@ -158,6 +166,11 @@ class _Builder:
             return self.env[value.id]
         if isinstance(value, ExternalRef):
             return self._external(value.index)
+        if isinstance(value, GeneratorState):
+            name = f"_generator_{len(self._generators)}"
+            self._generators.append(name)
+            self.constants[name] = value.state
+            return self.fx_graph.call_function(generator_in_state, (value.device, self.fx_graph.get_attr(name)))
         return value
 
     def _bind(self, node: fx.Node, outputs: Any) -> Any:

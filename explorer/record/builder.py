@@ -39,6 +39,7 @@ from .foreign import READ_DEFERRED, mixed_recordings
 from .generators import capture_start_state, stream_key
 from .initializers import INITIALIZER_OPS
 from .plans import FactoryPlan, Layout
+from .private_generators import given_generator, move_on_like_eager, recorded_generator
 from .source import building_modules
 
 _aten = torch.ops.aten
@@ -496,10 +497,9 @@ class GraphBuilder:
                     return type(value)(self._ref(item, inputs, externals, func, source, known) for item in value)
             return value
         if isinstance(value, torch.Generator):
-            raise DeferredInitError(
-                f"{func} was given an explicit torch.Generator at {source}; deferred_init replays "
-                "random ops from the default generator only, so pass no generator= (seed with "
-                "torch.manual_seed instead)"
+            raise DeferredInitError(  # random ops take theirs as `generator=` (record/private_generators.py)
+                f"{func} was given a torch.Generator at {source} as an argument other than generator=, "
+                "which deferred_init cannot replay"
             )
         return value
 
@@ -533,10 +533,17 @@ class GraphBuilder:
         facts = entry[1] if entry is not None else op_facts(func)
         inputs: list[TensorId] = []
         externals: list[int] = []
+        own_generator = None
+        if facts.random and given_generator(func, args, kwargs) is not None:  # note [A constructor's own generators]
+            given = args, kwargs
+            args, kwargs, own_generator = recorded_generator(
+                func, args, kwargs, self._random_device(func, args, kwargs, out), source
+            )
         ref_args = self._argument_refs(func, args, inputs, externals, source, written)
         ref_kwargs = self._keyword_refs(func, facts, kwargs, out, inputs, externals, source, written)
         index = len(self.graph.ops)  # after any synthetic alias ops that the refs appended
-        stream = self._random_stream(func, args, kwargs, out, index, source) if facts.random else None
+        drawn = facts.random and own_generator is None
+        stream = self._random_stream(func, args, kwargs, out, index, source) if drawn else None
         written_tids, resizes = self._written_tensors(facts, args, kwargs, written) if facts.written else ([], False)
         outputs, output_ids, created = self._output_refs(out, index)
         if externals and created and views_external(func) and not _copied_by_to(func, args, out):
@@ -565,6 +572,8 @@ class GraphBuilder:
                 inference=torch.is_inference_mode_enabled(),
             )
         )
+        if own_generator is not None:
+            move_on_like_eager(func, *given)
 
     def record_other_recording_read(
         self, pinned: FakeTensor, stand_in: FakeTensor, source: SourceLocation | None

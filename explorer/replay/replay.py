@@ -19,7 +19,7 @@ import torch
 
 from .._torch_compat.dispatch import tree_flatten, tree_map
 from ..errors import MaterializationError
-from ..graph import ExternalRef, InitGraph, OpIndex, StorageId, TensorId, TensorRef
+from ..graph import ExternalRef, GeneratorState, InitGraph, OpIndex, StorageId, TensorId, TensorRef
 from ..hub_fetch import prefetch
 from ..record.checkpoint_reads import READ_SAFETENSORS
 from ..record.fake import DeferredHandle, handle_of
@@ -30,7 +30,7 @@ from .fills import ParallelFills
 from .mt19937 import draws_between
 from .preflight import check_replayable, target_names
 from .real_memory import alias_on, as_recorded_kind, storage_moved
-from .rng import RngSession, RngStreams
+from .rng import RngSession, RngStreams, own_generator
 from .routing import DeviceRouting, normalize
 
 # progress(done_tensors, total_tensors, done_bytes, total_bytes); may raise to cancel.
@@ -87,7 +87,7 @@ class ReplayState:
 _FRESH_COPIES = {torch.ops.aten.lift_fresh.default: torch.ops.aten.lift_fresh_copy.default}
 
 
-_LEAVES_TO_MAP = (TensorRef, ExternalRef, torch.device)
+_LEAVES_TO_MAP = (TensorRef, ExternalRef, torch.device, GeneratorState)
 
 
 def map_arguments(value: Any, leaf: Callable[[Any], Any]) -> Any:
@@ -201,6 +201,8 @@ class Replay:
             return real
         if isinstance(value, torch.device):
             return self.routing.exec_device(value)
+        if isinstance(value, GeneratorState):
+            return own_generator(value, self.routing.exec_device(value.device))
         return value
 
     def _resolved(self, value: Any) -> Any:

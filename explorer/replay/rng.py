@@ -14,6 +14,10 @@ layout instead. Every state reached is cached, so a later click on an earlier la
 known state. With rng="fast" each random op instead gets a seed derived from the start state and
 its position, so values do not depend on what else is materialized or in which order.
 
+A random op given a generator of the constructor's own carries that generator's state instead
+(note [A constructor's own generators] in record/private_generators.py): `own_generator` makes a
+new generator in it, so the op draws eager's values in either mode.
+
 A `RngSession` owns the default generators while a replay runs and puts back the user's states
 when it ends, whatever happens.
 """
@@ -31,7 +35,7 @@ from typing import Literal, cast, get_args
 import torch
 
 from ..errors import MaterializationError
-from ..graph import InitGraph, OpIndex, RngRestart
+from ..graph import GeneratorState, InitGraph, OpIndex, RngRestart
 from ..record.generators import default_generator, state_of
 from .draws import draw_count
 from .mt19937 import jump_state
@@ -351,3 +355,18 @@ class RngSession:
         cache = self.streams.cache(key)
         if position + 1 not in cache:
             self.streams.remember(key, position + 1, state_of(default_generator(key)))
+
+
+def own_generator(recorded: GeneratorState, exec_device: torch.device) -> torch.Generator | None:
+    """A new generator for a random op recorded with a constructor's own generator, run on
+    `exec_device`: in the recorded state when that is the recorded device type (eager's values),
+    seeded from that state on another type (rng="fast" on another device), None on meta."""
+    if exec_device.type == "meta":
+        return None
+    generator = torch.Generator(device=exec_device)
+    if exec_device.type == torch.device(recorded.device).type:
+        generator.set_state(recorded.state)
+    else:
+        digest = hashlib.blake2b(recorded.state.numpy().tobytes(), digest_size=8).digest()
+        generator.manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+    return generator

@@ -122,32 +122,6 @@ def test_op_with_data_dependent_output_shape_is_computed_and_replays_as_eager():
     assert_clean_global_state()
 
 
-@pytest.mark.parametrize(
-    ("op", "build"),
-    [
-        ("aten.rand.generator", lambda g: torch.rand(3, generator=g)),
-        ("aten.randperm.generator", lambda g: torch.randperm(5, generator=g)),
-        ("aten.uniform_.default", lambda g: nn.init.uniform_(torch.empty(3), generator=g)),
-    ],
-    ids=["factory", "randperm", "nn.init"],
-)
-def test_explicit_generator_in_factories_and_init_functions_is_rejected(op, build):
-    generator = torch.Generator().manual_seed(0)
-    generator_state = generator.get_state()
-
-    def with_generator():
-        module = nn.Module()
-        module.register_buffer("drawn", build(generator))
-        return module
-
-    with pytest.raises(DeferredInitError) as error:
-        deferred_init(with_generator)
-    assert str(error.value).startswith(f"{op} was given an explicit torch.Generator at ")
-    assert "pass no generator= (seed with torch.manual_seed instead)" in str(error.value)
-    assert torch.equal(generator.get_state(), generator_state)  # the user's generator was not advanced
-    assert_clean_global_state()
-
-
 # -- external tensors --------------------------------------------------------------------------
 class Table(nn.Module):
     def __init__(self, table: torch.Tensor) -> None:

@@ -22,7 +22,7 @@ from explorer._torch_compat import (
 from explorer._torch_compat.devices import allow_fake_cuda
 from explorer._torch_compat.dispatch import disable_torch_dispatch, storage_id
 from explorer._torch_compat.fake import FakeTemplate, FakeTensor, FakeTensorMode, fake_device_key, fake_device_of
-from explorer._torch_compat.generators import cuda_state, cuda_state_fields
+from explorer._torch_compat.generators import cuda_state, cuda_state_fields, same_generator
 from explorer.record.fake import DeferredTensor
 
 
@@ -258,6 +258,28 @@ def test_the_real_cuda_generator_state_has_that_layout() -> None:
     generator.manual_seed(1234)
     torch.empty(5, device="cuda").normal_(generator=generator)
     assert cuda_state_fields(generator.get_state()) == (1234, 4)
+
+
+def test_same_generator_tells_the_default_generator_from_a_new_one_through_the_dispatcher() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    own = torch.Generator().manual_seed(3)
+    seen: list[torch.Generator] = []
+
+    class Collect(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            if kwargs and "generator" in kwargs:
+                seen.append(kwargs["generator"])
+            return func(*args, **(kwargs or {}))
+
+    with Collect():
+        torch.empty(3).normal_(generator=torch.default_generator)
+        torch.empty(3).normal_(generator=own)
+    default_seen, own_seen = seen
+    assert default_seen is not torch.default_generator and own_seen is not own  # new wrappers
+    assert same_generator(default_seen, torch.default_generator) and same_generator(own_seen, own)
+    assert not same_generator(own_seen, torch.default_generator)
+    assert not same_generator(own, torch.Generator().manual_seed(3))
 
 
 def test_a_state_of_another_size_is_refused_with_the_note_to_update() -> None:

@@ -38,8 +38,25 @@ ADAPTERS: dict[str, Callable[[], Any]] = {
     "lokr": lambda: peft.LoKrConfig(r=4, target_modules=["q_proj", "v_proj"]),
     "loha": lambda: peft.LoHaConfig(r=4, target_modules=["q_proj", "v_proj"]),
 }
+# Adapters drawn from a generator of their own, seeded from the config (note [A constructor's own
+# generators] in explorer/record/private_generators.py), where this PEFT release has them.
+OWN_GENERATOR_ADAPTERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "vera": ("VeraConfig", {"r": 4, "projection_prng_key": 3}),
+    "fourierft": ("FourierFTConfig", {"n_frequency": 16, "init_weights": False}),
+    "randlora": ("RandLoraConfig", {"r": 4}),
+    "shira": ("ShiraConfig", {"r": 2}),
+    "waveft": ("WaveFTConfig", {"n_frequency": 16}),
+    "tinylora": ("TinyLoraConfig", {}),
+    "pvera": ("PveraConfig", {"r": 4}),
+}
+for _name, (_class, _options) in OWN_GENERATOR_ADAPTERS.items():
+    if hasattr(peft, _class):
+        ADAPTERS[_name] = lambda config=getattr(peft, _class), options=_options: config(
+            target_modules=["q_proj", "v_proj"], **options
+        )
 
-ADAPTER_NAMES = ("lora_", "ia3_", "lokr_", "hada_")  # the prefixes of PEFT's adapter parameters
+# the prefixes of PEFT's adapter parameters
+ADAPTER_NAMES = ("lora_", "ia3_", "lokr_", "hada_", *(f"{name}_" for name in OWN_GENERATOR_ADAPTERS))
 
 
 def _deferred_with(adapter: Callable[[], Any], after: Callable[[Any], Any] = lambda m: m) -> Any:
