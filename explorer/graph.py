@@ -89,6 +89,17 @@ class SourceLocation:
         return linecache.getline(self.filename, self.lineno).strip()
 
 
+# Samplers that draw as many numbers as their inputs' values need (rejection sampling): running one
+# to move its generator on needs eager's input values, where ones do for every other random op.
+DRAWS_BY_VALUE = frozenset({"poisson", "binomial", "_standard_gamma", "_sample_dirichlet"})
+
+
+def draws_by_value(func: Any) -> bool:
+    """Whether random op `func` draws a number of values that depends on its inputs' values."""
+    packet = getattr(func, "_overloadpacket", None)
+    return packet is not None and packet.__name__ in DRAWS_BY_VALUE
+
+
 @dataclass(frozen=True, slots=True)
 class TensorRef:
     """An op argument that is a fake tensor of this graph, as it was when the op ran."""
@@ -324,6 +335,23 @@ class InitGraph:
         its state just before op `before` exists, so its writers need not run).
         """
         end = len(self.ops)
+        return self._closure([(tid, end, True) for tid in tensor_ids], skip_dead_writes, has_object, storage_ready)
+
+    def inputs_closure(self, index: OpIndex) -> list[OpIndex]:
+        """Every op that replaying needs to give op `index`'s inputs the values they had when it ran
+        (a scratch run of a sampler whose draw count depends on them; `index` itself excluded)."""
+        op = self.ops[index]
+        starts = [(tid, index, tid in op.reads) for tid in op.inputs]
+        return self._closure(starts, True, lambda tid: False, lambda sid, before: False)
+
+    def _closure(
+        self,
+        starts: list[tuple[TensorId, OpIndex, bool]],
+        skip_dead_writes: bool,
+        has_object: Callable[[TensorId], bool],
+        storage_ready: Callable[[StorageId, OpIndex], bool],
+    ) -> list[OpIndex]:
+        """`closure_of` from (tensor, as before op, whether its data is read) triples."""
         needed: set[OpIndex] = set()
         stack: list[OpIndex] = []
 
@@ -334,8 +362,8 @@ class InitGraph:
             if reads_data and not storage_ready(info.storage, before):
                 stack.extend(self._live_writers(info.storage, before, skip_dead_writes))
 
-        for tid in tensor_ids:
-            require(tid, end, True)
+        for tid, before, reads_data in starts:
+            require(tid, before, reads_data)
         while stack:
             index = stack.pop()
             if index in needed:

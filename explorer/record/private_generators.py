@@ -31,11 +31,8 @@ from .._torch_compat.dispatch import tree_map
 from .._torch_compat.fake import FakeTensor, fake_device_of
 from .._torch_compat.generators import same_generator
 from ..errors import DeferredInitError
-from ..graph import GeneratorState, SourceLocation
+from ..graph import GeneratorState, SourceLocation, draws_by_value
 from .scope import outside_recording
-
-# Samplers whose number of draws depends on their inputs' values (rejection sampling).
-_DRAWS_BY_VALUE = frozenset({"poisson", "binomial", "_standard_gamma", "_sample_dirichlet"})
 
 
 class GeneratorArgument(NamedTuple):
@@ -89,7 +86,7 @@ def recorded_generator(
         )
     if _is_default_generator(given):
         return GeneratorArgument(*replaced(None), None)
-    if func._overloadpacket.__name__ in _DRAWS_BY_VALUE:
+    if draws_by_value(func):
         raise DeferredInitError(
             f"{where} draws from its own torch.Generator as many times as its inputs' values need, which "
             "deferred_init cannot know without computing them; draw it from the default generator (no "

@@ -133,3 +133,36 @@ def test_last_block_then_first_of_a_deep_model_equal_eager_bytes():
     materialize_module(module)
     for name, value in module.state_dict().items():
         assert value.view(torch.uint8).equal(expected[name].view(torch.uint8)), name
+
+
+class SamplesByRejection(nn.Module):
+    """Samplers whose draw count depends on their inputs' values, then ordinary draws after them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rates = nn.Buffer(torch.rand(64) * 20)
+        self.counts = nn.Buffer(torch.poisson(self.rates))
+        self.rates.mul_(3)  # written after poisson read it: the scratch run needs the earlier value
+        self.gamma = nn.Buffer(torch._standard_gamma(self.rates))
+        self.trials = nn.Buffer(torch.binomial(torch.full((30,), 50.0), torch.rand(30)))
+        self.mixture = nn.Buffer(torch._sample_dirichlet(torch.rand(5, 4) + 0.1))
+        self.linear = nn.Linear(5, 5)
+        self.weight = nn.Parameter(torch.randn(10))
+
+
+@pytest.mark.parametrize("first", ["weight", "linear", "trials", "gamma"])
+def test_a_draw_after_rejection_samplers_materialized_first_equals_eager(first: str):
+    # Reaching its generator state re-runs the samplers skipped before it: on eager's input values,
+    # since on stand-ins they would draw another number of values.
+    torch.manual_seed(0)
+    eager = SamplesByRejection()
+    torch.manual_seed(0)
+    module = deferred_init(SamplesByRejection)
+    if first == "linear":
+        materialize_module(module.linear)
+        assert torch.equal(module.linear.weight, eager.linear.weight)
+        assert torch.equal(module.linear.bias, eager.linear.bias)
+    else:
+        assert torch.equal(materialize_tensor(getattr(module, first)), getattr(eager, first))
+    materialize_module(module)
+    assert [name for name, value in eager.state_dict().items() if not torch.equal(module.state_dict()[name], value)] == []
