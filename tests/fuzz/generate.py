@@ -84,6 +84,7 @@ class Simulator:
     def _run(self, step: Step) -> bool:
         interp = self.interp
         before = (len(interp.pool), len(interp.scalars), len(self.root.values_read), dict(interp.modules))
+        own_states = {index: generator.get_state() for index, generator in interp.generators.items()}
         layouts = self._layouts()
         if step[0] == "external":
             interp.externals.append(external_tensor(len(interp.externals), step[1], step[2]))
@@ -95,6 +96,9 @@ class Simulator:
             except Exception:
                 del interp.pool[before[0]:], interp.scalars[before[1]:], self.root.values_read[before[2]:]
                 interp.modules = before[3]
+                interp.generators = {i: g for i, g in interp.generators.items() if i in own_states}
+                for index, state in own_states.items():
+                    interp.generators[index].set_state(state)
                 if step[0] == "external":
                     interp.externals.pop()
                 if self._layouts() != layouts:
@@ -197,6 +201,8 @@ def _factory(draw: Draw, sim: Simulator, op: str) -> Step:
         return (op, draw(shapes()), draw(st.sampled_from(ALL_DTYPES)), scalar_operand(draw, sim))
     if op in ("rand", "randn"):
         return (op, draw(shapes()), draw(st.sampled_from(FLOATS)))
+    if op == "own_randn":
+        return (op, draw(shapes()), draw(st.sampled_from(FLOATS)), draw(st.integers(0, 1)))
     if op == "randint":
         low = draw(st.integers(-3, 2))
         return (op, low, low + draw(st.integers(1, 6)), draw(shapes()),
@@ -293,6 +299,10 @@ def _inplace(draw: Draw, sim: Simulator, op: str) -> Step | None:
         return (op, a, low, low + draw(st.sampled_from((0.5, 1.0, 2.0))))
     if op == "normal_":
         return (op, a, draw(st.sampled_from((0.0, 1.0, -2.0))), draw(st.sampled_from((0.02, 1.0, 3.0))))
+    if op == "own_uniform_":
+        return (op, a, draw(st.sampled_from((-1.0, 0.0))), 1.0, draw(st.integers(0, 1)))
+    if op == "own_normal_":
+        return (op, a, 0.0, draw(st.sampled_from((0.02, 1.0))), draw(st.integers(0, 1)))
     if op == "index_put_":
         shape = tuple(target.shape)
         if not shape or shape[0] == 0:

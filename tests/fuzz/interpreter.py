@@ -47,6 +47,7 @@ class Interpreter:
         self.externals = list(externals)
         self.used_externals = 0
         self.pool: list[torch.Tensor] = []
+        self.generators: dict[int, torch.Generator] = {}  # the constructor's own, by index
         self.scalars: list[Any] = []
         self.modules: dict[str, nn.Module] = {"": root}
         self.grad = torch.is_grad_enabled()
@@ -182,6 +183,21 @@ class Interpreter:
 
     def op_normal_(self, a: int, mean: float, std: float) -> None:
         self.pool[a].normal_(mean, std)
+
+    def own_generator(self, index: int) -> torch.Generator:
+        """The constructor's own generator `index`, made and seeded at its first use."""
+        if index not in self.generators:
+            self.generators[index] = torch.Generator().manual_seed(500 + index)
+        return self.generators[index]
+
+    def op_own_randn(self, shape: tuple, dtype: str, generator: int) -> None:
+        self.add(torch.randn(shape, dtype=DTYPES[dtype], generator=self.own_generator(generator)))
+
+    def op_own_uniform_(self, a: int, low: float, high: float, generator: int) -> None:
+        self.pool[a].uniform_(low, high, generator=self.own_generator(generator))
+
+    def op_own_normal_(self, a: int, mean: float, std: float, generator: int) -> None:
+        self.pool[a].normal_(mean, std, generator=self.own_generator(generator))
 
     def op_index_put_(self, a: int, indices: tuple, operand: tuple, accumulate: bool) -> None:
         target = self.pool[a]

@@ -7,7 +7,9 @@ read by `.item()` by their position in the scalar pool, modules by dotted path (
 
 `("init", name, t, *args)` runs `torch.nn.init.<name>_(t, *args)`; `("inplace_view", name, t, *args)`
 runs `t.<name>(*args)` (t_, transpose_, unsqueeze_, squeeze_, as_strided_, resize_); `("binary_out", op, a,
-operand, out)` writes `torch.<op>(a, operand, out=out)`.
+operand, out)` writes `torch.<op>(a, operand, out=out)`. `("own_randn", shape, dtype, g)`,
+`("own_uniform_", t, low, high, g)` and `("own_normal_", t, mean, std, g)` draw from the
+constructor's own generator g (0 or 1), made and seeded at its first use.
 
 Operands of in-place and arithmetic steps are tagged tuples:
     ("value", 2.5)    a Python number
@@ -23,12 +25,13 @@ from typing import Any
 Step = tuple[Any, ...]
 
 FLOATS = ("float32", "float64", "float16", "bfloat16")  # the floating dtypes programs use
-FACTORY_OPS = ("ones", "zeros", "arange", "empty_fill", "rand", "randn", "randint", "randperm", "external", "constant")
+FACTORY_OPS = ("ones", "zeros", "arange", "empty_fill", "rand", "randn", "randint", "randperm", "external", "constant",
+               "own_randn")
 COMPUTE_OPS = ("binary", "binary_out", "clone", "to")
 VIEW_OPS = ("view", "reshape", "transpose", "slice", "select", "narrow", "expand", "unbind", "diagonal",
             "as_strided", "data", "detach")
 INPLACE_OPS = ("add_", "mul_", "copy_", "fill_", "zero_", "uniform_", "normal_", "index_put_", "masked_fill_",
-               "set_data", "init", "inplace_view")
+               "set_data", "init", "inplace_view", "own_uniform_", "own_normal_")
 MODULE_OPS = ("param", "submodule", "share_module", "register_parameter", "register_buffer")
 OTHER_OPS = ("item", "tolist", "grad", "inference", "data_dependent")
 ALL_OPS = FACTORY_OPS + COMPUTE_OPS + VIEW_OPS + INPLACE_OPS + MODULE_OPS + OTHER_OPS
