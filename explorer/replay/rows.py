@@ -26,7 +26,7 @@ from typing import Literal, NamedTuple, cast
 import torch
 
 from .._torch_compat.generators import cuda_state
-from ..graph import InitGraph, OpNode, TensorId, TensorInfo
+from ..graph import InitGraph, OpNode, TensorId, TensorInfo, TensorRef
 from ..hub_fetch import read_remote_rows, remote_file
 from ..record.checkpoint_formats import READ_TORCH, read_torch
 from ..record.checkpoint_reads import READ_SAFETENSORS, original_safe_open
@@ -203,32 +203,86 @@ def _recorded(fill: OpNode) -> RecordedFill:
 
 
 # A value read from a checkpoint, then at most converted: a rank reads only its rows of the file.
-_CONVERSIONS = frozenset({torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default})
+_TO_COPY, _COPY = torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default
 
 
-def checkpoint_read(graph: InitGraph, tid: TensorId) -> OpNode | None:
-    """The one checkpoint read giving tensor `tid` its value, of the same shape, at most converted
-    to another dtype (`from_pretrained`'s `.to(dtype)`, `load_checkpoint`'s `copy_`), when `tid`
-    is its whole contiguous CPU storage; else None."""
+class CheckpointRead(NamedTuple):
+    """A tensor's value as one checkpoint read, then converted to each of `conversions` in turn
+    (`from_pretrained(dtype=...)`'s `.to`, `load_checkpoint`'s `copy_` into the parameter)."""
+
+    read: OpNode
+    conversions: tuple[torch.dtype, ...]
+
+
+def checkpoint_read(graph: InitGraph, tid: TensorId) -> CheckpointRead | None:
+    """How tensor `tid`, the whole of its contiguous CPU storage, got its value when that is one
+    checkpoint read of its shape, then whole-tensor conversions of that value alone; else None.
+
+    Each conversion must take the previous value whole, in its layout (not a transpose, not a row)
+    and write the next whole: a row copied over another, a real tensor copied in, or a
+    transposed read give other values than the file's rows converted (so they are made whole)."""
     info = graph.tensors[tid]
+    if info.device.type != "cpu" or info.storage_offset != 0 or not is_contiguous(info):
+        return None
     needed = [graph.ops[i] for i in graph.closure_of([tid], skip_dead_writes=True) if not graph.ops[i].aliases_only]
     reads = [op for op in needed if op.func in (READ_SAFETENSORS, READ_TORCH)]
-    rest = [op for op in needed if op not in reads and op.index != graph.storages[info.storage].creator]
-    if len(reads) != 1 or any(op.func not in _CONVERSIONS for op in rest) or info.device.type != "cpu":
+    if len(reads) != 1 or list(reads[0].args[2]) != list(info.shape) or len(reads[0].output_ids) != 1:
         return None
-    shape = reads[0].args[2]
-    if list(shape) != list(info.shape) or info.storage_offset != 0 or not is_contiguous(info):
-        return None
-    return reads[0]
+    creator = graph.storages[info.storage].creator
+    current = reads[0].output_ids[0]
+    conversions: list[torch.dtype] = []
+    for op in needed:
+        if op is reads[0] or (op.index == creator and op.index < reads[0].index):
+            continue  # the read, or the parameter a later copy_ fills whole
+        source, written = _conversion(op)
+        if source is None or not _same_whole(graph, source, current) or not _whole(graph, written):
+            return None
+        current = written
+        conversions.append(graph.tensors[current].dtype)
+    return CheckpointRead(reads[0], tuple(conversions)) if graph.tensors[current].storage == info.storage else None
+
+
+def _conversion(op: OpNode) -> tuple[TensorId | None, TensorId]:
+    """(the tensor a conversion op reads, the tensor it makes or writes); (None, -1) for other ops."""
+    if op.func is _TO_COPY and isinstance(op.args[0], TensorRef) and len(op.output_ids) == 1:
+        return op.args[0].id, op.output_ids[0]
+    if (
+        op.func is _COPY
+        and len(op.args) >= 2
+        and isinstance(op.args[0], TensorRef)
+        and isinstance(op.args[1], TensorRef)
+    ):
+        return op.args[1].id, op.args[0].id
+    return None, -1
+
+
+def _whole(graph: InitGraph, tid: TensorId) -> bool:
+    info = graph.tensors[tid]
+    return info.storage_offset == 0 and is_contiguous(info) and info.device.type == "cpu"
+
+
+def _same_whole(graph: InitGraph, first: TensorId, second: TensorId) -> bool:
+    """Whether two tensors are one value: the same storage, layout and dtype, each the whole of it."""
+    a, b = graph.tensors[first], graph.tensors[second]
+    same = (a.storage, a.shape, a.stride, a.storage_offset, a.dtype) == (
+        b.storage,
+        b.shape,
+        b.stride,
+        b.storage_offset,
+        b.dtype,
+    )
+    return same and _whole(graph, first)
 
 
 def checkpoint_rows(graph: InitGraph, tid: TensorId, start: int, stop: int) -> torch.Tensor | None:
     """Rows [start, stop) of tensor `tid` when its value is one checkpoint read (`checkpoint_read`):
     read from the file alone (safetensors slices and memory-mapped torch.save files read only those
-    bytes). None otherwise; the caller then materializes the whole tensor."""
-    read = checkpoint_read(graph, tid)
-    if read is None:
+    bytes), then converted as the whole was. None otherwise; the caller then materializes the whole
+    tensor."""
+    found = checkpoint_read(graph, tid)
+    if found is None:
         return None
+    read = found.read
     path, key, shape, dtype = read.args[:4]
     with outside_recording():
         remote = remote_file(path) if read.func is READ_SAFETENSORS else None
@@ -239,7 +293,10 @@ def checkpoint_rows(graph: InitGraph, tid: TensorId, start: int, stop: int) -> t
                 rows = handle.get_slice(key)[start:stop]
         else:
             rows = read_torch(path, key, list(shape), dtype)[start:stop].clone()
-        return rows.to(graph.tensors[tid].dtype)
+        rows = rows.to(graph.tensors[read.output_ids[0]].dtype)
+        for conversion in found.conversions:
+            rows = rows.to(conversion)
+        return rows
 
 
 def fill_start_state(graph: InitGraph, fill: OpNode, rng: RngMode, *, cuda: bool = False) -> torch.Tensor:

@@ -138,6 +138,54 @@ def test_rows_of_a_checkpoint_read_are_read_alone(tmp_path, restore_rng) -> None
     assert _bits(_quiet_materialize(view)).equal(_bits(source.gate_up_proj[3]))
 
 
+class ReadsThenConverts(nn.Module):
+    """Checkpoint values changed after the read in ways that rows of the file alone do not give."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        import safetensors
+
+        with safetensors.safe_open(path, framework="pt") as handle:
+            # rounded through bfloat16 (`from_pretrained(dtype=torch.bfloat16).float()`)
+            self.rounded = nn.Parameter(handle.get_tensor("square").to(torch.bfloat16).to(torch.float32))
+            self.linear = nn.Linear(6, 6, bias=False)
+            with torch.no_grad():
+                self.linear.weight.copy_(handle.get_tensor("square").t())  # GPT-2's Conv1D, square
+            self.transposed = nn.Parameter(handle.get_tensor("square").t().contiguous())
+            self.embedding = nn.Embedding(6, 6)
+            with torch.no_grad():
+                self.embedding.weight.copy_(handle.get_tensor("square"))
+                self.embedding.weight[5].copy_(self.embedding.weight[0])  # a new token's row from another
+            overwritten = handle.get_tensor("square")  # last: eager's later reads would see the write
+            with torch.no_grad():
+                overwritten.copy_(torch.full((6, 6), 3.0))  # a real tensor copied over the read whole
+            self.overwritten = nn.Parameter(overwritten)
+
+
+@pytest.mark.parametrize(
+    ("name", "source"),
+    [
+        ("rounded", "checkpoint read"),
+        ("linear.weight", None),
+        ("transposed", None),
+        ("overwritten", None),
+        ("embedding.weight", None),
+    ],
+)
+def test_rows_of_a_checkpoint_value_changed_after_the_read_equal_eagers_rows(tmp_path, name, source) -> None:
+    path = str(tmp_path / "square.safetensors")
+    save_file({"square": torch.randn(6, 6, generator=torch.Generator().manual_seed(1))}, path)
+    eager, deferred = ReadsThenConverts(path), deferred_init(ReadsThenConverts, path)
+    view = deferred.get_parameter(name)[4:6]
+    assert slice_plan(view).source == source
+    if source is None:  # made whole, and said so
+        with pytest.warns(WholeBaseWarning, match="its base is not made by position"):
+            rows = materialize_tensor(view)
+    else:
+        rows = _quiet_materialize(view)
+    assert _bits(rows).equal(_bits(eager.get_parameter(name)[4:6]))
+
+
 def test_a_view_that_is_not_rows_makes_the_whole_base_and_warns(restore_rng) -> None:
     torch.manual_seed(1)
     eager = FusedExperts(INITS["normal_"])
