@@ -250,12 +250,14 @@ def _fill_parameters(
         if id(fake) not in done:
             source = ParameterSource(fake, name, device, rng)
             with torch.no_grad():
-                done[id(fake)] = install(slot, fake, source)
+                installed = install(slot, fake, source)
+            # Filled in place: later slots of a tie take that parameter, since `to_empty` outside
+            # every FSDP unit gave each slot a parameter of its own (uninitialized memory).
+            done[id(fake)] = installed if installed is not None else owner._parameters[key]
             del source
             if device.type == "cpu":
                 _return_freed_host_memory()
-        if done[id(fake)] is not None:
-            owner._parameters[key] = done[id(fake)]
+        owner._parameters[key] = done[id(fake)]
 
 
 def _return_freed_host_memory() -> None:

@@ -92,7 +92,8 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Launch]:
     started = {
         # memory first, while the allocator is fresh
         "two": Ranks(tmp_path_factory.mktemp("ws2"), 2,
-                     ["memory", "llama-eager", "llama-fast", "tied-fsdp", "tied-dtensor", "vit-fsdp", "failing-rank-1"]),
+                     ["memory", "llama-eager", "llama-fast", "tied-fsdp", "tied-dtensor", "tied-outside-units", "vit-fsdp",
+                      "failing-rank-1"]),
         "one": Ranks(tmp_path_factory.mktemp("ws1"), 1, ["llama-eager", "llama-fast", "tied-fsdp", "partly-materialized"]),
         "exit": Ranks(tmp_path_factory.mktemp("exit"), 2, ["exiting-rank-1"]),
     }
@@ -162,6 +163,17 @@ def test_fsdp_tied_sequential_with_buffers_gathers_to_eager_bitwise(run: Launch)
     _assert_bitwise_equal(saved["state"], eager.state_dict())
     with torch.no_grad():
         assert torch.equal(saved["output"], eager.eval()(worker.tied_input()))
+
+
+def test_a_tie_outside_every_fsdp_unit_stays_one_parameter_with_eagers_values(two_ranks: Launch) -> None:
+    # to_empty gives each slot of a plain parameter its own (uninitialized) tensor: the head must
+    # take the embedding's filled parameter back, as eager's model holds one
+    eager = _eager_tied()
+    saved = two_ranks.saved("tied-outside-units")
+    _assert_bitwise_equal(saved["state"], eager.state_dict())
+    with torch.no_grad():
+        assert torch.equal(saved["output"], eager.eval()(worker.tied_input()))
+    assert [two_ranks.info("tied-outside-units", rank)["tied"] for rank in (0, 1)] == [True, True]
 
 
 def test_fsdp_keeps_tied_weights_one_parameter_and_views_of_buffers(run: Launch) -> None:

@@ -171,6 +171,18 @@ def tied_fsdp(mesh: DeviceMesh) -> dict[str, Any]:
             "own_bytes": own_bytes, "planned_bytes": int(plan.table["planned_bytes"].iloc[0])}
 
 
+def tied_outside_units(mesh: DeviceMesh) -> dict[str, Any]:
+    """Only the middle linear sharded: the tied embedding and head stay plain parameters."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(SEED)
+    model = deferred_init(tied_sequential)
+    fully_shard_deferred(model, mesh, shard=lambda root: fully_shard(root[1], mesh=mesh))
+    with torch.no_grad():
+        output = model.eval()(tied_input())
+    return {"state": gathered_state(model), "output": output, "tied": model[0].weight is model[5].weight}
+
+
 def tied_dtensor(mesh: DeviceMesh) -> dict[str, Any]:
     torch.manual_seed(SEED)
     model = deferred_init(tied_sequential)
@@ -254,6 +266,7 @@ SCENARIOS: dict[str, Callable[[DeviceMesh], dict[str, Any]]] = {
     "llama-fast": lambda mesh: llama_fsdp(mesh, "fast"),
     "tied-fsdp": tied_fsdp,
     "tied-dtensor": tied_dtensor,
+    "tied-outside-units": tied_outside_units,
     "vit-fsdp": vit_fsdp,
     "memory": memory,
     "failing-rank-1": failing_rank_1,
