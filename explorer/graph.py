@@ -89,15 +89,31 @@ class SourceLocation:
         return linecache.getline(self.filename, self.lineno).strip()
 
 
-# Samplers that draw as many numbers as their inputs' values need (rejection sampling): running one
-# to move its generator on needs eager's input values, where ones do for every other random op.
-DRAWS_BY_VALUE = frozenset({"poisson", "binomial", "_standard_gamma", "_sample_dirichlet"})
+# Note: [Draws fixed by sizes]
+# Random ops whose number of draws is fixed by their tensors' sizes and dtypes and their plain
+# arguments: fills (`normal_`, `bernoulli_(p)` with a tensor p too), factories, `*_like` with plain
+# bounds, `multinomial`, dropout masks and the recorded `trunc_normal_` (whose rejection loop reads
+# only its own draws). Run on stand-in tensors, they move a generator as eager's run did. Any other
+# (`poisson`'s rejection sampling, `rrelu`'s draw per negative element, `randint_like` with a tensor
+# bound) may draw as many values as its inputs' values need: a run that moves a generator must give
+# it eager's input values (replay), or not be done (a constructor's own generator is refused).
+_DRAWS_FIXED_BY_SIZES = frozenset({
+    "normal_", "uniform_", "random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "bernoulli_",
+    "normal", "uniform", "random", "exponential", "geometric", "cauchy", "log_normal", "bernoulli",
+    "normal_functional", "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",
+    "multinomial", "dropout", "dropout_", "native_dropout", "_fused_dropout", "feature_dropout",
+    "feature_dropout_", "alpha_dropout", "alpha_dropout_", "feature_alpha_dropout", "feature_alpha_dropout_",
+    "trunc_normal_",
+})  # fmt: skip
 
 
-def draws_by_value(func: Any) -> bool:
-    """Whether random op `func` draws a number of values that depends on its inputs' values."""
+def draws_fixed_by_sizes(func: Any) -> bool:
+    """Whether random op `func` draws a number of values fixed without its inputs' values (see note
+    [Draws fixed by sizes])."""
     packet = getattr(func, "_overloadpacket", None)
-    return packet is not None and packet.__name__ in DRAWS_BY_VALUE
+    if packet is None or packet.__name__ not in _DRAWS_FIXED_BY_SIZES:
+        return False
+    return not (packet.__name__ == "randint_like" and "Tensor" in func._overloadname)  # a tensor bound
 
 
 @dataclass(frozen=True, slots=True)

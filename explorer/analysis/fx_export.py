@@ -22,6 +22,7 @@ it had when the op was recorded (note [A constructor's own generators]).
 
 from __future__ import annotations
 
+import keyword
 import operator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -121,6 +122,13 @@ def _stack_trace(op: OpNode) -> str | None:
     return f'  File "{source.filename}", line {source.lineno}, in {source.function}\n    {source.line}\n'
 
 
+def call_overload(qualified: str, /, *args: Any, **kwargs: Any) -> Any:
+    """Op overload `qualified` ("aten.random_.from") called: for overloads named by a Python keyword,
+    which the generated code cannot spell as an attribute."""
+    namespace, packet, overload = qualified.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)(*args, **kwargs)
+
+
 def generator_in_state(device: str, state: torch.Tensor) -> torch.Generator | None:
     """A new generator on `device` in `state`: a constructor's own generator as a random op found it."""
     return own_generator(GeneratorState(device, state, "own generator"), torch.device(device))
@@ -197,7 +205,11 @@ class _Builder:
                 with self.fx_graph.inserting_before(next(iter(self.fx_graph.nodes), None)):
                     self.rng_node = self.fx_graph.get_attr("_rng")
             self.fx_graph.call_function(rng_seek, (self.rng_node, *op.stream))
-        node = self.fx_graph.call_function(replayed_func(op.func), tuple(args), kwargs)
+        target = replayed_func(op.func)
+        if keyword.iskeyword(target._overloadname):  # `random_.from`: FX's code would not parse
+            node = self.fx_graph.call_function(call_overload, (str(target), *args), kwargs)
+        else:
+            node = self.fx_graph.call_function(target, tuple(args), kwargs)
         node.meta["val"] = self._bind(node, op.outputs)
         node.meta["recorded_op"] = op.index
         trace = _stack_trace(op)

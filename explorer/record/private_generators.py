@@ -11,9 +11,10 @@ order, with rng="eager" or "fast", and nothing is re-run to skip it.
 
 The fake op draws nothing, so the constructor's generator is moved on here as eager's would be, by
 running the op once on stand-in tensors: the next op given it then starts where eager's did, and so
-does the caller's code after `deferred_init`. The stand-ins hold ones, which is exact for every
-kernel whose number of draws depends on sizes alone; `poisson`, `binomial`, `_standard_gamma` and
-`_sample_dirichlet` draw by rejection, as many times as their inputs' values need, and are refused.
+does the caller's code after `deferred_init`. The stand-ins hold ones, which is exact for the ops
+whose number of draws is fixed by sizes (note [Draws fixed by sizes] in graph.py); others, such as
+`poisson`'s rejection sampling or `rrelu`, may draw as many times as their inputs' values need, and
+are refused.
 
 `generator=torch.default_generator` (or a CUDA device's default generator) is the default stream
 itself: the op is recorded with `generator=None`, which draws from it as eager did. A generator on
@@ -31,7 +32,7 @@ from .._torch_compat.dispatch import tree_map
 from .._torch_compat.fake import FakeTensor, fake_device_of
 from .._torch_compat.generators import same_generator
 from ..errors import DeferredInitError
-from ..graph import GeneratorState, SourceLocation, draws_by_value
+from ..graph import GeneratorState, SourceLocation, draws_fixed_by_sizes
 from .scope import outside_recording
 
 
@@ -86,9 +87,9 @@ def recorded_generator(
         )
     if _is_default_generator(given):
         return GeneratorArgument(*replaced(None), None)
-    if draws_by_value(func):
+    if not draws_fixed_by_sizes(func):
         raise DeferredInitError(
-            f"{where} draws from its own torch.Generator as many times as its inputs' values need, which "
+            f"{where} may draw from its own torch.Generator as many times as its inputs' values need, which "
             "deferred_init cannot know without computing them; draw it from the default generator (no "
             "generator=), or build that tensor after materialization"
         )

@@ -208,8 +208,18 @@ def _count_key(graph: InitGraph, op: OpNode) -> tuple | None:
     return (id(op.func), op.args[1:], written.shape, written.stride, written.dtype, written.device)
 
 
+@functools.cache
+def writes_out_argument(func: Any) -> bool:
+    """Whether `func` is an `out=` variant: it may resize its `out` tensor, whose recorded layout is
+    then the one before the op, not the one its draws filled (`torch.rand(20, 2, out=empty(0))`)."""
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(argument.is_out for argument in schema.arguments)
+
+
 def draw_count(graph: InitGraph, op: OpNode) -> int | None:
     """32-bit draws `op` takes from the CPU generator, or None when that is not known in advance."""
+    if writes_out_argument(op.func):
+        return None  # run on scratch, which resizes `out` as eager did
     key = _count_key(graph, op)
     if key is None:
         return _draw_count(graph, op)

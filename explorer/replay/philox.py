@@ -44,7 +44,7 @@ import torch
 from .._torch_compat.dispatch import OpOverload
 from .._torch_compat.generators import cuda_state, cuda_state_fields
 from ..graph import InitGraph, OpNode
-from .draws import argument_value, written_tensor
+from .draws import argument_value, writes_out_argument, written_tensor
 
 BLOCK = 256  # threads per block of every kernel modelled here
 INT32_MAX = 2**31 - 1  # TensorIterator's 32-bit indexing limit, on elements and on byte offsets
@@ -248,7 +248,7 @@ _READS_ARGUMENTS = frozenset({*_RANGED, _aten.native_dropout.default})
 def recorded_increment(graph: InitGraph, op: OpNode, device: DeviceProperties | None) -> int | None:
     """How far recorded random `op` moves its CUDA generator's offset, or None when not known in
     advance (the CUDA counterpart of `draws.draw_count`)."""
-    if not op.output_ids:
+    if not op.output_ids or writes_out_argument(op.func):
         return None
     written = written_tensor(graph, op)
     if written.device.type != "cuda":

@@ -19,7 +19,16 @@ import torch
 
 from .._torch_compat.dispatch import tree_flatten, tree_map
 from ..errors import MaterializationError
-from ..graph import ExternalRef, GeneratorState, InitGraph, OpIndex, StorageId, TensorId, TensorRef, draws_by_value
+from ..graph import (
+    ExternalRef,
+    GeneratorState,
+    InitGraph,
+    OpIndex,
+    StorageId,
+    TensorId,
+    TensorRef,
+    draws_fixed_by_sizes,
+)
 from ..hub_fetch import prefetch
 from ..record.checkpoint_reads import READ_SAFETENSORS
 from ..record.fake import DeferredHandle, handle_of
@@ -212,7 +221,7 @@ class Replay:
     def run_scratch(self, index: OpIndex) -> None:
         """Run random op `index` on throwaway tensors of the recorded layout, to advance its generator."""
         op = self.graph.ops[index]
-        if draws_by_value(op.func):
+        if op.reads and not draws_fixed_by_sizes(op.func):  # note [Draws fixed by sizes]
             return self._run_on_eagers_inputs(index)
         written = {self.graph.tensors[tid].storage for tid in op.inputs} & set(op.writes)
 
@@ -227,7 +236,7 @@ class Replay:
         op.func(*map_arguments(op.args, scratch), **map_arguments(op.kwargs, scratch))
 
     def _run_on_eagers_inputs(self, index: OpIndex) -> None:
-        """`run_scratch` for a sampler whose draw count depends on its inputs' values (`poisson`):
+        """`run_scratch` for an op whose draw count may depend on its inputs' values (`poisson`):
         its inputs are made as eager had them, by a replay of their closure on the recorded devices
         (whose own generator moves are put back), then it runs on them."""
         op = self.graph.ops[index]
@@ -241,10 +250,9 @@ class Replay:
                 fills.wait_for(before)
                 inputs._run_op(before, rng, fills)
             fills.wait_for(None)
-        written = {self.graph.tensors[tid].storage for tid in op.inputs} & set(op.writes)
 
         def eager_input(value: Any) -> Any:
-            if isinstance(value, TensorRef) and self.graph.tensors[value.id].storage in written:
+            if isinstance(value, TensorRef) and value.id not in op.reads:  # only written: its values unused
                 info = self.graph.tensors[value.id]
                 device = inputs.routing.exec_device(info.device)
                 return torch.empty_strided(info.shape, info.stride, dtype=info.dtype, device=device)

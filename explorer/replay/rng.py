@@ -10,8 +10,8 @@ offset increments of the ops in between to the offset, the seed unchanged
 (`philox.StreamIncrements`, with the launch limits of the device the stream's ops run on). An op
 whose count or increment is not known in advance (value-dependent, reading the cached normal
 sample, not modelled, or its CUDA device absent here) is re-run on a scratch tensor of its recorded
-layout instead; a sampler whose count depends on its inputs' values (`poisson`, `binomial`, gamma,
-Dirichlet) is re-run on eager's values of them, replayed for it (`Replay.run_scratch`).
+layout instead; an op whose count may depend on its inputs' values (`poisson`, `rrelu`: note [Draws
+fixed by sizes] in graph.py) is re-run on eager's values of them, replayed for it.
 Every state reached is cached, so a later click on an earlier layer starts from a
 known state. With rng="fast" each random op instead gets a seed derived from the start state and
 its position, so values do not depend on what else is materialized or in which order.

@@ -139,6 +139,22 @@ def test_fake_tensor_propagation_leaves_the_program_correct():
     assert_same_as_materialized(program, reference)
 
 
+class DrawsRanges(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids = nn.Buffer(torch.empty(6, 3, dtype=torch.int64).random_(-3, 50))  # aten.random_.from
+        self.low = nn.Buffer(torch.empty(4, dtype=torch.int32).random_(7, None))
+
+
+def test_an_overload_named_by_a_python_keyword_is_exported_as_code_that_runs():
+    module, reference = build_twice(DrawsRanges)
+    program = to_fx(module)
+    assert "call_overload('aten.random_.from'" in program.code
+    assert_same_as_materialized(program, reference)
+    torch.manual_seed(0)
+    assert torch.equal(program()["ids"], DrawsRanges().ids)
+
+
 def test_dead_code_elimination_keeps_the_program_correct():
     arch = HF_BY_NAME["gpt2"]
     module, reference = build_twice(arch.cls, arch.config())

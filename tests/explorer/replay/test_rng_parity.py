@@ -136,10 +136,15 @@ def test_last_block_then_first_of_a_deep_model_equal_eager_bytes():
 
 
 class SamplesByRejection(nn.Module):
-    """Samplers whose draw count depends on their inputs' values, then ordinary draws after them."""
+    """Random ops whose draw count depends on their inputs' values, then ordinary draws after them."""
 
     def __init__(self) -> None:
         super().__init__()
+        signed = torch.randn(40)
+        self.leaky = nn.Buffer(nn.functional.rrelu(signed, training=True))  # one draw per negative element
+        nn.functional.rrelu_(signed, training=True)
+        self.signed = nn.Buffer(signed)
+        self.ids = nn.Buffer(torch.randint_like(torch.empty(30, dtype=torch.int64), torch.tensor(2**40)))
         self.rates = nn.Buffer(torch.rand(64) * 20)
         self.counts = nn.Buffer(torch.poisson(self.rates))
         self.rates.mul_(3)  # written after poisson read it: the scratch run needs the earlier value
@@ -150,7 +155,7 @@ class SamplesByRejection(nn.Module):
         self.weight = nn.Parameter(torch.randn(10))
 
 
-@pytest.mark.parametrize("first", ["weight", "linear", "trials", "gamma"])
+@pytest.mark.parametrize("first", ["weight", "linear", "trials", "gamma", "rates", "signed"])
 def test_a_draw_after_rejection_samplers_materialized_first_equals_eager(first: str):
     # Reaching its generator state re-runs the samplers skipped before it: on eager's input values,
     # since on stand-ins they would draw another number of values.
@@ -164,5 +169,24 @@ def test_a_draw_after_rejection_samplers_materialized_first_equals_eager(first: 
         assert torch.equal(module.linear.bias, eager.linear.bias)
     else:
         assert torch.equal(materialize_tensor(getattr(module, first)), getattr(eager, first))
+    materialize_module(module)
+    assert [name for name, value in eager.state_dict().items() if not torch.equal(module.state_dict()[name], value)] == []
+
+
+class DrawsIntoResizedOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.grown = nn.Buffer(torch.rand(20, 2, out=torch.empty(0)))  # out= resized from 0 to 40
+        self.shrunk = nn.Buffer(torch.randint(0, 9, (4,), out=torch.empty(3, 3, dtype=torch.int64)))
+        self.after = nn.Parameter(torch.empty(9, 5).normal_())
+
+
+@pytest.mark.parametrize("first", ["after", "shrunk"])
+def test_a_draw_after_an_out_variant_that_resized_its_out_tensor_equals_eager(first: str):
+    torch.manual_seed(0)
+    eager = DrawsIntoResizedOut()
+    torch.manual_seed(0)
+    module = deferred_init(DrawsIntoResizedOut)
+    assert torch.equal(materialize_tensor(getattr(module, first)), getattr(eager, first))
     materialize_module(module)
     assert [name for name, value in eager.state_dict().items() if not torch.equal(module.state_dict()[name], value)] == []
