@@ -23,6 +23,7 @@ naming the failed ranks and their messages.
 from __future__ import annotations
 
 import ctypes
+import difflib
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -110,6 +111,10 @@ def distribute_deferred(
     try:
         slots = deferred_slots(module)
         chosen = _placements_lookup(placements)
+        _refuse_unknown_names(placements, module)
+        for (_, kind, _, name), fake in slots:  # all checked before any parameter is drawn
+            if kind == "_parameters":
+                _check_placements(name, fake, mesh, tuple(chosen(name, fake)))
 
         def install(slot: TensorSlot, fake: torch.Tensor, source: ParameterSource) -> nn.Parameter:
             wanted = tuple(chosen(slot[3], fake))
@@ -335,6 +340,44 @@ def _local_slice(full: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Plac
         if size != full.shape[dim]:
             part = part.narrow(dim, start, size)
     return part
+
+
+def _refuse_unknown_names(placements: PlacementsFor | None, module: nn.Module) -> None:
+    """A placements mapping key that is no parameter's first name (a typo, a tied parameter's second
+    name) would leave that parameter replicated without a word: refused, naming the key."""
+    if placements is None or callable(placements):
+        return
+    first_name = {id(param): name for name, param in module.named_parameters()}
+    any_name = {name: first_name[id(param)] for name, param in module.named_parameters(remove_duplicate=False)}
+    for key in placements:
+        if any_name.get(key) == key:
+            continue
+        if key in any_name:
+            raise MaterializationError(
+                f"placements name {key!r}, a parameter tied to {any_name[key]!r}: give its placements under "
+                f"{any_name[key]!r}, its first name"
+            )
+        close = difflib.get_close_matches(key, list(first_name.values()), n=1)
+        raise MaterializationError(
+            f"placements name {key!r}, which is no parameter of the module"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+        )
+
+
+def _check_placements(name: str, fake: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement]) -> None:
+    """Placements that fit neither the mesh nor the parameter, refused naming the parameter."""
+    if len(placements) != mesh.ndim:
+        raise MaterializationError(
+            f"placements for {name!r} give {len(placements)} entries for a {mesh.ndim}-dimensional mesh: "
+            "one per mesh dimension"
+        )
+    for placement in placements:
+        dim = getattr(placement, "dim", None)
+        if placement.is_shard() and dim is not None and not -fake.dim() <= dim < fake.dim():
+            raise MaterializationError(
+                f"placements for {name!r} shard dimension {dim} of a {fake.dim()}-d parameter of shape "
+                f"{tuple(fake.shape)}"
+            )
 
 
 def _placements_lookup(placements: PlacementsFor | None) -> Callable[[str, torch.Tensor], Sequence[Placement]]:

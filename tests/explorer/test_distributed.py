@@ -94,7 +94,8 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Launch]:
         "two": Ranks(tmp_path_factory.mktemp("ws2"), 2,
                      ["memory", "llama-eager", "llama-fast", "tied-fsdp", "tied-dtensor", "tied-outside-units", "vit-fsdp",
                       "failing-rank-1"]),
-        "one": Ranks(tmp_path_factory.mktemp("ws1"), 1, ["llama-eager", "llama-fast", "tied-fsdp", "partly-materialized"]),
+        "one": Ranks(tmp_path_factory.mktemp("ws1"), 1,
+                     ["llama-eager", "llama-fast", "tied-fsdp", "partly-materialized", "placement-mistakes"]),
         "exit": Ranks(tmp_path_factory.mktemp("exit"), 2, ["exiting-rank-1"]),
     }
     try:
@@ -174,6 +175,18 @@ def test_a_tie_outside_every_fsdp_unit_stays_one_parameter_with_eagers_values(tw
     with torch.no_grad():
         assert torch.equal(saved["output"], eager.eval()(worker.tied_input()))
     assert [two_ranks.info("tied-outside-units", rank)["tied"] for rank in (0, 1)] == [True, True]
+
+
+def test_placements_that_fit_no_parameter_are_refused_naming_it_and_change_nothing(one_rank: Launch) -> None:
+    info = one_rank.info("placement-mistakes", 0)
+    prefix = "  rank 0: MaterializationError: placements "
+    assert info["too many"] == prefix + "for '1.weight' give 2 entries for a 1-dimensional mesh: one per mesh dimension"
+    assert info["no such dim"] == prefix + "for '1.weight' shard dimension 2 of a 2-d parameter of shape (8, 8)"
+    assert info["typo"] == prefix + "name '1.wieght', which is no parameter of the module (did you mean '1.weight'?)"
+    assert info["tied second name"] == (
+        prefix + "name '5.weight', a parameter tied to '0.weight': give its placements under '0.weight', its first name"
+    )
+    assert [info[f"{label} deferred"] for label in ("too many", "no such dim", "typo", "tied second name")] == [True] * 4
 
 
 def test_fsdp_keeps_tied_weights_one_parameter_and_views_of_buffers(run: Launch) -> None:

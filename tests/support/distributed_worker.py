@@ -183,6 +183,26 @@ def tied_outside_units(mesh: DeviceMesh) -> dict[str, Any]:
     return {"state": gathered_state(model), "output": output, "tied": model[0].weight is model[5].weight}
 
 
+def placement_mistakes(mesh: DeviceMesh) -> dict[str, Any]:
+    """distribute_deferred given placements that fit no parameter: each refused, the model unchanged."""
+    from explorer import is_deferred
+
+    messages = {}
+    for label, placements in {
+        "too many": {"1.weight": [Shard(0), Shard(1)]},
+        "no such dim": {"1.weight": [Shard(2)]},
+        "typo": {"1.wieght": [Shard(0)]},
+        "tied second name": {"5.weight": [Shard(0)]},
+    }.items():
+        model = deferred_init(tied_sequential)
+        try:
+            distribute_deferred(model, mesh, placements)
+        except DistributedMaterializationError as error:
+            messages[label] = str(error).splitlines()[-1]
+        messages[label + " deferred"] = all(is_deferred(p) for p in model.parameters())
+    return {"state": None, **messages}
+
+
 def tied_dtensor(mesh: DeviceMesh) -> dict[str, Any]:
     torch.manual_seed(SEED)
     model = deferred_init(tied_sequential)
@@ -267,6 +287,7 @@ SCENARIOS: dict[str, Callable[[DeviceMesh], dict[str, Any]]] = {
     "tied-fsdp": tied_fsdp,
     "tied-dtensor": tied_dtensor,
     "tied-outside-units": tied_outside_units,
+    "placement-mistakes": placement_mistakes,
     "vit-fsdp": vit_fsdp,
     "memory": memory,
     "failing-rank-1": failing_rank_1,
