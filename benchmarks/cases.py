@@ -544,10 +544,10 @@ def _instrument_replay() -> tuple[_Timers, Any]:
 
     original_scratch = replay.Replay.run_scratch
 
-    def scratch(self: Any, index: int) -> Any:
+    def scratch(self: Any, index: int, extra: dict | None = None) -> Any:
         in_scratch[0] = True
         try:
-            return original_scratch(self, index)
+            return original_scratch(self, index, extra)
         finally:
             in_scratch[0] = False
 

@@ -73,6 +73,25 @@ def accepts_generator(func: OpOverload) -> bool:
     return any(argument.name == "generator" for argument in func._schema.arguments)
 
 
+@functools.cache
+def _generator_position(func: OpOverload) -> int | None:
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.name == "generator" and not argument.kwarg_only:
+            return position
+    return None
+
+
+def with_generator(func: OpOverload, args: tuple, kwargs: dict, extra: dict) -> tuple[tuple, dict]:
+    """`func`'s `args` and `kwargs` with `extra` added (`{"generator": g}` or nothing), in place of a
+    generator given positionally (`poisson(self, generator)`), else by keyword."""
+    if not extra:
+        return args, kwargs
+    position = _generator_position(func)
+    if position is not None and position < len(args):
+        return (*args[:position], extra["generator"], *args[position + 1 :]), kwargs
+    return args, {**kwargs, **extra}
+
+
 @dataclass(frozen=True)
 class SourceLocation:
     """A line of user code: the innermost frame outside torch and this package."""

@@ -62,7 +62,8 @@ class InitRng:
         self._open: list[RngSession] = []
 
     def seek(self, key: str, position: int) -> None:
-        session = RngSession(self.streams, "eager", self.replay.run_scratch)
+        # the program calls the recorded ops as they are: they draw from the default generator
+        session = RngSession(self.streams, "eager", self.replay.run_scratch, own_generators=False)
         session.__enter__()
         self._open.append(session)
         try:

@@ -28,6 +28,7 @@ from ..graph import (
     TensorId,
     TensorRef,
     draws_fixed_by_sizes,
+    with_generator,
 )
 from ..hub_fetch import prefetch
 from ..record.checkpoint_reads import READ_SAFETENSORS
@@ -218,11 +219,14 @@ class Replay:
         """`value` (an op's args or kwargs) with every reference replaced by its real tensor or device."""
         return map_arguments(value, self._resolve)
 
-    def run_scratch(self, index: OpIndex) -> None:
-        """Run random op `index` on throwaway tensors of the recorded layout, to advance its generator."""
+    def run_scratch(self, index: OpIndex, extra: dict | None = None) -> None:
+        """Run random op `index` on throwaway tensors of the recorded layout, to advance its generator
+        (the one `extra` gives, else its device's default generator)."""
         op = self.graph.ops[index]
+        if extra and self.routing.exec_device(torch.device("cpu")).type != "cpu":
+            extra = None  # rng="fast" runs CPU-recorded ops elsewhere: the CPU generator cannot drive them
         if op.reads and not draws_fixed_by_sizes(op.func):  # note [Draws fixed by sizes]
-            return self._run_on_eagers_inputs(index)
+            return self._run_on_eagers_inputs(index, extra or {})
         written = {self.graph.tensors[tid].storage for tid in op.inputs} & set(op.writes)
 
         def scratch(value: Any) -> Any:
@@ -233,9 +237,11 @@ class Replay:
                 return tensor if info.storage in written else tensor.fill_(1)
             return self._resolve(value) if not isinstance(value, TensorRef) else value
 
-        op.func(*map_arguments(op.args, scratch), **map_arguments(op.kwargs, scratch))
+        args, kwargs = map_arguments(op.args, scratch), map_arguments(op.kwargs, scratch)
+        args, kwargs = with_generator(op.func, args, kwargs, extra or {})
+        op.func(*args, **kwargs)
 
-    def _run_on_eagers_inputs(self, index: OpIndex) -> None:
+    def _run_on_eagers_inputs(self, index: OpIndex, extra: dict) -> None:
         """`run_scratch` for an op whose draw count may depend on its inputs' values (`poisson`):
         its inputs are made as eager had them, by a replay of their closure on the recorded devices
         (whose own generator moves are put back), then it runs on them."""
@@ -258,7 +264,9 @@ class Replay:
                 return torch.empty_strided(info.shape, info.stride, dtype=info.dtype, device=device)
             return inputs._resolve(value)
 
-        op.func(*map_arguments(op.args, eager_input), **map_arguments(op.kwargs, eager_input))
+        args, kwargs = map_arguments(op.args, eager_input), map_arguments(op.kwargs, eager_input)
+        args, kwargs = with_generator(op.func, args, kwargs, extra)
+        op.func(*args, **kwargs)
 
     def run(
         self,
@@ -400,7 +408,8 @@ class Replay:
             key, position = op.stream
             exec_device = self.routing.exec_device(key)
             if exec_device.type != "meta":
-                rng.before_random_op(key, position, stream_key(exec_device))
+                extra = rng.before_random_op(key, position, stream_key(exec_device), func)
+                args, kwargs = with_generator(func, args, kwargs, extra)
                 out = func(*args, **kwargs)
                 rng.after_random_op(key, position)
             else:

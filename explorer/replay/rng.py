@@ -20,8 +20,9 @@ A random op given a generator of the constructor's own carries that generator's 
 (note [A constructor's own generators] in record/private_generators.py): `own_generator` makes a
 new generator in it, so the op draws eager's values in either mode.
 
-A `RngSession` owns the default generators while a replay runs and puts back the user's states
-when it ends, whatever happens.
+A `RngSession` holds the generators a replay draws from: a CPU generator of its own (note [Replay
+draws from generators of its own]), and the default generators it had to move, whose states it
+puts back when it ends, whatever happens.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from typing import Literal, cast, get_args
 
 import torch
 
+from .._torch_compat.dispatch import OpOverload
 from ..errors import MaterializationError
-from ..graph import GeneratorState, InitGraph, OpIndex, RngRestart
+from ..graph import GeneratorState, InitGraph, OpIndex, RngRestart, accepts_generator
 from ..record.generators import default_generator, state_of
 from .draws import draw_count
 from .mt19937 import jump_state
@@ -271,10 +273,24 @@ class RngStreams:
         return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-class RngSession:
-    """Holds the default generators during one replay and restores them afterwards."""
+# Note: [Replay draws from generators of its own]
+# A replay that set the process-wide CPU generator and drew from it would lose its place whenever
+# other code draws meanwhile (a notebook cell while the explorer's Materialize bar runs in its
+# thread): `GENERATOR_LOCK` is a lock user code never takes. So a CPU random op that takes a
+# `generator=` draws from a generator of the session's own, set to eager's state, and the
+# process's generator is never touched. Ops without a generator argument (the dropout family) and
+# CUDA streams still use the device's default generator, saved and put back at the end; `to_fx`
+# programs, which call the recorded ops as they are, ask for that too (`own_generators=False`).
+ScratchRun = Callable[[OpIndex, dict], None]  # (random op, keyword arguments adding its generator)
 
-    def __init__(self, streams: RngStreams, mode: RngMode, run_scratch: Callable[[OpIndex], None]) -> None:
+
+class RngSession:
+    """The generators one replay draws from (note [Replay draws from generators of its own]); the
+    default generators it moved are put back afterwards."""
+
+    def __init__(
+        self, streams: RngStreams, mode: RngMode, run_scratch: ScratchRun, *, own_generators: bool = True
+    ) -> None:
         self.streams = streams
         self.mode = mode
         # With rng="fast", random ops that a value-dependent shape was computed from still draw
@@ -282,8 +298,11 @@ class RngSession:
         graph = streams.graph
         self.eager_anyway = {graph.ops[i].stream for i in graph.value_feeding_random_ops()} if mode == "fast" else set()
         self.run_scratch = run_scratch
+        self._own_generators = own_generators
+        self._own: dict[str, torch.Generator] = {}
         self._saved: dict[str, torch.Tensor] = {}
-        self._position: dict[str, int] = {}  # where each generator is now, if we set it
+        self._position: dict[tuple[str, int], int] = {}  # (stream, id(generator)) → where it is, if we set it
+        self._drawing_now: dict[str, torch.Generator] = {}  # stream → the generator its current op draws from
 
     def __enter__(self) -> RngSession:
         GENERATOR_LOCK.acquire()
@@ -302,20 +321,33 @@ class RngSession:
             self._saved[key] = state_of(generator)
         return generator
 
-    def before_random_op(self, key: str, position: int, exec_key: str) -> None:
-        """Put the generator that will run random op `position` of stream `key` where it must be."""
+    def _drawing(self, key: str, func: OpOverload | None) -> tuple[torch.Generator, dict]:
+        """The generator random op `func` draws from on `key`'s device, and the keyword arguments
+        that make it draw from it (note [Replay draws from generators of its own])."""
+        if self._own_generators and key == "cpu" and func is not None and accepts_generator(func):
+            generator = self._own.get(key)
+            if generator is None:
+                generator = self._own[key] = torch.Generator()
+            return generator, {"generator": generator}
+        return self._generator(key), {}
+
+    def before_random_op(self, key: str, position: int, exec_key: str, func: OpOverload | None = None) -> dict:
+        """Put the generator that will run random op `position` (`func`) of stream `key` where it
+        must be; returns the keyword arguments that make the op draw from it."""
         if self.mode == "fast" and (key, position) not in self.eager_anyway:
-            self._generator(exec_key).manual_seed(self.streams.fast_seed(key, position))
-            return
-        generator = self._generator(key)
-        if self._position.get(key) == position:
-            return
-        generator.set_state(self.state_before(key, position))
-        self._position[key] = position
+            generator, extra = self._drawing(exec_key, func)
+            generator.manual_seed(self.streams.fast_seed(key, position))
+            return extra
+        generator, extra = self._drawing(key, func)
+        self._drawing_now[key] = generator
+        if self._position.get((key, id(generator))) != position:
+            generator.set_state(self.state_before(key, position))
+            self._position[(key, id(generator))] = position
+        return extra
 
     def state_before(self, key: str, position: int) -> torch.Tensor:
-        """Eager's state of stream `key` before random op `position` (the default generator of
-        `key` may be moved on the way, and is then no longer at any known position)."""
+        """Eager's state of stream `key` before random op `position` (the generators of `key` may
+        be moved on the way, and are then no longer at any known position)."""
         return self.streams.state_before(key, position, self._scratch_step)
 
     def state_after(self, key: str, position: int) -> torch.Tensor:
@@ -324,8 +356,8 @@ class RngSession:
 
     def private_generator(self, key: str, position: int) -> torch.Generator | None:
         """A new generator in eager's state before CPU random op `position`, for an op run off the
-        default generator (a parallel fill); None when the op's draw count is not known, since
-        the ops after it would then need it run on the default generator."""
+        session's generator (a parallel fill); None when the op's draw count is not known, since
+        the ops after it would then need it run on the session's generator."""
         if key != "cpu" or self.streams.draws(key, position) is None:
             return None
         generator = torch.Generator()
@@ -341,22 +373,25 @@ class RngSession:
         return self.private_generator(key, position)
 
     def _scratch_step(self, key: str, position: int, state: torch.Tensor) -> torch.Tensor:
-        generator = self._generator(key)
+        index = self.streams.graph.random_streams[key][position]
+        generator, extra = self._drawing(key, self.streams.graph.ops[index].func)
         generator.set_state(state)
-        self._position.pop(key, None)
-        self.run_scratch(self.streams.graph.random_streams[key][position])
+        for moved in [slot for slot in self._position if slot[0] == key]:
+            del self._position[moved]
+        self.run_scratch(index, extra)
         return state_of(generator)
 
     def after_random_op(self, key: str, position: int) -> None:
         if self.mode == "fast" and (key, position) not in self.eager_anyway:
             return
+        generator = self._drawing_now.get(key) or self._generator(key)
         if position + 1 in self.streams.restarts(key):
-            self._position.pop(key, None)  # the next op starts elsewhere
+            self._position.pop((key, id(generator)), None)  # the next op starts elsewhere
             return
-        self._position[key] = position + 1
+        self._position[(key, id(generator))] = position + 1
         cache = self.streams.cache(key)
         if position + 1 not in cache:
-            self.streams.remember(key, position + 1, state_of(default_generator(key)))
+            self.streams.remember(key, position + 1, state_of(generator))
 
 
 def own_generator(recorded: GeneratorState, exec_device: torch.device) -> torch.Generator | None:

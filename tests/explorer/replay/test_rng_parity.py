@@ -190,3 +190,24 @@ def test_a_draw_after_an_out_variant_that_resized_its_out_tensor_equals_eager(fi
     assert torch.equal(materialize_tensor(getattr(module, first)), getattr(eager, first))
     materialize_module(module)
     assert [name for name, value in eager.state_dict().items() if not torch.equal(module.state_dict()[name], value)] == []
+
+
+def _stack_of_small_linears() -> nn.Sequential:
+    return nn.Sequential(*[nn.Linear(4, 4) for _ in range(40)])  # fills small enough to run in line
+
+
+def test_random_draws_by_other_code_during_a_materialization_change_none_of_its_values():
+    # The progress callback runs between replayed ops, as a notebook cell or another thread may
+    # (the explorer's Materialize bar runs in a thread): replay must not draw from the process's
+    # generator (note [Replay draws from generators of its own]).
+    torch.manual_seed(0)
+    eager = _stack_of_small_linears()
+    torch.manual_seed(0)
+    module = deferred_init(_stack_of_small_linears)
+    torch.manual_seed(123)
+    materialize_module(module, progress=lambda *counts: torch.randn(3))
+    assert [name for name, value in eager.state_dict().items() if not torch.equal(module.state_dict()[name], value)] == []
+    expected = torch.Generator().manual_seed(123)
+    for _ in range(len(list(module.parameters()))):
+        torch.randn(3, generator=expected)
+    assert torch.equal(torch.get_rng_state(), expected.get_state())  # only the callback's draws moved it
