@@ -46,7 +46,7 @@ def storages_table(census: Census) -> pd.DataFrame:
             columns["recorded_id"].append(record.recorded_id)
             columns["tensors"].append([view.name for view in views])
             columns["offsets"].append([view.tensor.storage_offset() for view in views])
-            columns["shapes"].append([tuple(view.tensor.shape) for view in views])
+            columns["shapes"].append([tuple(view.tensor.size()) for view in views])
             columns["strides"].append([tuple(view.tensor.stride()) for view in views])
     for column in ("graph", "recorded_id"):
         columns[column] = pd.array(columns[column], dtype="Int64")

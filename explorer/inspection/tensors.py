@@ -76,7 +76,7 @@ def tensors_table(census: Census) -> pd.DataFrame:
     with metadata_access():  # lazy parameters refuse metadata reads
         for position, entry in enumerate(census.tensors):
             tensor = entry.tensor
-            shape = tuple(tensor.shape)
+            shape = tuple(tensor.size())  # not `.shape`: a lazy parameter refuses it, even here
             stride = tuple(tensor.stride())
             offset = tensor.storage_offset()
             numel = entry.numel

@@ -91,7 +91,8 @@ def _mark_of(entries: list[NamedTensor], census: Census) -> TensorMark:
         info = census.graphs[first.graph].tensors[first.tensor_id]
         shape, dtype = tuple(info.shape), info.dtype
     else:
-        shape, dtype = tuple(first.tensor.shape), first.tensor.dtype
+        with metadata_access():  # a lazy parameter refuses `.shape`
+            shape, dtype = tuple(first.tensor.size()), first.tensor.dtype
     numel = first.numel
     return TensorMark(
         node=tensor_node(first.name),

@@ -191,3 +191,21 @@ def test_llama_totals_equal_the_eager_model():
     same = ["name", "class", "depth", "own_params", "total_params", "bytes", "bytes_by_dtype", "bytes_by_device"]
     assert rows(tables.modules, same) == rows(inspect(eager).modules, same)
     assert set(tables.tensors["state"]) == {"fake"}
+
+
+def test_an_eager_module_with_lazy_parameters_inspects_and_draws_as_its_deferred_twin():
+    # an eager lazy parameter refuses `.shape`: the tables and diagrams read its size without it
+    from torch import nn
+
+    from explorer import module_graph, op_graph
+
+    def lazy() -> nn.Module:
+        return nn.Sequential(nn.LazyLinear(4), nn.LazyConv2d(3, 2))
+
+    columns = ["name", "shape", "stride", "numel", "bytes"]
+    eager, deferred = inspect(lazy()), inspect(deferred_init(lazy))
+    assert rows(eager.tensors, columns) == rows(deferred.tensors, columns)
+    assert rows(eager.tensors, ["name", "shape"])[0] == ("0.weight", (0,))
+    assert rows(eager.storages, ["shapes"]) == [([(0,)],)] * 4
+    assert module_graph(lazy()).source.count("->") == module_graph(deferred_init(lazy)).source.count("->")
+    assert "digraph" in op_graph(lazy()).source
