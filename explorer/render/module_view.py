@@ -11,6 +11,7 @@ import math
 
 from torch import nn
 
+from .._torch_compat.dispatch import metadata_access
 from ..inspection.census import take_census
 from ..inspection.modules import modules_table
 from ..naming import format_bytes, is_repeat_slot, parent_of
@@ -85,10 +86,19 @@ def module_diagram(
         if path:
             children.setdefault(parent_of(path), []).append(path)
 
+    # Siblings fold only when their own tensors agree in name, shape, dtype and device too: two
+    # Linears of the same size but transposed shapes are not "identical".
+    layouts: dict[str, list[tuple]] = {}
+    with metadata_access():  # a lazy parameter refuses `.shape`
+        for entry in census.tensors:
+            own_name = entry.name[len(entry.module) + 1 :] if entry.module else entry.name
+            tensor = entry.tensor
+            layouts.setdefault(entry.module, []).append((own_name, tuple(tensor.size()), tensor.dtype, tensor.device))
     signatures: dict[str, tuple] = {}
     for path in reversed(list(info)):  # pre-order reversed: children before parents
         cls, _, params, nbytes, state = info[path]
-        signatures[path] = (cls, params, nbytes, state[1], tuple(signatures[c] for c in children.get(path, ())))
+        kids = tuple(signatures[c] for c in children.get(path, ()))
+        signatures[path] = (cls, params, nbytes, state[1], tuple(layouts.get(path, ())), kids)
 
     diagram = Diagram(f"{type(module).__name__}: module tree", legend=MODULE_LEGEND if legend else ())
 

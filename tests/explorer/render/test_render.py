@@ -430,6 +430,16 @@ def test_module_graph_shows_sizes_states_and_folds_repeated_layers(llama):
     assert shallow.node("module:model").lines[-1] == "+4 submodules"
 
 
+def test_module_graph_folds_only_siblings_whose_tensors_have_the_same_shapes():
+    # 4->8 and 8->4 projections have the same class, parameter count and bytes, not the same weights
+    def projections() -> nn.ModuleList:
+        return nn.ModuleList([nn.Linear(4, 8, bias=False), nn.Linear(8, 4, bias=False), nn.Linear(8, 4, bias=False)])
+
+    diagram = module_layout(deferred_init(projections))
+    assert {"module:0", "module:1"} <= node_names(diagram) and "module:2" not in node_names(diagram)
+    assert (diagram.node("module:0").title, diagram.node("module:1").title) == ("0", "Linear ×2")
+
+
 def test_module_graph_states_follow_materialization():
     model = tiny_llama(layers=2)
     materialize_module(model.model.layers[0])
