@@ -122,10 +122,27 @@ def test_a_checkpoint_rewritten_after_recording_is_refused_before_anything_is_re
         materialize_module(model[1])
     assert str(error.value) == (
         f"checkpoint {file} changed since it was recorded (its size, modification time or inode differ): "
-        "'weight', 'bias' would be read from bytes the recording never saw, and mixed with what was read "
-        "before. Record again to read the new file (deferred_init, load_checkpoint), or put the recorded file back"
+        "'weight', 'bias' would be read from bytes the recording never saw (key '1.bias', '1.weight'), and mixed "
+        "with what was read before. Record again to read the new file (deferred_init, load_checkpoint), or put the "
+        "recorded file back"
     )
     assert explorer.is_deferred(model[1].weight) and torch.equal(model[0].weight, torch.ones(2, 2))
+
+
+def test_a_changed_shard_is_refused_naming_the_tensors_and_keys_it_holds_not_every_target(tmp_path):
+    first, second = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_file({"0.weight": torch.ones(2, 2), "0.bias": torch.ones(2)}, str(first))
+    save_file({"1.weight": torch.ones(2, 2), "1.bias": torch.ones(2)}, str(second))
+    model = deferred_init(lambda: nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)))
+    load_checkpoint(model, first, strict=False)
+    load_checkpoint(model, second, strict=False)
+    save_file({"1.weight": torch.zeros(2, 2), "1.bias": torch.zeros(2)}, str(second))
+    with pytest.raises(MaterializationError) as error:
+        materialize_module(model)
+    assert str(error.value).startswith(
+        f"checkpoint {second} changed since it was recorded (its size, modification time or inode differ): "
+        "'1.weight', '1.bias' would be read from bytes the recording never saw (key '1.bias', '1.weight'), "
+    )
 
 
 def test_a_truncated_checkpoint_fails_naming_file_and_key_and_leaves_the_module_deferred(tmp_path):

@@ -50,6 +50,20 @@ def test_a_loaded_state_dict_changed_before_materializing_says_to_load_a_clone()
         "loaded: {k: v.clone() for k, v in state.items()})"
     )
     assert "pass the constructor a clone" in _constructor_case_message()
+    assert "; 'weight' cannot be materialized with its original value" in str(error.value)  # bias reads the other
+
+
+def test_a_changed_external_tensor_is_refused_naming_only_the_tensors_that_read_it():
+    state = {f"{i}.{kind}": torch.ones(2, 2) if kind == "weight" else torch.zeros(2) for i in range(3)
+             for kind in ("weight", "bias")}
+    module = deferred_init(lambda: nn.Sequential(*[nn.Linear(2, 2) for _ in range(3)]))
+    module.load_state_dict(state)
+    state["2.weight"].mul_(3)
+    with pytest.raises(MaterializationError) as error:
+        materialize_module(module)
+    assert "); '2.weight' cannot be materialized with its original value: " in str(error.value)
+    materialize_module(module[0])  # the others read nothing changed
+    assert torch.equal(module[0].weight, torch.ones(2, 2))
 
 
 def _constructor_case_message() -> str:
