@@ -207,7 +207,7 @@ class _Builder:
                     self.rng_node = self.fx_graph.get_attr("_rng")
             self.fx_graph.call_function(rng_seek, (self.rng_node, *op.stream))
         target = replayed_func(op.func)
-        if keyword.iskeyword(target._overloadname):  # `random_.from`: FX's code would not parse
+        if keyword.iskeyword(getattr(target, "_overloadname", "")):  # `random_.from`: FX's code would not parse
             node = self.fx_graph.call_function(call_overload, (str(target), *args), kwargs)
         else:
             node = self.fx_graph.call_function(target, tuple(args), kwargs)

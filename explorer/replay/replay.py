@@ -123,6 +123,18 @@ def replayed_func(func: Any) -> Any:
     return _FRESH_COPIES.get(func, func)
 
 
+def lifted_copy(constant: torch.Tensor) -> torch.Tensor:
+    """`lift_fresh` as replay runs it: a copy of the constant's memory, in its layout. Eager's tensor
+    *is* the constant, so `torch.from_numpy(a.T)` keeps numpy's strides and `torch.as_tensor(a[:, 1:3])`
+    its storage's extent; `lift_fresh_copy` would make them contiguous. Copied, so the recording's
+    constant is never handed out."""
+    copy = torch.empty(0, dtype=constant.dtype, device=constant.device)
+    return copy.set_(constant.untyped_storage().clone(), constant.storage_offset(), constant.shape, constant.stride())
+
+
+_RUN_AS = {torch.ops.aten.lift_fresh.default: lifted_copy}
+
+
 class Replay:
     """One materialization call over one graph."""
 
@@ -401,7 +413,7 @@ class Replay:
             with torch.inference_mode(op.inference):
                 return self._run_op(index, rng, fills)
         args, kwargs = self._resolved(op.args), self._resolved(op.kwargs)
-        func = replayed_func(op.func)
+        func = _RUN_AS.get(op.func, op.func)
         if op.stream is not None and fills.submit(op, args, kwargs):
             return  # in place: the output is args[0], already in env
         if op.stream is not None:

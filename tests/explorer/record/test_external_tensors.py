@@ -109,3 +109,28 @@ def test_value_reads_of_real_tensors_from_outside_give_their_values(inference):
     materialize_module(module)
     assert torch.equal(module.proj.weight, eager.proj.weight)
     assert torch.equal(module.scales, torch.tensor([1.0, 3.0]))
+
+
+def test_constants_from_numpy_views_materialize_in_eagers_layout():
+    # eager's tensor is the constant itself: numpy's strides, offset and storage extent
+    import numpy as np
+
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+    class FromNumpy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.transposed = nn.Buffer(torch.from_numpy(array.T))
+            self.columns = nn.Buffer(torch.as_tensor(array[:, 1:3]))
+            self.copied = nn.Buffer(torch.tensor(array.T))
+
+    eager, module = FromNumpy(), materialize_module(deferred_init(FromNumpy))
+
+    def layout(t: torch.Tensor) -> tuple:
+        return t.shape, t.stride(), t.storage_offset(), t.untyped_storage().nbytes()
+
+    for name in ("transposed", "columns", "copied"):
+        assert layout(getattr(module, name)) == layout(getattr(eager, name)), name
+        assert torch.equal(getattr(module, name), getattr(eager, name))
+    assert layout(module.columns) == ((3, 2), (4, 1), 0, 40)
+    assert module.transposed.data_ptr() != eager.transposed.data_ptr()  # a copy, not numpy's memory
