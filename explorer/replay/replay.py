@@ -132,7 +132,7 @@ def lifted_copy(constant: torch.Tensor) -> torch.Tensor:
     return copy.set_(constant.untyped_storage().clone(), constant.storage_offset(), constant.shape, constant.stride())
 
 
-_RUN_AS = {torch.ops.aten.lift_fresh.default: lifted_copy}
+_RUN_AS: dict[Any, Callable[..., Any]] = {torch.ops.aten.lift_fresh.default: lifted_copy}
 
 
 class Replay:
@@ -420,8 +420,8 @@ class Replay:
             key, position = op.stream
             exec_device = self.routing.exec_device(key)
             if exec_device.type != "meta":
-                extra = rng.before_random_op(key, position, stream_key(exec_device), func)
-                args, kwargs = with_generator(func, args, kwargs, extra)
+                extra = rng.before_random_op(key, position, stream_key(exec_device), op.func)
+                args, kwargs = with_generator(op.func, args, kwargs, extra)
                 out = func(*args, **kwargs)
                 rng.after_random_op(key, position)
             else:
