@@ -25,12 +25,14 @@ Identity rules the census keeps:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from .._torch_compat.dispatch import metadata_access
+from ..errors import DeferredInitError
 from ..graph import InitGraph, OpIndex, TensorId
 from ..hub_fetch import hub_range, is_cached
 from ..naming import dtype_name
@@ -168,6 +170,12 @@ def _recordings(slots: list[tuple[str, str, str, torch.Tensor]]) -> tuple[list[I
     handles = []
     for _, _, _, tensor in slots:
         handle = handle_of(tensor)
+        if handle is not None and handle.graph.finished and handle.graph.recorder is not None:
+            # a `.data = x` made since the fake's last op, recorded as materialization would record
+            # it (note [Recording after deferred_init]): else the tables show the storage it replaced
+            with contextlib.suppress(DeferredInitError):  # refused there; shown as it was
+                handle.graph.recorder.catch_up(tensor)
+            handle = handle_of(tensor)
         handles.append(handle)
         if handle is not None and id(handle.graph) not in graph_index:
             graph_index[id(handle.graph)] = len(graphs)

@@ -209,3 +209,22 @@ def test_an_eager_module_with_lazy_parameters_inspects_and_draws_as_its_deferred
     assert rows(eager.storages, ["shapes"]) == [([(0,)],)] * 4
     assert module_graph(lazy()).source.count("->") == module_graph(deferred_init(lazy)).source.count("->")
     assert "digraph" in op_graph(lazy()).source
+
+
+def test_a_data_swap_after_construction_shows_in_the_tables_before_any_later_op():
+    from torch import nn
+
+    def two() -> nn.Module:
+        return nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+
+    module = deferred_init(two)
+    module[1].weight.data = module[0].weight.data  # an alias, recorded at the tensor's next use
+    module[0].bias.data = module[0].bias.data.half()
+    inspection = inspect(module)
+    tensors = inspection.tensors.set_index("name")
+    assert tensors.loc["1.weight", "alias_group"] == ["0.weight"]
+    assert tensors.loc["0.bias", "dtype"] == "float16"
+    bias_storage = inspection.storages.set_index("storage_id").loc[tensors.loc["0.bias", "storage_id"]]
+    assert bias_storage["bytes"] == 6
+    assert len(inspection.storages) == 3
+    assert inspection.modules.loc[0, "bytes"] == 9 * 4 + 3 * 2 + 3 * 4  # one shared weight, half bias, bias
