@@ -194,13 +194,14 @@ class DeferredTensor(FakeTensor):
 
 
 def _copy_keeping_storage(tensor: torch.Tensor, memo: dict[Any, Any]) -> torch.Tensor:
-    """A copy of `tensor`'s whole storage (made once per deepcopy call), viewed with its layout."""
-    key = ("explorer.deepcopy.storage", tensor.untyped_storage()._cdata, tensor.dtype)
-    flat = memo.get(key)
-    if flat is None:
+    """A copy of `tensor`'s whole storage (made once per deepcopy call), viewed with its layout and
+    dtype: a dtype view (`a.view(torch.int32)`) copied with `a` shares the copy's memory, as eager's."""
+    key = ("explorer.deepcopy.storage", tensor.untyped_storage()._cdata)
+    flat_bytes = memo.get(key)
+    if flat_bytes is None:
         numel = tensor.untyped_storage().nbytes() // tensor.element_size()
-        flat = memo[key] = tensor.as_strided((numel,), (1,), 0).clone()
-    return flat.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+        flat_bytes = memo[key] = tensor.as_strided((numel,), (1,), 0).clone().view(torch.uint8)
+    return flat_bytes.view(tensor.dtype).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
 
 
 def describe(tensor: torch.Tensor) -> str:

@@ -144,3 +144,20 @@ def test_deepcopy_of_a_fake_from_a_failed_recording_is_refused():
         "copy.deepcopy of a deferred tensor (shape (2, 3), float32): its recording is still running (or "
         "failed); copy it once deferred_init has returned"
     )
+
+
+def test_a_dtype_view_copied_with_its_base_shares_the_copys_memory_as_eagers():
+    class DtypeViews(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("table", torch.arange(12.0).view(3, 4))
+            self.register_buffer("column", self.table[:, 1])
+            self.register_buffer("bits", self.table.view(torch.int32))
+
+    eager = copy.deepcopy(DtypeViews())
+    module = materialize_module(copy.deepcopy(deferred_init(DtypeViews)))
+    assert module.bits.untyped_storage().data_ptr() == module.table.untyped_storage().data_ptr()
+    assert module.column.untyped_storage().data_ptr() == module.table.untyped_storage().data_ptr()
+    assert [torch.equal(module.get_buffer(n), eager.get_buffer(n)) for n in ("table", "column", "bits")] == [True] * 3
+    module.table.fill_(1.0)
+    assert module.bits[0, 0].item() == 1065353216  # the bits of 1.0, through the shared memory
