@@ -12,7 +12,7 @@ import math
 from torch import nn
 
 from .._torch_compat.dispatch import metadata_access
-from ..inspection.census import take_census
+from ..inspection.census import Census, take_census
 from ..inspection.modules import modules_table
 from ..naming import format_bytes, is_repeat_slot, parent_of
 from .diagram import Diagram, DiagramEdge, DiagramNode
@@ -26,6 +26,19 @@ from .styles import (
     MODULE_PARTLY,
     MODULE_REAL,
 )
+
+
+def _own_layouts(census: Census) -> dict[str, list[tuple]]:
+    """Per module path, (name, shape, dtype, device) of the tensors it holds itself: siblings fold
+    only when these agree too (two Linears of the same size but transposed shapes are not
+    "identical")."""
+    layouts: dict[str, list[tuple]] = {}
+    with metadata_access():  # a lazy parameter refuses `.shape`
+        for entry in census.tensors:
+            own_name = entry.name[len(entry.module) + 1 :] if entry.module else entry.name
+            tensor = entry.tensor
+            layouts.setdefault(entry.module, []).append((own_name, tuple(tensor.size()), tensor.dtype, tensor.device))
+    return layouts
 
 
 def count_text(count: int) -> str:
@@ -86,14 +99,7 @@ def module_diagram(
         if path:
             children.setdefault(parent_of(path), []).append(path)
 
-    # Siblings fold only when their own tensors agree in name, shape, dtype and device too: two
-    # Linears of the same size but transposed shapes are not "identical".
-    layouts: dict[str, list[tuple]] = {}
-    with metadata_access():  # a lazy parameter refuses `.shape`
-        for entry in census.tensors:
-            own_name = entry.name[len(entry.module) + 1 :] if entry.module else entry.name
-            tensor = entry.tensor
-            layouts.setdefault(entry.module, []).append((own_name, tuple(tensor.size()), tensor.dtype, tensor.device))
+    layouts = _own_layouts(census)
     signatures: dict[str, tuple] = {}
     for path in reversed(list(info)):  # pre-order reversed: children before parents
         cls, _, params, nbytes, state = info[path]
