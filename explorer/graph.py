@@ -74,7 +74,8 @@ def accepts_generator(func: OpOverload) -> bool:
 
 
 @functools.cache
-def _generator_position(func: OpOverload) -> int | None:
+def generator_position(func: OpOverload) -> int | None:
+    """Where `func` takes its generator positionally (`poisson(self, generator)`), else None."""
     for position, argument in enumerate(func._schema.arguments):
         if argument.name == "generator" and not argument.kwarg_only:
             return position
@@ -86,7 +87,7 @@ def with_generator(func: OpOverload, args: tuple, kwargs: dict, extra: dict) -> 
     generator given positionally (`poisson(self, generator)`), else by keyword."""
     if not extra:
         return args, kwargs
-    position = _generator_position(func)
+    position = generator_position(func)
     if position is not None and position < len(args):
         return (*args[:position], extra["generator"], *args[position + 1 :]), kwargs
     return args, {**kwargs, **extra}

@@ -23,7 +23,6 @@ another device type than the tensor is refused, as eager refuses it.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -32,7 +31,7 @@ from .._torch_compat.dispatch import tree_map
 from .._torch_compat.fake import FakeTensor, fake_device_of
 from .._torch_compat.generators import same_generator
 from ..errors import DeferredInitError
-from ..graph import GeneratorState, SourceLocation, draws_fixed_by_sizes
+from ..graph import GeneratorState, SourceLocation, draws_fixed_by_sizes, generator_position, with_generator
 from .scope import outside_recording
 
 
@@ -45,18 +44,9 @@ class GeneratorArgument(NamedTuple):
     own_generator: torch.Generator | None
 
 
-@functools.cache
-def _generator_position(func: Any) -> int | None:
-    """Where `func` takes its generator positionally (`poisson(self, generator)`), else None."""
-    for position, argument in enumerate(func._schema.arguments):
-        if argument.name == "generator" and not argument.kwarg_only:
-            return position
-    return None
-
-
 def given_generator(func: Any, args: tuple, kwargs: dict) -> torch.Generator | None:
     """The generator random op `func` was passed, None for none."""
-    position = _generator_position(func)
+    position = generator_position(func)
     given = kwargs.get("generator") if position is None or position >= len(args) else args[position]
     return given if isinstance(given, torch.Generator) else None
 
@@ -67,15 +57,12 @@ def recorded_generator(
     """`args` and `kwargs` of random op `func` (on `device`, None when it has no tensor) with the
     generator they pass as the graph keeps it (see note [A constructor's own generators]). Raises
     DeferredInitError for a generator on another device type, or given to a rejection sampler."""
-    position = _generator_position(func)
     given = given_generator(func, args, kwargs)
     if given is None:
         return GeneratorArgument(args, kwargs, None)
 
-    def replaced(value: Any) -> tuple[tuple, dict]:
-        if position is not None and position < len(args):
-            return (*args[:position], value, *args[position + 1 :]), kwargs
-        return args, {**kwargs, "generator": value}  # None, not absent: `randn.generator` has no default
+    def replaced(value: Any) -> tuple[tuple, dict]:  # None, not absent: `randn.generator` has no default
+        return with_generator(func, args, kwargs, {"generator": value})
 
     if device is None or device.type == "meta":
         return GeneratorArgument(*replaced(None), None)  # nothing is drawn on meta, eager's generator included
