@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate
 
 from ._torch_compat.dtensor import compute_local_shape_and_global_offset, is_strided_shard
 from .errors import DistributedMaterializationError, MaterializationError
-from .replay.materialize import TensorSlot, deferred_slots, materialize_fakes
+from .replay.materialize import TensorSlot, check_fakes, deferred_slots, materialize_fakes
 from .replay.preflight import check_materializable
 from .replay.rng import RngMode
 from .replay.rows import draw_rows, rows_plan
@@ -65,17 +65,19 @@ def fully_shard_deferred(
     materialized whole on every rank. `device` defaults to this rank's device of `mesh`'s type.
     Tied parameters stay one parameter. Peak memory: the local shards and buffers plus one full
     tensor at a time. Collective: every rank of `mesh` must call it; if any rank fails, all raise
-    `DistributedMaterializationError`. The module is unusable after a failure. Returns `module`.
+    `DistributedMaterializationError`, which says per rank what the module was left as. Every rank
+    checks first, before changing anything, that its replays can run (device, rng mode, changed
+    checkpoints and inputs); a failure there, or in `shard` before it calls `fully_shard`, leaves
+    every module as it was. A failure once `fully_shard` has begun (an option it refuses, out of
+    memory while filling) leaves the module unusable: build it again. Returns `module`.
     """
     from torch.distributed.fsdp import fully_shard
 
     if shard is not None and fully_shard_kwargs:
         raise TypeError(f"pass fully_shard options {sorted(fully_shard_kwargs)} inside shard(), not beside it")
-    target = _rank_device(mesh, device)
+    target, slots = _checked_on_every_rank(module, mesh, device, rng)
     error: BaseException | None = None
     try:
-        _refuse_materialized(module)
-        slots = deferred_slots(module)
         _swap_for_meta(slots)
         if shard is None:
             fully_shard(module, mesh=mesh, **fully_shard_kwargs)
@@ -86,7 +88,9 @@ def fully_shard_deferred(
         _fill_buffers(slots, target, rng)
     except Exception as caught:  # every rank must reach the agreement, whatever went wrong
         error = caught
-    _agree(mesh, error)
+        if not _fsdp_applied(module):  # failed before fully_shard ran (a user's shard()): fakes go back
+            _put_back(slots)
+    _agree(mesh, error, _LEFT_SHARDED if error is not None and _fsdp_applied(module) else _UNCHANGED)
     return module
 
 
@@ -103,18 +107,21 @@ def distribute_deferred(
     `placements` maps a parameter's qualified name (the first name of a tied parameter) to its
     DTensor placements over `mesh`, as a mapping or a function `(name, fake) -> placements`; names
     it leaves out are replicated. Each rank keeps only its local part of each parameter (plus one
-    full tensor in flight); buffers are materialized whole. Values and failure behaviour as for
-    `fully_shard_deferred`. Returns `module`.
+    full tensor in flight); buffers are materialized whole. Values and errors as for
+    `fully_shard_deferred`; a failure on any rank leaves every rank's module as it was, still
+    deferred. Returns `module`.
     """
-    target = _rank_device(mesh, device)
-    error: BaseException | None = None
-    try:
-        slots = deferred_slots(module)
-        chosen = _placements_lookup(placements)
+    chosen = _placements_lookup(placements)
+
+    def check_placements(slots: list[tuple[TensorSlot, torch.Tensor]]) -> None:
         _refuse_unknown_names(placements, module)
-        for (_, kind, _, name), fake in slots:  # all checked before any parameter is drawn
+        for (_, kind, _, name), fake in slots:
             if kind == "_parameters":
                 _check_placements(name, fake, mesh, tuple(chosen(name, fake)))
+
+    target, slots = _checked_on_every_rank(module, mesh, device, rng, check_placements)
+    error: BaseException | None = None
+    try:
 
         def install(slot: TensorSlot, fake: torch.Tensor, source: ParameterSource) -> nn.Parameter:
             wanted = tuple(chosen(slot[3], fake))
@@ -126,7 +133,8 @@ def distribute_deferred(
         _fill_buffers(slots, target, rng)
     except Exception as caught:
         error = caught
-    _agree(mesh, error)
+        _put_back(slots)  # nothing is sharded in place here: every slot takes its fake again
+    _agree(mesh, error, _UNCHANGED)
     return module
 
 
@@ -169,6 +177,56 @@ def shard_fill_plan(module: nn.Module) -> pd.DataFrame:
 
 
 # -- steps -------------------------------------------------------------------------------------
+_UNCHANGED = "the module is unchanged, still deferred"
+_LEFT_SHARDED = (
+    "the module is unusable: fully_shard had begun changing it, and its parameters are not filled; "
+    "build it again with deferred_init"
+)
+
+
+def _checked_on_every_rank(
+    module: nn.Module,
+    mesh: DeviceMesh,
+    device: torch.device | str | None,
+    rng: RngMode,
+    check_more: Callable[[list[tuple[TensorSlot, torch.Tensor]]], None] | None = None,
+) -> tuple[torch.device, list[tuple[TensorSlot, torch.Tensor]]]:
+    """This rank's device and the module's deferred slots, once every rank has checked, before
+    changing anything, that its replays can run (device, rng mode, lazy or swapped tensors,
+    changed checkpoints and inputs; `check_more`). If any rank's check failed, every rank raises
+    and every module is as it was."""
+    error: BaseException | None = None
+    target, slots = torch.device("meta"), []
+    try:
+        target = _rank_device(mesh, device)
+        _refuse_materialized(module)
+        slots = deferred_slots(module)
+        distinct = list({id(fake): (slot[3], fake) for slot, fake in slots}.values())
+        check_fakes([fake for _, fake in distinct], [name for name, _ in distinct], target, rng)
+        if check_more is not None:
+            check_more(slots)
+    except Exception as caught:
+        error = caught
+    _agree(mesh, error, _UNCHANGED)
+    return target, slots
+
+
+def _fsdp_applied(module: nn.Module) -> bool:
+    """Whether fully_shard began changing `module` or a submodule. It registers its state on a
+    module first (which `fully_shard.state` reads) and refuses to run on it again even when it
+    then refused an option, so such a module cannot be given back as it was."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    state_of: Callable[[nn.Module], Any] = fully_shard.state  # type: ignore[attr-defined]  # contract() adds it; the overloads' stubs omit it
+    return any(isinstance(sub, FSDPModule) or state_of(sub) is not None for sub in module.modules())
+
+
+def _put_back(slots: list[tuple[TensorSlot, torch.Tensor]]) -> None:
+    """Every slot takes its fake again (after a failure that left the module's classes alone)."""
+    for (owner, kind, key, _), fake in slots:
+        getattr(owner, kind)[key] = fake
+
+
 def _rank_device(mesh: DeviceMesh, device: torch.device | str | None) -> torch.device:
     if device is not None:
         return torch.device(device)
@@ -389,14 +447,14 @@ def _placements_lookup(placements: PlacementsFor | None) -> Callable[[str, torch
     return lambda name, fake: table.get(name, (Replicate(),))
 
 
-def _agree(mesh: DeviceMesh, error: BaseException | None) -> None:
+def _agree(mesh: DeviceMesh, error: BaseException | None, after_failure: str) -> None:
     """Tell every rank of `mesh` which ranks failed (and why); raise on all of them if any did.
 
     One all-gather per mesh dimension: after the gather along dimension d, every rank knows the
     failures of the ranks that differ from it in dimensions <= d, so after the last, of all."""
     failures: dict[int, str] = {}
     if error is not None:
-        failures[dist.get_rank()] = f"{type(error).__name__}: {error}"
+        failures[dist.get_rank()] = f"{type(error).__name__}: {error} ({after_failure})"
     try:
         for dim in range(mesh.ndim):
             group = mesh.get_group(dim)

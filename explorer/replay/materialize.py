@@ -1,7 +1,7 @@
 """Public materialization API (torchdistx-compatible): real tensors from recorded fakes.
 
-The public names are `__all__`; `materialize_fakes`, `materialize_placed`, `deferred_slots` and
-`module_slots` are the named entry points the engine's other stages (distributed hand-off, release,
+The public names are `__all__`; `materialize_fakes`, `check_fakes`, `materialize_placed`,
+`deferred_slots` and `module_slots` are the named entry points the engine's other stages (distributed hand-off, release,
 save) share, not part of the user API.
 """
 
@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import MaterializationError
+from ..graph import TensorId
 from ..record.fake import DeferredHandle, handle_of, is_fake
 from .deferred_forms import remember_deferred_forms
 from .preflight import check_materializable
@@ -92,6 +93,24 @@ def materialize_fakes(
         for position, real in zip(positions, reals):
             results[position] = real
     return results  # type: ignore[return-value]  # every position was filled above
+
+
+def check_fakes(fakes: list[torch.Tensor], names: list[str], device: DeviceMap, rng: RngMode) -> None:
+    """Raise the MaterializationError `materialize_fakes(fakes, names, device, rng)` would raise
+    before running anything (device, rng mode, lazy or swapped tensors, changed checkpoints and
+    inputs), and run nothing."""
+    routing = route_devices(device, rng)
+    by_graph: dict[int, tuple[Replay, list[TensorId]]] = {}
+    for fake, name in zip(fakes, names):
+        handle = check_materializable(fake, name)
+        assert handle is not None  # fakes only
+        if id(handle.graph) not in by_graph:
+            by_graph[id(handle.graph)] = (Replay(handle.graph, routing, names={}), [])
+        replay, tids = by_graph[id(handle.graph)]
+        replay.names[handle.tensor_id] = name
+        tids.append(handle.tensor_id)
+    for replay, tids in by_graph.values():
+        replay.check(tids)
 
 
 def materialize_placed(

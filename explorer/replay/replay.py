@@ -280,6 +280,12 @@ class Replay:
         args, kwargs = with_generator(op.func, args, kwargs, extra)
         op.func(*args, **kwargs)
 
+    def check(self, tids: Sequence[TensorId]) -> None:
+        """Raise what `run(..., tids)` would refuse before running anything, and run nothing: for
+        callers that must know before they change a module (`fully_shard_deferred`)."""
+        with self.state.lock:
+            check_replayable(self.graph, self.routing, self.ops_to_run(tids), tids, self.names)
+
     def run(
         self,
         fakes: Sequence[torch.Tensor],

@@ -93,7 +93,7 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Launch]:
         # memory first, while the allocator is fresh
         "two": Ranks(tmp_path_factory.mktemp("ws2"), 2,
                      ["memory", "llama-eager", "llama-fast", "tied-fsdp", "tied-dtensor", "tied-outside-units", "vit-fsdp",
-                      "failing-rank-1"]),
+                      "failing-rank-1", "refused-then-sharded"]),
         "one": Ranks(tmp_path_factory.mktemp("ws1"), 1,
                      ["llama-eager", "llama-fast", "tied-fsdp", "partly-materialized", "placement-mistakes"]),
         "exit": Ranks(tmp_path_factory.mktemp("exit"), 2, ["exiting-rank-1"]),
@@ -179,14 +179,22 @@ def test_a_tie_outside_every_fsdp_unit_stays_one_parameter_with_eagers_values(tw
 
 def test_placements_that_fit_no_parameter_are_refused_naming_it_and_change_nothing(one_rank: Launch) -> None:
     info = one_rank.info("placement-mistakes", 0)
-    prefix = "  rank 0: MaterializationError: placements "
-    assert info["too many"] == prefix + "for '1.weight' give 2 entries for a 1-dimensional mesh: one per mesh dimension"
-    assert info["no such dim"] == prefix + "for '1.weight' shard dimension 2 of a 2-d parameter of shape (8, 8)"
-    assert info["typo"] == prefix + "name '1.wieght', which is no parameter of the module (did you mean '1.weight'?)"
+    prefix, unchanged = "  rank 0: MaterializationError: placements ", " (the module is unchanged, still deferred)"
+    assert info["too many"] == (
+        prefix + "for '1.weight' give 2 entries for a 1-dimensional mesh: one per mesh dimension" + unchanged
+    )
+    assert info["no such dim"] == prefix + "for '1.weight' shard dimension 2 of a 2-d parameter of shape (8, 8)" + unchanged
+    assert info["typo"] == (
+        prefix + "name '1.wieght', which is no parameter of the module (did you mean '1.weight'?)" + unchanged
+    )
     assert info["tied second name"] == (
         prefix + "name '5.weight', a parameter tied to '0.weight': give its placements under '0.weight', its first name"
+        + unchanged
     )
     assert [info[f"{label} deferred"] for label in ("too many", "no such dim", "typo", "tied second name")] == [True] * 4
+    assert info["flaky"] == "  rank 0: RuntimeError: placement service unavailable" + unchanged
+    assert info["flaky deferred"] == [True] * len(_eager_tied().state_dict())
+    assert info["flaky tied"] is True
 
 
 def test_fsdp_keeps_tied_weights_one_parameter_and_views_of_buffers(run: Launch) -> None:
@@ -251,12 +259,38 @@ def test_each_rank_allocates_its_shards_plus_one_full_tensor(two_ranks: Launch) 
 
 
 # -- failures ------------------------------------------------------------------------------------
-def test_a_failing_rank_raises_on_every_rank(two_ranks: Launch) -> None:
+def test_a_failing_rank_raises_on_every_rank_and_every_module_stays_deferred(two_ranks: Launch) -> None:
     for rank in (0, 1):
         info = two_ranks.info("failing-rank-1", rank)
         assert info["failed_ranks"] == [1]
         assert info["error"].startswith("materialization failed on rank 1\n  rank 1: MaterializationError: ")
         assert "was modified in place after deferred_init" in info["error"], info["error"]
+        assert info["error"].endswith("(the module is unchanged, still deferred)")
+        # found before any rank changed its module: the healthy rank 0's too is as it was
+        assert info["class"] == "Sequential"
+        assert info["deferred"] == [True] * len(_eager_tied().state_dict())
+
+
+def test_refusals_change_nothing_and_the_same_module_then_shards_to_eager(two_ranks: Launch) -> None:
+    for rank in (0, 1):
+        info = two_ranks.info("refused-then-sharded", rank)
+        assert info["messages"]["device"] == (
+            "materialization failed on ranks 0, 1\n"
+            + "".join(f"  rank {r}: MaterializationError: cannot materialize onto cuda:7: device cuda:7 is not "
+                      f"available (this machine has 0 CUDA devices) (the module is unchanged, still deferred)"
+                      + ("\n" if r == 0 else "") for r in (0, 1))
+        ), info["messages"]["device"]
+        assert info["messages"]["shard"].endswith(
+            "  rank 1: AttributeError: 'Sequential' object has no attribute 'layers' "
+            "(the module is unchanged, still deferred)"
+        )
+        assert info["deferred"] == {"device": ["Sequential", True, True], "shard": ["Sequential", True, True]}
+        assert "reshard_after_forward should be a bool or an int" in info["messages"]["option"]
+        assert info["messages"]["option"].endswith(
+            "not sometimes (the module is unusable: fully_shard had begun changing it, and its parameters are "
+            "not filled; build it again with deferred_init)"
+        )
+    _assert_bitwise_equal(two_ranks.saved("refused-then-sharded")["state"], _eager_tied().state_dict())
 
 
 def test_a_rank_that_exits_does_not_leave_the_others_waiting(launches: dict[str, Launch]) -> None:
@@ -275,7 +309,7 @@ def test_fsdp_refuses_a_module_with_materialized_tensors(one_rank: Launch) -> No
         "materialization failed on rank 0\n  rank 0: MaterializationError: '3.weight' is already "
         "materialized; fully_shard_deferred shards modules whose parameters and buffers are all still "
         "deferred (materialize nothing before it, or shard this module with "
-        "torch.distributed.fsdp.fully_shard directly)"
+        "torch.distributed.fsdp.fully_shard directly) (the module is unchanged, still deferred)"
     )
 
 

@@ -200,6 +200,22 @@ def placement_mistakes(mesh: DeviceMesh) -> dict[str, Any]:
         except DistributedMaterializationError as error:
             messages[label] = str(error).splitlines()[-1]
         messages[label + " deferred"] = all(is_deferred(p) for p in model.parameters())
+    # a placements function that fails while parameters are being filled (after every check
+    # passed): the parameters filled before it are put back, so nothing is half-distributed
+    model, asked = deferred_init(tied_sequential), []
+
+    def flaky(name: str, fake: torch.Tensor) -> list[Shard]:
+        asked.append(name)
+        if asked.count(name) == 2 and name == "4.weight":
+            raise RuntimeError("placement service unavailable")
+        return [Shard(0)]
+
+    try:
+        distribute_deferred(model, mesh, flaky)
+    except DistributedMaterializationError as error:
+        messages["flaky"] = str(error).splitlines()[-1]
+    messages["flaky deferred"] = [is_deferred(t) for t in model.state_dict().values()]
+    messages["flaky tied"] = model[0].weight is model[5].weight
     return {"state": None, **messages}
 
 
@@ -251,6 +267,8 @@ def memory(mesh: DeviceMesh) -> dict[str, Any]:
 
 
 def failing_rank_1(mesh: DeviceMesh) -> dict[str, Any]:
+    from explorer import is_deferred
+
     torch.manual_seed(SEED)
     model = deferred_init(tied_sequential)
     if dist.get_rank() == 1:
@@ -258,8 +276,41 @@ def failing_rank_1(mesh: DeviceMesh) -> dict[str, Any]:
         with torch.no_grad():
             model[1].weight.copy_(source)  # recorded with `source` by reference...
         source.add_(1)  # ...which a user's bug on one rank changes: refused at materialization
-    fully_shard_deferred(model, mesh)
+    try:
+        fully_shard_deferred(model, mesh)
+    except DistributedMaterializationError as error:
+        # every rank's module as it was, the healthy rank's too
+        return {"state": None, "error": str(error), "failed_ranks": sorted(error.failures),
+                "class": type(model).__name__, "deferred": [is_deferred(t) for t in model.state_dict().values()]}
     return {"state": None}
+
+
+def refused_then_sharded(mesh: DeviceMesh) -> dict[str, Any]:
+    """Two refusals that must change nothing (an absent device, found before anything runs; a
+    bug in the user's shard function, after the fakes were swapped out), then the same module
+    sharded; and an option fully_shard refuses, which leaves its module unusable, saying so."""
+    from explorer import is_deferred
+
+    def shard_with_a_typo(module: nn.Module) -> None:
+        for layer in module.layers:  # a Sequential has no .layers
+            fully_shard(layer, mesh=mesh)
+
+    torch.manual_seed(SEED)
+    model = deferred_init(tied_sequential)
+    messages, deferred = {}, {}
+    for label, options in {"device": {"device": "cuda:7"}, "shard": {"shard": shard_with_a_typo}}.items():
+        try:
+            fully_shard_deferred(model, mesh, **options)
+        except DistributedMaterializationError as error:
+            messages[label] = str(error)
+        deferred[label] = [type(model).__name__, all(is_deferred(t) for t in model.state_dict().values()),
+                           model[0].weight is model[5].weight]
+    fully_shard_deferred(model, mesh)
+    try:
+        fully_shard_deferred(deferred_init(tied_sequential), mesh, reshard_after_forward="sometimes")
+    except DistributedMaterializationError as error:
+        messages["option"] = str(error)
+    return {"state": gathered_state(model), "messages": messages, "deferred": deferred}
 
 
 def partly_materialized(mesh: DeviceMesh) -> dict[str, Any]:
@@ -291,6 +342,7 @@ SCENARIOS: dict[str, Callable[[DeviceMesh], dict[str, Any]]] = {
     "vit-fsdp": vit_fsdp,
     "memory": memory,
     "failing-rank-1": failing_rank_1,
+    "refused-then-sharded": refused_then_sharded,
     "partly-materialized": partly_materialized,
     "exiting-rank-1": exiting_rank_1,
 }
