@@ -1,22 +1,29 @@
 """`torch.manual_seed` called inside a deferred scope (a `%%deferred` cell that starts by seeding, a
-constructor that seeds itself).
+constructor that seeds itself or each of its layers, `torch.random.fork_rng`).
 
 Replay reproduces eager's random numbers from the generator states captured when recording began
 (`InitGraph.rng_start`) plus the draws of the random ops recorded since. A reseed before the first
 random op only moves that starting point, so the start states are captured again after it. A
-reseed after random ops were recorded would split the stream in two, which replay does not model:
-it is refused with a message saying to seed before the block. Inside the scope only; undone on
+reseed after random ops were recorded splits the CPU stream: the next random op starts from a
+restart (`RngRestart`) instead of following the previous one. Inside the scope only; undone on
 every exit.
 
-Note: [Rewinding the generator while recording]
-`torch.set_rng_state` (and `torch.random.fork_rng`, which restores the state it read on exit) can
-rewind the generator: in eager, the draws after it repeat earlier ones. Replay's stream only moves
-forward, so a rewind after random ops were recorded would replay other numbers than eager's,
-silently. It is refused instead, unless nothing was drawn since the state was read (a no-op). Before
-the first random op it moves the start like a seed. `torch.default_generator.set_state`, `.seed`
-and `.manual_seed` called on the generator object itself are C methods, not wrappable: the state
-they leave is seen at the end of the recording, which is then refused; not a rewind made that way
-to the state the recording started from (recording draws nothing, so that state is unchanged).
+Note: [Reseeding while recording]
+After a reseed eager's CPU generator is in a state the real one shows: recording draws nothing, so
+the real generator is exactly where the reseed put it. What each call leaves, and where the next
+recorded random op starts, is what the ledger of record/rng_ledger.py already decides for ops
+recorded after construction (note [Eager's generator after construction]), asked at the call:
+- `torch.manual_seed(s)`, `torch.seed()`: the seeded state;
+- `torch.set_rng_state(state)`: that state, jumped over the deferred draws it owed when it was
+  read by `torch.get_rng_state` (a rewind: `torch.random.fork_rng` on exit gives back the state
+  from before its block, past the draws recorded before the block);
+- the draws recorded before the reseed are no longer owed by the real generator.
+A restart is recorded at the position the next CPU random op will take (replaced by a later
+reseed before that op; an op recorded after construction decides its own). `torch.manual_seed`
+also reseeds CUDA generators, whose streams are not followed that way: it is refused when a CUDA
+stream already has random ops, and moves the start of the others. `torch.default_generator`'s own
+`manual_seed`, `set_state` and `seed` are C methods, not wrappable: the state they leave is seen at
+the end of the recording, which is then refused.
 
 Note: wraps `torch.manual_seed` (= `torch.random.manual_seed`) and its kin, looked up at call time by callers
 such as `transformers.set_seed`; re-check on upgrades (tests/explorer/record/test_deferred_block.py).
@@ -32,8 +39,10 @@ import torch.random
 
 from ..errors import DeferredInitError
 from ..graph import InitGraph
+from . import rng_ledger
 from .generators import capture_start_state
 from .scope import outside_recording
+from .source import user_location
 
 
 def _drawn(graph: InitGraph) -> int:
@@ -49,33 +58,61 @@ def _recapture_start(graph: InitGraph) -> None:
             graph.rng_start[key] = capture_start_state(key)
 
 
+def _split_streams(graph: InitGraph, call: str, reseeds_cuda: bool) -> None:
+    """Random ops recorded from here on start where eager's generators are after `call`, made after
+    some were recorded (note [Reseeding while recording]). Raises DeferredInitError when a CUDA
+    stream with random ops would be reseeded, or eager's CPU state cannot be known."""
+    where = f"{call} at {user_location(2) or '<unknown source>'}"
+    if reseeds_cuda:
+        for key, ops in graph.random_streams.items():
+            if key != "cpu" and ops:
+                raise DeferredInitError(
+                    f"{where} reseeds the {key} generator, after {len(ops)} random op(s) were recorded on "
+                    f"it; replay follows a CUDA stream from its start only, so eager's numbers after the "
+                    "reseed could not be reproduced. Seed before deferred_init / the deferred block (or "
+                    "before the first CUDA random op)",
+                    graph,
+                )
+        for key in graph.rng_start:
+            if key != "cpu" and not graph.random_streams.get(key):
+                graph.rng_start[key] = capture_start_state(key)
+    position = len(graph.random_streams.get("cpu", []))
+    restart = rng_ledger.restart_for(graph, "cpu", position, torch.default_generator.get_state(), where)
+    restarts = graph.rng_restarts.setdefault("cpu", {})
+    if restart is None:
+        restarts.pop(position, None)
+    else:
+        restarts[position] = restart
+    if graph.replay_state is not None:  # a value read may have cached states from here on
+        graph.replay_state.forget_states("cpu", position)
+
+
 @contextlib.contextmanager
 def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
     """While the block runs, `torch.manual_seed`, `torch.seed` or `torch.set_rng_state` before any
-    random op re-captures `graph`'s start states; after one, they are refused (note [Rewinding the
-    generator while recording])."""
+    random op re-captures `graph`'s start states; after one, the next random op starts where it
+    left eager's generator (note [Reseeding while recording])."""
     originals = torch.random.manual_seed, torch.random.seed, torch.random.get_rng_state, torch.random.set_rng_state
     original_manual_seed, original_seed, original_get_state, original_set_state = originals
     read_at: dict[int, tuple[torch.Tensor, int]] = {}  # states handed out by get_rng_state, and when
+    # the real CPU state after the last of these calls (recording draws nothing)
+    left: list[torch.Tensor | None] = [graph.rng_start["cpu"]]
 
-    def refuse_after_draws(call: str) -> None:
-        if drawn := _drawn(graph):
-            raise DeferredInitError(
-                f"{call} was called while recording, after {drawn} random op{'s' * (drawn != 1)} had been "
-                "recorded; replay could not reproduce eager's numbers. Seed before deferred_init / the "
-                "deferred block (or before the first random op)"
-            )
+    def moved(call: str, reseeds_cuda: bool) -> None:
+        if _drawn(graph):
+            _split_streams(graph, call, reseeds_cuda)
+        else:
+            _recapture_start(graph)
+        left[0] = torch.default_generator.get_state()
 
     def manual_seed(seed: int) -> torch.Generator:
-        refuse_after_draws(f"torch.manual_seed({seed})")
         generator = original_manual_seed(seed)
-        _recapture_start(graph)
+        moved(f"torch.manual_seed({seed})", reseeds_cuda=True)
         return generator
 
     def seed() -> int:
-        refuse_after_draws("torch.seed()")
         value = original_seed()
-        _recapture_start(graph)
+        moved("torch.seed()", reseeds_cuda=True)
         return value
 
     def get_rng_state() -> torch.Tensor:
@@ -84,21 +121,10 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
         return state
 
     def set_rng_state(new_state: torch.Tensor) -> None:
-        drawn = _drawn(graph)
         read = read_at.get(id(new_state))
-        if drawn and not (read is not None and read[0] is new_state and read[1] == drawn):
-            if read is not None and read[0] is new_state:
-                when = f"{drawn - read[1]} random op(s) after that state was read"
-            else:
-                when = f"after {drawn} random op(s) had been recorded"
-            raise DeferredInitError(
-                f"torch.set_rng_state was called while recording, {when}. It rewinds the generator "
-                "(torch.random.fork_rng does so on exit), which replay does not model: eager's numbers could "
-                "not be reproduced. Draw without rewinding inside the constructor, or seed before deferred_init"
-            )
         original_set_state(new_state)
-        if not drawn:
-            _recapture_start(graph)
+        if not (read is not None and read[0] is new_state and read[1] == _drawn(graph)):  # else a no-op
+            moved("torch.set_rng_state", reseeds_cuda=False)
 
     replaced = manual_seed, seed, get_rng_state, set_rng_state
     names = ("manual_seed", "seed", "get_rng_state", "set_rng_state")
@@ -107,23 +133,22 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
         setattr(torch.random, name, function)
     try:
         yield
-        _refuse_a_generator_moved_directly(graph)
+        _refuse_a_generator_moved_directly(left[0])
     finally:
         for name, function in zip(names, originals):
             setattr(torch, name, function)
             setattr(torch.random, name, function)
 
 
-def _refuse_a_generator_moved_directly(graph: InitGraph) -> None:
-    """Recording draws nothing from the CPU generator, and the calls above re-capture the start, so
-    a state other than the start at the end was set on the generator object itself."""
-    start = graph.rng_start["cpu"]
+def _refuse_a_generator_moved_directly(left: torch.Tensor | None) -> None:
+    """Recording draws nothing from the CPU generator, so a state other than the one the calls
+    above left (`left`) was set on the generator object itself."""
     with outside_recording():  # not an op of the model
-        moved = start is not None and not torch.equal(torch.default_generator.get_state(), start)
+        moved = left is not None and not torch.equal(torch.default_generator.get_state(), left)
     if moved:
         raise DeferredInitError(
             "the CPU generator's state was changed while recording by a call on the generator itself "
             "(torch.default_generator.manual_seed, .set_state or .seed), which the recording does not see, "
             "so replay could not reproduce eager's numbers. Call torch.manual_seed / torch.set_rng_state "
-            "instead (before the first random op), or seed before deferred_init"
+            "instead, or seed before deferred_init"
         )

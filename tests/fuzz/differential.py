@@ -37,6 +37,7 @@ _UNRELATED_SEED = 987654321
 # After steps that move the global generator for real (draws, seeds, new eager modules): with them,
 # the global RNG after the deferred run is not the one before it.
 _MOVES_RNG = (*AFTER_RNG_OPS, "new_linear", "new_from", "second_model")
+_SETS_RNG = ("reseed", "restore_rng")  # constructor steps that set the generator, as eager's do
 
 
 class Mismatch(AssertionError):
@@ -76,7 +77,9 @@ def build_deferred(program: Program) -> tuple[nn.Module, list[torch.Tensor]]:
     except (DeferredInitError, MaterializationError) as error:
         raise Refused(error, phase[0], program) from error
     moved = not torch.equal(torch.get_rng_state(), before)
-    if moved and not any(step[0] in _MOVES_RNG for step in program.after):
+    if moved and not any(step[0] in _MOVES_RNG for step in program.after) and not any(
+        step[0] in _SETS_RNG for step in program.steps
+    ):
         raise Mismatch(f"deferred_init (or the steps after it) moved the global RNG\n{program!r}")
     torch.manual_seed(_UNRELATED_SEED)
     return world.holder(), externals + world.externals

@@ -83,7 +83,8 @@ class Simulator:
 
     def _run(self, step: Step) -> bool:
         interp = self.interp
-        before = (len(interp.pool), len(interp.scalars), len(self.root.values_read), dict(interp.modules))
+        before = (len(interp.pool), len(interp.scalars), len(self.root.values_read), dict(interp.modules),
+                  len(interp.saved_states))
         own_states = {index: generator.get_state() for index, generator in interp.generators.items()}
         layouts = self._layouts()
         if step[0] == "external":
@@ -96,6 +97,7 @@ class Simulator:
             except Exception:
                 del interp.pool[before[0]:], interp.scalars[before[1]:], self.root.values_read[before[2]:]
                 interp.modules = before[3]
+                del interp.saved_states[before[4]:]
                 interp.generators = {i: g for i, g in interp.generators.items() if i in own_states}
                 for index, state in own_states.items():
                     interp.generators[index].set_state(state)
@@ -373,6 +375,13 @@ def _module(draw: Draw, sim: Simulator, op: str) -> Step | None:
 def _other(draw: Draw, sim: Simulator, op: str) -> Step | None:
     if op in ("grad", "inference"):
         return (op, draw(st.booleans()))
+    if op == "reseed":
+        return (op, draw(st.integers(0, 2**16)))
+    if op == "save_rng":
+        return (op,)
+    if op == "restore_rng":
+        saved = len(sim.interp.saved_states)
+        return (op, draw(st.integers(0, saved - 1))) if saved else None
     a = pick(draw, sim)
     if op == "data_dependent":
         return (op, draw(st.sampled_from(("nonzero", "unique", "positive"))), a)
@@ -392,7 +401,8 @@ DRAWERS: dict[str, Callable[[Draw, Simulator, str], Step | None]] = {
 WEIGHTS: dict[str, int] = {
     **dict.fromkeys(FACTORY_OPS, 2), **dict.fromkeys(COMPUTE_OPS, 1), **dict.fromkeys(VIEW_OPS, 2),
     **dict.fromkeys(INPLACE_OPS, 3), **dict.fromkeys(MODULE_OPS, 3), "share_module": 1,
-    "item": 3, "tolist": 1, "grad": 1, "inference": 1, "data_dependent": 2,
+    "item": 3, "tolist": 1, "grad": 1, "inference": 1, "data_dependent": 2, "reseed": 1, "save_rng": 1,
+    "restore_rng": 1,
 }
 _WEIGHTED = tuple(op for op, weight in WEIGHTS.items() for _ in range(weight))
 

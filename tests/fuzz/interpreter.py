@@ -48,6 +48,7 @@ class Interpreter:
         self.used_externals = 0
         self.pool: list[torch.Tensor] = []
         self.generators: dict[int, torch.Generator] = {}  # the constructor's own, by index
+        self.saved_states: list[torch.Tensor] = []  # torch.get_rng_state() results, by save_rng
         self.scalars: list[Any] = []
         self.modules: dict[str, nn.Module] = {"": root}
         self.grad = torch.is_grad_enabled()
@@ -257,6 +258,15 @@ class Interpreter:
             self.add(torch.unique(tensor))
         else:  # "positive": boolean-mask indexing
             self.add(tensor[tensor > 0])
+
+    def op_reseed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def op_save_rng(self) -> None:
+        self.saved_states.append(torch.get_rng_state())
+
+    def op_restore_rng(self, index: int) -> None:
+        torch.set_rng_state(self.saved_states[index])
 
     def op_grad(self, enabled: bool) -> None:
         self.grad = enabled

@@ -9,7 +9,9 @@ read by `.item()` by their position in the scalar pool, modules by dotted path (
 runs `t.<name>(*args)` (t_, transpose_, unsqueeze_, squeeze_, as_strided_, resize_); `("binary_out", op, a,
 operand, out)` writes `torch.<op>(a, operand, out=out)`. `("own_randn", shape, dtype, g)`,
 `("own_uniform_", t, low, high, g)` and `("own_normal_", t, mean, std, g)` draw from the
-constructor's own generator g (0 or 1), made and seeded at its first use.
+constructor's own generator g (0 or 1), made and seeded at its first use. `("reseed", s)` runs
+`torch.manual_seed(s)`, `("save_rng",)` keeps `torch.get_rng_state()` and `("restore_rng", i)` sets
+the i-th state kept back (a rewind).
 
 Operands of in-place and arithmetic steps are tagged tuples:
     ("value", 2.5)    a Python number
@@ -33,7 +35,7 @@ VIEW_OPS = ("view", "reshape", "transpose", "slice", "select", "narrow", "expand
 INPLACE_OPS = ("add_", "mul_", "copy_", "fill_", "zero_", "uniform_", "normal_", "index_put_", "masked_fill_",
                "set_data", "init", "inplace_view", "own_uniform_", "own_normal_")
 MODULE_OPS = ("param", "submodule", "share_module", "register_parameter", "register_buffer")
-OTHER_OPS = ("item", "tolist", "grad", "inference", "data_dependent")
+OTHER_OPS = ("item", "tolist", "grad", "inference", "data_dependent", "reseed", "save_rng", "restore_rng")
 ALL_OPS = FACTORY_OPS + COMPUTE_OPS + VIEW_OPS + INPLACE_OPS + MODULE_OPS + OTHER_OPS
 # Done to the built module and around it, after construction (eagerly, or to the deferred module
 # before it is materialized); tests/fuzz/after.py says what each does.

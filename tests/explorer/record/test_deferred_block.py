@@ -69,7 +69,7 @@ def test_blocks_do_not_nest():
             explorer.deferred_init(nn.Linear, 2, 2)
 
 
-def test_seeding_before_the_first_random_op_moves_the_start_and_later_is_refused(restore_rng):
+def test_seeding_before_the_first_random_op_moves_the_start_and_later_splits_the_stream(restore_rng):
     with deferred():
         torch.manual_seed(3)  # a %%deferred cell that starts by seeding
         seeded = nn.Linear(4, 3)
@@ -77,12 +77,15 @@ def test_seeding_before_the_first_random_op_moves_the_start_and_later_is_refused
     torch.manual_seed(3)
     assert_module_equals_eager("seeded", seeded, nn.Linear(4, 3))
     torch.manual_seed(11)
-    state = torch.get_rng_state()
-    with pytest.raises(DeferredInitError, match=r"torch.manual_seed\(5\) was called while recording, after 2 random "
-                                                r"ops had been recorded; .* Seed before deferred_init / the deferred block"):
-        with deferred():
-            nn.Linear(4, 3)
-            torch.manual_seed(5)
-    assert torch.equal(torch.get_rng_state(), state)  # the refused seed changed nothing
+    with deferred():
+        first = nn.Linear(4, 3)
+        torch.manual_seed(5)  # a cell that seeds again between two layers
+        second = nn.Linear(4, 3)
+    materialize_module(second)
+    materialize_module(first)
+    torch.manual_seed(11)
+    assert_module_equals_eager("first", first, nn.Linear(4, 3))
+    torch.manual_seed(5)
+    assert_module_equals_eager("second", second, nn.Linear(4, 3))
     assert torch.manual_seed is torch.random.manual_seed and torch.manual_seed.__name__ == "manual_seed"
     assert torch.manual_seed.__qualname__ == "manual_seed"  # the original function is back

@@ -1,18 +1,22 @@
-"""Rewinding the CPU generator inside a recording (note [Rewinding the generator while recording]
-in explorer/record/seeding.py): refused once something was drawn, as eager's numbers would repeat."""
+"""Reseeding and rewinding the CPU generator inside a recording (note [Reseeding while recording] in
+explorer/record/seeding.py): the draws after the call start where eager's generator is then."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 import torch
 from torch import nn
 
-from explorer import DeferredInitError, deferred_init, materialize_module
+from explorer import DeferredInitError, deferred, deferred_init, materialize_module, materialize_tensor
+from tests.support.parity import assert_module_equals_eager
 
 
 class RewindsBetweenLayers(nn.Module):
     def __init__(self) -> None:
         super().__init__()
+        self.first = nn.Linear(3, 3)
         state = torch.get_rng_state()
         self.a = nn.Linear(3, 3)
         torch.set_rng_state(state)  # eager: b draws a's numbers again
@@ -22,9 +26,22 @@ class RewindsBetweenLayers(nn.Module):
 class ForksAroundALayer(nn.Module):
     def __init__(self) -> None:
         super().__init__()
+        self.first = nn.Linear(3, 3)
         with torch.random.fork_rng():
+            torch.manual_seed(7)
             self.a = nn.Linear(3, 3)
-        self.b = nn.Linear(3, 3)
+        self.b = nn.Linear(3, 3)  # continues after `first`, as if the block had drawn nothing
+
+
+class SeedsEachLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList()
+        for index in range(3):
+            torch.manual_seed(100 + index)
+            self.layers.append(nn.Linear(4, 5))
+        self.head = nn.Linear(5, 2)  # after the last seed's draws
+        self.noise = nn.Buffer(torch.randn(6))
 
 
 class ReadsAndRestoresWithNothingBetween(nn.Module):
@@ -42,26 +59,90 @@ class StartsFromAGivenState(nn.Module):
         self.a = nn.Linear(3, 3)
 
 
-@pytest.mark.parametrize("module", [RewindsBetweenLayers, ForksAroundALayer])
-def test_a_rewind_after_draws_is_refused_naming_the_draws(module, restore_rng) -> None:
-    before = torch.get_rng_state()
-    with pytest.raises(DeferredInitError) as caught:
-        deferred_init(module)
-    assert str(caught.value).startswith(
-        "torch.set_rng_state was called while recording, 2 random op(s) after that state was read. It rewinds "
-        "the generator (torch.random.fork_rng does so on exit), which replay does not model"
-    )
-    assert torch.equal(torch.get_rng_state(), before)
-    wrappers_left = [f for f in (torch.set_rng_state, torch.random.get_rng_state) if "seeding" in f.__qualname__]
-    assert wrappers_left == []
+class ReseedsBetweenLayersOfANormalInit(nn.Module):
+    """A normal_ of fewer than 16 elements reads the generator's cached sample, which a reseed resets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.small = nn.Parameter(torch.empty(5).normal_())
+        torch.manual_seed(3)
+        self.also_small = nn.Parameter(torch.empty(7).normal_())
+        self.large = nn.Parameter(torch.empty(40).normal_())
 
 
-def test_a_restore_with_nothing_drawn_since_the_read_matches_eager(restore_rng) -> None:
+RESEEDING = [RewindsBetweenLayers, ForksAroundALayer, SeedsEachLayer, ReadsAndRestoresWithNothingBetween,
+             ReseedsBetweenLayersOfANormalInit]
+
+
+@pytest.mark.parametrize("build", RESEEDING, ids=lambda build: build.__name__)
+def test_a_model_that_reseeds_while_recording_equals_eager(build: Callable[[], nn.Module], restore_rng) -> None:
     torch.manual_seed(0)
-    eager = ReadsAndRestoresWithNothingBetween()
+    eager = build()
     torch.manual_seed(0)
-    model = materialize_module(deferred_init(ReadsAndRestoresWithNothingBetween))
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), eager.state_dict().values()))
+    model = materialize_module(deferred_init(build))
+    assert_module_equals_eager(build.__name__, model, eager)
+
+
+@pytest.mark.parametrize("build", RESEEDING, ids=lambda build: build.__name__)
+def test_each_tensor_of_a_reseeding_model_made_alone_latest_first_equals_eager(build, restore_rng) -> None:
+    torch.manual_seed(0)
+    eager = dict(build().named_parameters())
+    torch.manual_seed(0)
+    model = deferred_init(build)
+    for name, fake in reversed(list(model.named_parameters())):
+        assert torch.equal(materialize_tensor(fake), eager[name]), name
+        if fake.dim() == 2:
+            assert torch.equal(materialize_tensor(fake[1:]), eager[name][1:]), name
+
+
+def test_the_submodules_of_a_reseeding_model_materialized_one_by_one_in_reverse_equal_eager(restore_rng) -> None:
+    torch.manual_seed(0)
+    eager = SeedsEachLayer()
+    torch.manual_seed(0)
+    model = deferred_init(SeedsEachLayer)
+    for layer in [model.head, *reversed(model.layers)]:
+        materialize_module(layer)
+    materialize_module(model)
+    assert_module_equals_eager("SeedsEachLayer", model, eager)
+
+
+def test_a_layer_seeded_by_its_index_equals_that_seeds_eager_layer(restore_rng) -> None:
+    model = deferred_init(SeedsEachLayer)
+    torch.manual_seed(101)
+    assert torch.equal(materialize_tensor(model.layers[1].weight), nn.Linear(4, 5).weight)
+
+
+def test_draws_recorded_after_a_reseeding_construction_continue_as_eagers(restore_rng) -> None:
+    torch.manual_seed(0)
+    eager = SeedsEachLayer()
+    nn.init.normal_(eager.head.weight)
+    eager_next = RewindsBetweenLayers()
+    torch.manual_seed(0)
+    model = deferred_init(SeedsEachLayer)
+    with deferred(model):
+        nn.init.normal_(model.head.weight)  # starts where SeedsEachLayer left eager's generator
+    following = deferred_init(RewindsBetweenLayers)  # a second model built after it
+    materialize_module(following)
+    materialize_module(model)
+    assert_module_equals_eager("SeedsEachLayer", model, eager)
+    assert_module_equals_eager("RewindsBetweenLayers", following, eager_next)
+
+
+def test_torch_seed_after_draws_starts_the_next_draws_from_the_seed_it_chose(restore_rng) -> None:
+    def build() -> nn.Module:
+        layer = nn.Linear(2, 2)
+        torch.seed()  # a fresh, unknowable seed: the real generator shows which
+        return nn.Sequential(layer, nn.Linear(2, 2))
+
+    torch.manual_seed(0)
+    model = deferred_init(build)
+    torch.manual_seed(torch.initial_seed())
+    second = nn.Linear(2, 2)
+    torch.manual_seed(0)
+    first = nn.Linear(2, 2)
+    materialize_module(model)
+    assert torch.equal(model[0].weight, first.weight)
+    assert torch.equal(model[1].weight, second.weight) and torch.equal(model[1].bias, second.bias)
 
 
 def test_a_state_set_before_any_draw_moves_the_start_as_a_seed_does(restore_rng) -> None:
@@ -74,14 +155,24 @@ def test_a_state_set_before_any_draw_moves_the_start_as_a_seed_does(restore_rng)
     assert torch.equal(model.a.weight, StartsFromAGivenState(state).a.weight)
 
 
-def test_torch_seed_after_draws_is_refused(restore_rng) -> None:
+def test_reseeding_a_cuda_stream_that_has_draws_is_refused_naming_the_call(restore_rng) -> None:
     def build() -> nn.Module:
-        layer = nn.Linear(2, 2)
-        torch.seed()
-        return layer
+        layer = nn.Linear(2, 2, device="cuda")
+        torch.manual_seed(5)
+        return nn.Sequential(layer, nn.Linear(2, 2, device="cuda"))
 
-    with pytest.raises(DeferredInitError, match=r"^torch\.seed\(\) was called while recording, after 2 random ops"):
+    before = torch.get_rng_state()
+    with pytest.raises(DeferredInitError) as caught:
         deferred_init(build)
+    message = str(caught.value)
+    assert message.startswith(f"torch.manual_seed(5) at {__file__}:"), message
+    assert message.endswith(
+        "reseeds the cuda:0 generator, after 2 random op(s) were recorded on it; replay follows a CUDA stream from "
+        "its start only, so eager's numbers after the reseed could not be reproduced. Seed before deferred_init / "
+        "the deferred block (or before the first CUDA random op)"
+    ), message
+    assert torch.manual_seed is torch.random.manual_seed and torch.manual_seed.__qualname__ == "manual_seed"
+    torch.set_rng_state(before)
 
 
 def test_a_seed_set_on_the_generator_object_itself_is_refused_at_the_end_of_the_recording(restore_rng) -> None:
@@ -95,6 +186,8 @@ def test_a_seed_set_on_the_generator_object_itself_is_refused_at_the_end_of_the_
     assert str(caught.value) == (
         "the CPU generator's state was changed while recording by a call on the generator itself "
         "(torch.default_generator.manual_seed, .set_state or .seed), which the recording does not see, so replay "
-        "could not reproduce eager's numbers. Call torch.manual_seed / torch.set_rng_state instead (before the "
-        "first random op), or seed before deferred_init"
+        "could not reproduce eager's numbers. Call torch.manual_seed / torch.set_rng_state instead, or seed "
+        "before deferred_init"
     )
+    wrappers_left = [f for f in (torch.set_rng_state, torch.random.get_rng_state) if "seeding" in f.__qualname__]
+    assert wrappers_left == []
