@@ -250,6 +250,10 @@ class OpNode:
     # Its output shape came from its inputs' true values (record/computed.py): replay must give those
     # inputs eager's values, whatever the rng mode, or the shape would change.
     from_values: bool = False
+    # torch.get_default_dtype() when it ran, where that decides its result: an op promoting integer or
+    # bool inputs to a floating or complex result (`arange(n) / 3`) under a default other than
+    # float32 (note [Default dtype at record time]). None: float32, or its inputs decide.
+    default_dtype: torch.dtype | None = None
 
     @property
     def label(self) -> str:

@@ -130,6 +130,17 @@ def call_overload(qualified: str, /, *args: Any, **kwargs: Any) -> Any:
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)(*args, **kwargs)
 
 
+def under_default_dtype(dtype: torch.dtype, qualified: str, /, *args: Any, **kwargs: Any) -> Any:
+    """Op overload `qualified` called under the default dtype it was recorded under (an integer
+    input promoted to it: note [Default dtype at record time])."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return call_overload(qualified, *args, **kwargs)
+    finally:
+        torch.set_default_dtype(before)
+
+
 def generator_in_state(device: str, state: torch.Tensor) -> torch.Generator | None:
     """A new generator on `device` in `state`: a constructor's own generator as a random op found it."""
     return own_generator(GeneratorState(device, state, "own generator"), torch.device(device))
@@ -207,7 +218,9 @@ class _Builder:
                     self.rng_node = self.fx_graph.get_attr("_rng")
             self.fx_graph.call_function(rng_seek, (self.rng_node, *op.stream))
         target = replayed_func(op.func)
-        if keyword.iskeyword(getattr(target, "_overloadname", "")):  # `random_.from`: FX's code would not parse
+        if op.default_dtype is not None:
+            node = self.fx_graph.call_function(under_default_dtype, (op.default_dtype, str(target), *args), kwargs)
+        elif keyword.iskeyword(getattr(target, "_overloadname", "")):  # `random_.from`: FX's code would not parse
             node = self.fx_graph.call_function(call_overload, (str(target), *args), kwargs)
         else:
             node = self.fx_graph.call_function(target, tuple(args), kwargs)

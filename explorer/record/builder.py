@@ -203,7 +203,11 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 # (Hugging Face's `from_config(config, dtype=torch.bfloat16)` sets it around __init__), and replay
 # runs later under whatever default is current then. So an op whose schema has a keyword-only
 # `dtype` left unset is recorded with the dtype its output actually had; for ops whose dtype
-# follows their inputs (sums, new_empty, _to_copy) that is the same computation.
+# follows their floating inputs (sums, new_empty, _to_copy) that is the same computation. An op
+# given integer or bool tensors can still take the default by type promotion (`arange(n) / 3`,
+# `int_tensor * 0.5`, `arange(n).sqrt()`, `arange(n) * 1j`), and such an op cannot be given a
+# dtype: the general record keeps the default it ran under (`OpNode.default_dtype`, when it is
+# not float32), and replay runs it under that default (`replay.recorded_default_dtype`).
 @functools.cache
 def _takes_dtype(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
@@ -518,6 +522,16 @@ class GraphBuilder:
             return type(value)(self._out_ref(item, index, output_ids, created) for item in value)
         return value
 
+    def _deciding_default_dtype(self, inputs: list[TensorId], externals: list[int]) -> torch.dtype | None:
+        """The default dtype, when it is not float32 and type promotion of an integer or bool input
+        may have taken it (note [Default dtype at record time])."""
+        default = torch.get_default_dtype()
+        if default is torch.float32:
+            return None
+        tensors, recorded = self.graph.tensors, self.graph.externals
+        dtypes = [tensors[tid].dtype for tid in inputs] + [recorded[i].described()[0] for i in externals]
+        return default if any(not (d.is_floating_point or d.is_complex) for d in dtypes) else None
+
     def record(
         self,
         func: Any,
@@ -570,6 +584,7 @@ class GraphBuilder:
                 stream=stream,
                 resizes=resizes,
                 inference=torch.is_inference_mode_enabled(),
+                default_dtype=self._deciding_default_dtype(inputs, externals),
             )
         )
         if own_generator is not None:

@@ -167,7 +167,7 @@ def is_pointwise_in_place(graph: InitGraph, op: OpNode, base: TensorInfo) -> boo
     """Whether `op` writes `base`'s storage in place with a pointwise kernel that reads no other
     tensor, through a view of the whole storage in `base`'s dtype and element order."""
     func = op.func
-    if torch.Tag.pointwise not in getattr(func, "tags", ()) or op.random or op.inference:
+    if torch.Tag.pointwise not in getattr(func, "tags", ()) or op.random or op.inference or op.default_dtype:
         return False
     schema = func._schema
     first = schema.arguments[0] if schema.arguments else None

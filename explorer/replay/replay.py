@@ -9,10 +9,11 @@ gives the same real object and a view materialized later shares storage with its
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -24,6 +25,7 @@ from ..graph import (
     GeneratorState,
     InitGraph,
     OpIndex,
+    OpNode,
     StorageId,
     TensorId,
     TensorRef,
@@ -418,6 +420,9 @@ class Replay:
         if op.inference != torch.is_inference_mode_enabled():
             with torch.inference_mode(op.inference):
                 return self._run_op(index, rng, fills)
+        if (op.default_dtype or torch.float32) is not torch.get_default_dtype():
+            with recorded_default_dtype(op):
+                return self._run_op(index, rng, fills)
         args, kwargs = self._resolved(op.args), self._resolved(op.kwargs)
         func = _RUN_AS.get(op.func, op.func)
         if op.stream is not None and fills.submit(op, args, kwargs):
@@ -470,6 +475,19 @@ class Replay:
                     real = alias_on(moved[info.storage], info.shape, info.stride, info.storage_offset, info.dtype)
             results[tid] = as_recorded_kind(real, fake)
         return [results[tid] for tid in tids]
+
+
+@contextlib.contextmanager
+def recorded_default_dtype(op: OpNode) -> Iterator[None]:
+    """Run `op` under the default dtype it was recorded under (float32 unless `op.default_dtype`
+    says otherwise; note [Default dtype at record time]). The default is process-wide: another
+    thread's factory calls see it for the length of this one op."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(op.default_dtype or torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def eager_state_after(graph: InitGraph, key: str, position: int) -> torch.Tensor:

@@ -247,3 +247,13 @@ def test_a_model_recorded_on_an_absent_device_is_refused_without_advice_to_fx_ca
         "but device cuda:0 is not available (this machine has 0 CUDA devices). Export on a machine that has it, "
         "or record the model on the CPU"
     )
+
+
+def test_program_runs_integer_promotions_under_the_default_dtype_they_were_recorded_under():
+    from tests.explorer.record.test_recording import PromotesIntegersUnderHalfDefault
+
+    module, reference = build_twice(PromotesIntegersUnderHalfDefault)
+    program = to_fx(module)
+    assert "under_default_dtype" in program.code
+    out = assert_same_as_materialized(program, reference)
+    assert out["divided"].dtype == torch.float16 and out["after"].dtype == torch.float32

@@ -202,6 +202,60 @@ def test_transformers_from_config_with_a_dtype_matches_eager(restore_rng):
     assert_module_equals_eager("from_config(bfloat16)", module, eager)
 
 
+class PromotesIntegersUnderHalfDefault(nn.Module):
+    """Integer tensors promoted to the default dtype (a sinusoid table under from_config(dtype=...))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float16)
+        try:
+            positions = torch.arange(7)
+            self.register_buffer("divided", positions / 3)
+            self.register_buffer("scaled", positions * 0.37)
+            self.register_buffer("rooted", positions.sqrt())
+            self.register_buffer("table", torch.sin(positions[:, None] * torch.exp(-torch.arange(4) * 0.7)))
+            self.register_buffer("halved", torch.tensor(3) * 0.5)
+            self.register_buffer("mixed", positions.to(torch.float16) / 3)  # its input decides: not pinned
+        finally:
+            torch.set_default_dtype(previous)
+        self.register_buffer("after", torch.arange(5) / 3)  # float32 again
+
+
+@pytest.mark.parametrize("default_at_replay", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_integer_inputs_promoted_to_the_default_dtype_replay_under_the_recorded_default(default_at_replay, restore_rng):
+    from tests.support.parity import assert_module_equals_eager
+
+    eager = PromotesIntegersUnderHalfDefault()
+    module = deferred_init(PromotesIntegersUnderHalfDefault)
+    assert [module.divided.dtype, module.after.dtype] == [torch.float16, torch.float32]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(default_at_replay)  # whatever the default when materializing
+    try:
+        materialize_module(module)
+    finally:
+        torch.set_default_dtype(previous)
+    assert_module_equals_eager("PromotesIntegersUnderHalfDefault", module, eager)
+    assert torch.get_default_dtype() is previous
+
+
+def test_whisper_sinusoids_under_from_config_bfloat16_equal_eager(restore_rng):
+    transformers = pytest.importorskip("transformers")
+    from tests.support.parity import assert_module_equals_eager
+
+    config = transformers.WhisperConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                                        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                                        vocab_size=60, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                        decoder_start_token_id=1, max_source_positions=16, max_target_positions=16,
+                                        num_mel_bins=8)
+    torch.manual_seed(0)
+    eager = transformers.AutoModel.from_config(config, dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    module = deferred_init(transformers.AutoModel.from_config, config, dtype=torch.bfloat16)
+    materialize_module(module)
+    assert_module_equals_eager("Whisper from_config(bfloat16)", module, eager)
+
+
 class _TrailingSwaps(nn.Module):
     """`.data = x` on each of 12 parameters, with scratch fakes dying in between, whose addresses the
     next fakes reuse; the swaps are recorded at the end of the recording, in the order of the fakes."""
