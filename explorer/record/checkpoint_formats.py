@@ -54,24 +54,30 @@ def _walk(structure: Any, path: list) -> Any:
     return structure
 
 
-def _checked(tensor: Any, where: str, shape: list[int], dtype: torch.dtype, device: Any) -> torch.Tensor:
+def _checked(tensor: Any, where: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor) or list(tensor.shape) != list(shape) or tensor.dtype != dtype:
         found = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
         raise MaterializationError(
             f"{where} is now {found}, but it was recorded as {dtype} {list(shape)}: the file "
             "changed since; record again (deferred_init) to use it"
         )
-    if (
-        tensor.storage_offset()
-        or not tensor.is_contiguous()
-        or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size()
-    ):
-        tensor = tensor.contiguous().clone()
-    return tensor if device is None or torch.device(device).type == "cpu" else tensor.to(device)
+    return tensor
 
 
 def read_torch(path: str, key: str, shape: list[int], dtype: torch.dtype, device: Any = None) -> torch.Tensor:
-    """Tensor `key` (a JSON list of keys from the top of the pickled structure) of torch.save file `path`."""
+    """Tensor `key` (a JSON list of keys from the top of the pickled structure) of torch.save file `path`,
+    in memory of its own, as torch.load gives it."""
+    tensor = torch_file_tensor(path, key, shape, dtype)
+    if device is not None and torch.device(device).type != "cpu":
+        return tensor.to(device, memory_format=torch.contiguous_format)
+    # The file's tensor is one object for every read of the key, in every model and every
+    # materialization, and its memory map is writable: each read gets a copy.
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
+def torch_file_tensor(path: str, key: str, shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """Tensor `key` of torch.save file `path` as the file's cached memory map holds it: shared by every
+    reader, so read it without writing (rows are copied out of it: replay/rows.py)."""
     try:
         tensor = _walk(_loaded(path), json.loads(key))
     except (KeyError, IndexError, TypeError) as error:
@@ -80,7 +86,7 @@ def read_torch(path: str, key: str, shape: list[int], dtype: torch.dtype, device
         raise MaterializationError(
             f"reading {key} from checkpoint {path} failed: {type(error).__name__}: {error}"
         ) from error
-    return _checked(tensor, f"{key} of checkpoint {path}", shape, dtype, device)
+    return _checked(tensor, f"{key} of checkpoint {path}", shape, dtype)
 
 
 def read_dcp(path: str, key: str, shape: list[int], dtype: torch.dtype, device: Any = None) -> torch.Tensor:
@@ -100,7 +106,8 @@ def read_dcp(path: str, key: str, shape: list[int], dtype: torch.dtype, device: 
         raise MaterializationError(
             f"reading {key!r} from checkpoint {path} failed: {type(cause).__name__}: {cause}"
         ) from error
-    return _checked(state[key], f"{key!r} of checkpoint {path}", shape, dtype, device)
+    tensor = _checked(state[key], f"{key!r} of checkpoint {path}", shape, dtype)  # fresh: dcp.load filled it
+    return tensor if device is None or torch.device(device).type == "cpu" else tensor.to(device)
 
 
 def _dcp_cause(error: BaseException) -> BaseException:

@@ -28,7 +28,7 @@ import torch
 from .._torch_compat.generators import cuda_state
 from ..graph import InitGraph, OpNode, TensorId, TensorInfo, TensorRef
 from ..hub_fetch import read_remote_rows, remote_file
-from ..record.checkpoint_formats import READ_TORCH, read_torch
+from ..record.checkpoint_formats import READ_TORCH, torch_file_tensor
 from ..record.checkpoint_reads import READ_SAFETENSORS, original_safe_open
 from ..record.fake import handle_of
 from ..record.scope import outside_recording
@@ -292,7 +292,7 @@ def checkpoint_rows(graph: InitGraph, tid: TensorId, start: int, stop: int) -> t
             with original_safe_open()(path, framework="pt") as handle:
                 rows = handle.get_slice(key)[start:stop]
         else:
-            rows = read_torch(path, key, list(shape), dtype)[start:stop].clone()
+            rows = torch_file_tensor(path, key, list(shape), dtype)[start:stop].clone()
         rows = rows.to(graph.tensors[read.output_ids[0]].dtype)
         for conversion in found.conversions:
             rows = rows.to(conversion)

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import explorer
-from explorer import CheckpointError, MaterializationError, deferred_init, load_checkpoint, materialize_module
+from explorer import CheckpointError, MaterializationError, deferred_init, load_checkpoint, materialize_module, materialize_tensor
 from explorer.record.fake import handle_of
 
 transformers = pytest.importorskip("transformers")
@@ -345,6 +345,30 @@ def test_torch_load_inside_deferred_init_reads_nothing_and_replays_the_file(tmp_
     eager = loaded()
     materialize_module(model)
     assert_same(model, eager)
+
+
+def test_each_torch_load_read_is_memory_of_its_own_as_eagers_torch_load(tmp_path):
+    torch.save({"scale": torch.ones(3), "bias": torch.zeros(3)}, tmp_path / "s.pt")
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            scale = torch.load(tmp_path / "s.pt", weights_only=True)["scale"]
+            scale.mul_(2)  # in place, on the tensor the file gave
+            self.register_buffer("scale", scale)
+            self.bias = nn.Parameter(torch.load(tmp_path / "s.pt", weights_only=True)["bias"])
+
+    first, second = deferred_init(Scaled), deferred_init(Scaled)
+    materialize_module(first)
+    materialize_module(second)
+    again = materialize_tensor(deferred_init(Scaled).scale)
+    for module in (first, second):
+        assert module.scale.tolist() == [2.0, 2.0, 2.0]  # doubled once, as eager's
+    assert again.tolist() == [2.0, 2.0, 2.0]
+    first.bias.data.add_(1)  # training one model leaves the other alone
+    assert second.bias.tolist() == [0.0, 0.0, 0.0]
+    pointers = {t.untyped_storage().data_ptr() for m in (first, second) for t in (m.scale, m.bias)}
+    assert len(pointers) == 4
 
 
 def test_a_torch_save_file_with_code_is_refused_inside_deferred_init(tmp_path):
