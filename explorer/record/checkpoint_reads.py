@@ -10,8 +10,11 @@ materializing reads just those tensors' bytes. Nothing is read while recording.
 
 Note: [safe_open is wrapped where loaders imported it] `safe_open` is a class compiled in Rust, so
 its methods cannot be patched; the name is replaced, inside deferred scopes only (restored on every
-exit), in the modules listed in `_SAFE_OPEN_HOMES` that are imported (loaders bind it at import:
-`from safetensors import safe_open`). Re-check the list on library upgrades.
+exit), in every imported module that binds it under that name: `safetensors` itself, loaders
+(transformers, diffusers, accelerate) and user code alike bind it at import (`from safetensors
+import safe_open`). Which modules do is looked up once per module (`_safe_open_holders`); a module
+imported while a recording runs, or one binding it under another name, keeps the original, whose
+reads then fail inside the recording.
 """
 
 from __future__ import annotations
@@ -158,26 +161,34 @@ class RecordedSafeOpen:
 
 _HF_SYNC_LOAD = "HF_DEACTIVATE_ASYNC_LOAD"
 
-# Modules that bind `safe_open` at import (see the note).
-_SAFE_OPEN_HOMES = (
-    "safetensors",
-    "safetensors.torch",
-    "transformers.modeling_utils",
-    "diffusers.models.model_loading_utils",
-    "accelerate.utils.modeling",
-)
+# Module name → whether it bound safetensors' `safe_open` when first looked at (see the note).
+_binds_safe_open: dict[str, bool] = {}
+
+
+def _safe_open_holders(original: Any) -> list[Any]:
+    """The imported modules whose global `safe_open` is `original`; modules imported since the last
+    call are looked at (their `__dict__` only: a lazy module's `__getattr__` could import)."""
+    modules = sys.modules
+    if len(_binds_safe_open) != len(modules):
+        for name, module in list(modules.items()):
+            if name not in _binds_safe_open:
+                namespace = getattr(module, "__dict__", None)
+                _binds_safe_open[name] = isinstance(namespace, dict) and namespace.get("safe_open") is original
+    holders = []
+    for name, binds in _binds_safe_open.items():
+        holder = modules.get(name) if binds else None
+        if holder is not None and holder.__dict__.get("safe_open") is original:
+            holders.append(holder)
+    return holders
 
 
 @contextlib.contextmanager
 def recorded_checkpoint_reads() -> Iterator[None]:
     """Inside the block, safetensors reads are recorded ops (undone on any exit)."""
     original = original_safe_open()
-    patched: list[Any] = []  # the loader modules of _SAFE_OPEN_HOMES, whose safe_open is swapped
-    for name in _SAFE_OPEN_HOMES:
-        module: Any = sys.modules.get(name)
-        if module is not None and getattr(module, "safe_open", None) is original:
-            module.safe_open = RecordedSafeOpen
-            patched.append(module)
+    patched = _safe_open_holders(original)
+    for module in patched:
+        module.safe_open = RecordedSafeOpen
     # Hugging Face reads in worker threads, where no recording runs: load in the recording thread.
     async_load = os.environ.get(_HF_SYNC_LOAD)
     os.environ[_HF_SYNC_LOAD] = "1"

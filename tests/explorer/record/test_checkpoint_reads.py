@@ -10,6 +10,7 @@ import struct
 
 import pytest
 import torch
+from safetensors import safe_open  # bound at import, as user code does
 from safetensors.torch import save_file
 from torch import nn
 
@@ -369,6 +370,23 @@ def test_each_torch_load_read_is_memory_of_its_own_as_eagers_torch_load(tmp_path
     assert second.bias.tolist() == [0.0, 0.0, 0.0]
     pointers = {t.untyped_storage().data_ptr() for m in (first, second) for t in (m.scale, m.bias)}
     assert len(pointers) == 4
+
+
+def test_safe_open_bound_by_a_users_import_is_a_recorded_read(tmp_path):
+    torch.manual_seed(3)
+    save_file({"w": torch.randn(4, 4)}, tmp_path / "w.safetensors")
+
+    def build() -> nn.Module:
+        module = nn.Linear(4, 4, bias=False)
+        with safe_open(tmp_path / "w.safetensors", "pt") as f:  # this module's own `safe_open`
+            module.weight = nn.Parameter(f.get_tensor("w"))
+        return module
+
+    model = deferred_init(build)
+    assert safe_open is explorer.record.checkpoint_reads.original_safe_open()  # back after the scope
+    assert "explorer.read_safetensors.default" in [op.label for op in handle_of(model.weight).graph.ops]
+    materialize_module(model)
+    assert torch.equal(model.weight, build().weight)
 
 
 def test_a_torch_save_file_with_code_is_refused_inside_deferred_init(tmp_path):
