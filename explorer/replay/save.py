@@ -23,6 +23,7 @@ and the bytes it needed.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import warnings
@@ -114,11 +115,38 @@ def save_checkpoint(
         written = write_safetensors(stored_once(state), target, limit, dtype, materialize, report)
     finally:
         report.close()
+    return written + _write_configs(module, target, dtype)
+
+
+def _write_configs(module: nn.Module, target: Path, dtype: torch.dtype | None) -> list[Path]:
+    """A Hugging Face model's `config.json` (and `generation_config.json` when it generates), as
+    `save_pretrained` writes them: the config names the dtype the weights were written in and the
+    model's class. Written from a copy: the model's config is left as it was."""
     config = getattr(module, "config", None)
-    if config is not None and hasattr(config, "save_pretrained"):
-        config.save_pretrained(target)
-        written.append(target / "config.json")
+    if config is None or not hasattr(config, "save_pretrained"):
+        return []
+    config = copy.deepcopy(config)
+    written_dtype = dtype if dtype is not None else _first_floating_dtype(module)
+    if written_dtype is not None:
+        field = "torch_dtype" if "torch_dtype" in vars(config) and "dtype" not in vars(config) else "dtype"
+        setattr(config, field, str(written_dtype).removeprefix("torch."))  # transformers 4 names it torch_dtype
+    config.architectures = [type(module).__name__]
+    config.save_pretrained(target)
+    written = [target / "config.json"]
+    generation = getattr(module, "generation_config", None)
+    can_generate = getattr(module, "can_generate", None)
+    if generation is not None and callable(can_generate) and can_generate():
+        generation.save_pretrained(target)
+        written.append(target / "generation_config.json")
     return written
+
+
+def _first_floating_dtype(module: nn.Module) -> torch.dtype | None:
+    """The dtype `PreTrainedModel.dtype` reports: that of the first floating parameter."""
+    for tensor in module.parameters():
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
 
 
 def _refuse_sharded(state: dict[str, torch.Tensor]) -> None:

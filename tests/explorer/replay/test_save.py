@@ -97,13 +97,32 @@ def test_a_deferred_llama_saved_in_shards_equals_eager_and_loads_with_from_pretr
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1
-    assert [p.name for p in written] == [*shards, "model.safetensors.index.json", "config.json"]
+    assert [p.name for p in written] == [*shards, "model.safetensors.index.json", "config.json",
+                                         "generation_config.json"]
     expected = {name: tensor for name, tensor in eager.state_dict().items() if not (tie and name == "lm_head.weight")}
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in expected.values())
     assert_bitwise(saved(tmp_path), expected)
     loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
     assert_bitwise(loaded.state_dict(), eager.state_dict())
     assert not list(tmp_path.glob(".*"))
+
+
+@pytest.mark.parametrize("recorded, written", [(None, torch.bfloat16), ("bfloat16", torch.float16),
+                                               ("bfloat16", None)], ids=["fp32-as-bf16", "bf16-as-fp16", "bf16-as-is"])
+def test_the_config_written_names_the_dtype_written_and_from_pretrained_gives_those_values(tmp_path, recorded,
+                                                                                           written):
+    config = transformers.LlamaConfig(**{**tiny_config().to_dict(), **({"dtype": recorded} if recorded else {})})
+    eager, model = eager_and_deferred(transformers.LlamaForCausalLM, config)
+    model.generation_config.do_sample, model.generation_config.temperature = True, 0.3
+    save_checkpoint(model, tmp_path, dtype=written, progress=False)
+    expected_dtype = written or eager.dtype  # LlamaForCausalLM(config) builds float32 whatever the config says
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == str(expected_dtype).removeprefix("torch.")
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert model.config.dtype == (recorded and torch.bfloat16)  # the model's own config is left alone
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    assert loaded.dtype == expected_dtype
+    assert_bitwise(loaded.state_dict(), {k: v.to(expected_dtype) for k, v in eager.state_dict().items()})
+    assert loaded.generation_config.temperature == 0.3
 
 
 def test_a_timm_model_saved_in_bfloat16_equals_eager_converted_in_both_formats(tmp_path):
