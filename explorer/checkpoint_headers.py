@@ -134,7 +134,7 @@ def _read_directory(directory: Path) -> CheckpointHeaders:
 def _read_file(file: Path, root: Path) -> CheckpointHeaders:
     if file.name.endswith(".json"):
         return _read_index(file, root)
-    kind = _sniff(file)
+    kind = file_format(file)
     entries = _safetensors_entries(file, root) if kind == "safetensors" else _torch_entries(file, root)
     return CheckpointHeaders(str(file), kind, (_relative(file, root),), entries)
 
@@ -143,8 +143,9 @@ def _relative(file: Path, root: Path) -> str:
     return os.path.relpath(file, root)
 
 
-def _sniff(file: Path) -> CheckpointFormat:
-    """safetensors or torch.save, from the first bytes (the suffix decides only a damaged file)."""
+def file_format(file: Path) -> CheckpointFormat:
+    """safetensors or torch.save, from the first bytes (the suffix decides only a damaged file).
+    Raises CheckpointError naming a file that is neither."""
     with open(file, "rb", buffering=0) as stream:
         head = stream.read(9)
     size = file.stat().st_size

@@ -16,7 +16,7 @@ import functools
 import linecache
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -304,6 +304,14 @@ class ReplayMemory(Protocol):
         """Drop generator states cached for positions >= `position` of stream `key` (a restart was
         recorded there: they no longer follow)."""
 
+    def before_recorded_write(self, fakes: Sequence[torch.Tensor], where: str) -> None:
+        """Refuse an op about to be recorded that writes `fakes`, where a real tensor made on their
+        memory changed since (note [Writes after a tensor was made] in replay/replay.py)."""
+
+    def after_recorded_writes(self, written: Mapping[StorageId, torch.Tensor]) -> None:
+        """The ops just recorded wrote these storages (each with a fake on it): real tensors made on
+        them take the new values (the same note)."""
+
 
 @dataclass
 class InitGraph:
@@ -323,6 +331,8 @@ class InitGraph:
     rng_restarts: dict[str, dict[int, RngRestart]] = field(default_factory=dict)
     finished: bool = False
     root: weakref.ReferenceType[nn.Module] | None = None  # the module deferred_init returned
+    # every top-level module the recording made (a deferred() block's several; `root` is the last)
+    roots: tuple[weakref.ReferenceType[nn.Module], ...] = ()
     # Filled by materialization (`replay.ReplayState`): what replay already produced, weakly, so
     # dropping a module frees it. Typed by the contract, not the class: the graph sits below replay.
     replay_state: ReplayMemory | None = None

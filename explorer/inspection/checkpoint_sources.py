@@ -23,7 +23,6 @@ storage no read feeds stays "fake" (made by initializers alone).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ from ..errors import CheckpointError
 from ..graph import InitGraph, OpIndex, OpNode, StorageId
 from ..hub_fetch import remote_file
 from ..naming import dtype_name
+from ..record.checkpoint_formats import key_path
 
 READ_SAFETENSORS = "explorer.read_safetensors.default"  # `OpNode.label` of a recorded checkpoint read
 # Every recorded checkpoint read: safetensors, torch.save files, DCP directories (record/checkpoint_formats.py).
@@ -77,7 +77,7 @@ def read_of(op: OpNode) -> tuple[str, str, tuple[int, ...], torch.dtype]:
     read's key path, JSON-encoded, shown as its last key)."""
     path, key, shape, dtype = op.args[:4]
     if op.label == "explorer.read_torch.default":
-        key = str(json.loads(key)[-1])
+        key = str(key_path(key)[-1])
     return path, key, tuple(shape), dtype
 
 

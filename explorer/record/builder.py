@@ -34,7 +34,7 @@ from ..graph import (
 )
 from ..naming import dtype_name
 from . import rng_ledger
-from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, describe, handle_of
+from .fake import HANDLE_ATTR, DeferredHandle, DeferredTensor, describe, handle_of, version_of
 from .foreign import READ_DEFERRED, mixed_recordings
 from .generators import capture_start_state, stream_key
 from .initializers import INITIALIZER_OPS
@@ -175,14 +175,6 @@ def _name_in(model: torch.nn.Module, tensor: torch.Tensor) -> str | None:
         if not isinstance(held, FakeTensor) and _storage_key(held) == key:
             return name
     return None
-
-
-def version_of(tensor: torch.Tensor) -> int | None:
-    """The tensor's version counter, or None for an inference tensor (it has none)."""
-    try:
-        return tensor._version
-    except RuntimeError:
-        return None
 
 
 # Note: [External tensors are kept as read]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -42,10 +43,28 @@ def _loaded(path: str) -> Any:
     stamp = (path, stat.st_size, stat.st_mtime_ns)
     found = _LOADED.get(stamp)
     if found is None:
-        found = _LOADED[stamp] = ORIGINAL_LOAD(path, mmap=True, weights_only=True, map_location="cpu")
+        # memory mapped (only the tensors asked for are read), except the pre-1.6 format, which
+        # torch.load maps only in its zip form: read whole, as eager reads it
+        mapped = zipfile.is_zipfile(path)
+        found = _LOADED[stamp] = ORIGINAL_LOAD(path, mmap=mapped, weights_only=True, map_location="cpu")
         while len(_LOADED) > _LOADED_FILES:
             _LOADED.popitem(last=False)
     return found
+
+
+def torch_key(path: list) -> str:
+    """A read's key: the keys and indices from the top of a torch.save structure to the tensor, as
+    JSON (a tuple key, which JSON has not, as {"tuple": [...]}; `key_path` reads it back)."""
+
+    def encoded(part: Any) -> Any:
+        return {"tuple": [encoded(item) for item in part]} if isinstance(part, tuple) else part
+
+    return json.dumps([encoded(part) for part in path])
+
+
+def key_path(key: str) -> list:
+    """The keys and indices `torch_key` encoded."""
+    return json.loads(key, object_hook=lambda value: tuple(value["tuple"]) if set(value) == {"tuple"} else value)
 
 
 def _walk(structure: Any, path: list) -> Any:
@@ -79,7 +98,7 @@ def torch_file_tensor(path: str, key: str, shape: list[int], dtype: torch.dtype)
     """Tensor `key` of torch.save file `path` as the file's cached memory map holds it: shared by every
     reader, so read it without writing (rows are copied out of it: replay/rows.py)."""
     try:
-        tensor = _walk(_loaded(path), json.loads(key))
+        tensor = _walk(_loaded(path), key_path(key))
     except (KeyError, IndexError, TypeError) as error:
         raise MaterializationError(f"checkpoint {path} no longer holds {key} (it did when recorded)") from error
     except Exception as error:  # torch.load raises many kinds on a damaged file
@@ -139,7 +158,10 @@ def recorded_read(op: Any, path: str, key: str, like: torch.Tensor, device: Any)
 
 def _replace_tensors(structure: Any, path: str, at: list, device: Any) -> Any:
     if isinstance(structure, torch.Tensor):
-        return recorded_read(READ_TORCH, path, json.dumps(at), structure, device)
+        read = recorded_read(READ_TORCH, path, torch_key(at), structure, device)
+        if isinstance(structure, torch.nn.Parameter):  # torch.load gives back what was saved
+            return torch.nn.Parameter(read, requires_grad=structure.requires_grad)
+        return read.requires_grad_() if structure.requires_grad else read
     if isinstance(structure, dict):
         return type(structure)((k, _replace_tensors(v, path, [*at, k], device)) for k, v in structure.items())
     if isinstance(structure, (list, tuple)):

@@ -9,7 +9,6 @@ loaded for real, as `load_state_dict` of the file would.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -20,9 +19,9 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .._torch_compat.dispatch import metadata_access
-from ..checkpoint_headers import CheckpointHeaders, loads_into, read_headers, state_dict_in
+from ..checkpoint_headers import CheckpointHeaders, file_format, loads_into, read_headers, state_dict_in
 from ..errors import CheckpointError
-from .checkpoint_formats import READ_DCP, READ_TORCH, meta_load
+from .checkpoint_formats import READ_DCP, READ_TORCH, meta_load, torch_key
 from .checkpoint_reads import READ_SAFETENSORS
 from .deferred import deferred
 from .fake import is_fake
@@ -118,11 +117,15 @@ def _reader(headers: CheckpointHeaders, path: Path) -> Reader:
             prefixes[file] = [] if inner is loaded else [k for k in ("state_dict", "model") if loaded.get(k) is inner]
         return prefixes[file]
 
+    formats: dict[str, str] = {}  # by content, as the headers were read: a name need not say
+
     def read(key: str) -> torch.Tensor:
         file = str((root / headers.entries[key].file).resolve())
-        if file.endswith(".safetensors"):
+        if file not in formats:
+            formats[file] = file_format(Path(file))
+        if formats[file] == "safetensors":
             return READ_SAFETENSORS(stamped(file), key, *_layout(headers, key))
-        return READ_TORCH(stamped(file), json.dumps([*prefix(file), key]), *_layout(headers, key))
+        return READ_TORCH(stamped(file), torch_key([*prefix(file), key]), *_layout(headers, key))
 
     return read
 

@@ -117,7 +117,14 @@ class RecordedSlice:
 
 
 class RecordedSafeOpen:
-    """`safetensors.safe_open` inside a deferred scope: the header is read now, tensors are read ops."""
+    """`safetensors.safe_open` inside a deferred scope: the header is read now, tensors are read ops.
+    Another framework than torch's (`framework="np"`) gets safetensors' own handle: its arrays are
+    read for real, as eager reads them, and what torch makes of them is recorded as any outside value."""
+
+    def __new__(cls, filename: Any, framework: str = "pt", device: Any = "cpu", **kwargs: Any) -> Any:
+        if framework not in ("pt", "torch"):
+            return original_safe_open()(filename, framework=framework, device=device, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, filename: Any, framework: str = "pt", device: Any = "cpu", **kwargs: Any) -> None:
         self._path = os.path.abspath(os.fspath(filename))

@@ -37,7 +37,7 @@ from .scope import RecordingScope, recording, recording_graph
 from .seeding import seeding_moves_the_start
 from .source import module_being_built, user_location
 from .surgery import install_surgery_hooks
-from .swaps import swappable_fakes
+from .swaps import install_attribute_keeping_swap, swappable_fakes
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -162,6 +162,7 @@ def _recording_into() -> Iterator[_Session]:
     the RNG state now; on failure the error gets the partial graph and the module being built (see
     `deferred_init`)."""
     rng_ledger.install_reseed_hooks()
+    install_attribute_keeping_swap()
     allow_fake_cuda()  # note [Fake CUDA on a build without CUDA]
     graph = InitGraph()
     start = graph.rng_start["cpu"] = torch.default_generator.get_state()
@@ -215,6 +216,7 @@ def _finish(session: _Session, roots: list[nn.Module]) -> None:
     graph.finished = True
     graph.constructor_ops = len(graph.ops)
     graph.root = weakref.ref(roots[-1]) if roots else None
+    graph.roots = tuple(weakref.ref(root) for root in roots)
     graph.recorder = Recorder(session.builder, session.reader, session.fake_mode, threading.RLock())
     for root in roots:
         _LIVE_ROOTS.add(root)

@@ -27,11 +27,38 @@ import torch
 
 from .._torch_compat.dispatch import tree_flatten
 from .._torch_compat.fake import FakeTensorMode
+from .builder import written_arguments
+from .fake import handle_of
 from .modes import RecordingDispatchMode
 from .scope import RecordingScope, ValueReader, recording
+from .source import user_location
 
 if TYPE_CHECKING:
+    from ..graph import InitGraph, StorageId
     from .builder import GraphBuilder
+
+
+def _written_fakes(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The arguments `func`'s schema marks as written (`Tensor(a!)`), before it runs."""
+    written = []
+    for position, name in written_arguments(func):
+        value = args[position] if position is not None and position < len(args) else kwargs.get(name)
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, torch.Tensor):
+                written.append(item)
+    return written
+
+
+def _fakes_on(graph: InitGraph, storages: set[StorageId], values: list[Any]) -> dict[StorageId, torch.Tensor]:
+    """A fake of `graph` on each of `storages`, from `values` (an op's arguments and results)."""
+    found: dict[StorageId, torch.Tensor] = {}
+    for value in values:
+        handle = handle_of(value) if isinstance(value, torch.Tensor) else None
+        if handle is not None and handle.graph is graph:
+            sid = graph.tensors[handle.tensor_id].storage
+            if sid in storages:
+                found.setdefault(sid, value)
+    return found
 
 
 @dataclass
@@ -44,21 +71,39 @@ class Recorder:
     lock: threading.RLock
 
     def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """Run aten `func` recorded into this graph; the fakes it touched are stamped afresh."""
+        """Run aten `func` recorded into this graph; the fakes it touched are stamped afresh, and
+        real tensors already made on memory it wrote take the new values (note [Writes after a
+        tensor was made] in replay/replay.py)."""
         graph = self.builder.graph
         with self.lock:
-            with (
-                recording(RecordingScope(graph, self.read_value)),
-                self.fake_mode,
-                RecordingDispatchMode(self.builder, self.read_value, self.fake_mode),
-            ):
-                out = func(*args, **kwargs)
             if func.namespace == "prim":
                 # a metadata query (`prim.device`), asked from C++ that cannot pass an exception on
                 # (the process aborts): no data flows, so nothing to settle; the op that follows does
-                return out
-            self.builder.settle([*tree_flatten((args, kwargs))[0], *tree_flatten(out)[0]])
+                with self._reopened():
+                    return func(*args, **kwargs)
+            live = graph.replay_state
+            flat = tree_flatten((args, kwargs))[0]
+            if live is not None:
+                live.before_recorded_write(_written_fakes(func, args, kwargs), f"{func} at {user_location(2)}")
+            first = len(graph.ops)
+            with self._reopened():
+                out = func(*args, **kwargs)
+            self.builder.settle([*flat, *tree_flatten(out)[0]])
+            if live is not None:
+                written = {sid for op in graph.ops[first:] for sid in op.writes}
+                if written:
+                    live.after_recorded_writes(_fakes_on(graph, written, [*flat, *tree_flatten(out)[0]]))
         return out
+
+    @contextlib.contextmanager
+    def _reopened(self) -> Iterator[None]:
+        """The recording of this graph, open again for the ops of the block."""
+        with (
+            recording(RecordingScope(self.builder.graph, self.read_value)),
+            self.fake_mode,
+            RecordingDispatchMode(self.builder, self.read_value, self.fake_mode),
+        ):
+            yield
 
     @contextlib.contextmanager
     def reopened(self, touched: Callable[[], list[torch.Tensor]]) -> Iterator[None]:
@@ -66,11 +111,7 @@ class Recorder:
         `touched()` names stamped afresh (their `.data = x` swaps recorded): a lazy parameter shaped
         by a forward run outside any deferred scope (record/lazy.py)."""
         with self.lock:
-            with (
-                recording(RecordingScope(self.builder.graph, self.read_value)),
-                self.fake_mode,
-                RecordingDispatchMode(self.builder, self.read_value, self.fake_mode),
-            ):
+            with self._reopened():
                 yield
             self.builder.settle(touched())
 

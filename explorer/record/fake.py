@@ -27,6 +27,14 @@ if TYPE_CHECKING:
 HANDLE_ATTR = "_deferred_handle"
 
 
+def version_of(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter, or None for an inference tensor (it has none)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
 @dataclass(slots=True)
 class DeferredHandle:
     """Which graph a fake tensor belongs to, which tensor id it currently is, and its version then

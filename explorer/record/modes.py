@@ -55,6 +55,25 @@ _INPLACE_VIEW = torch.Tag.inplace_view
 _metadata_access: Callable[[], contextlib.AbstractContextManager[None]] = metadata_access
 
 
+def _refuse_unstrided(builder: GraphBuilder, func: Any, out: Any, source: Any) -> None:
+    """A sparse or otherwise unstrided result has no storage to record (a CSR matrix, `to_sparse()`);
+    refused naming the op and line, with what to do instead."""
+    tensor = out if isinstance(out, torch.Tensor) else None
+    layouts = (
+        [tensor.layout]
+        if tensor is not None
+        else [t.layout for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    )
+    unstrided = next((layout for layout in layouts if layout is not torch.strided), None)
+    if unstrided is not None:
+        error = NotImplementedError(
+            f"it makes a {str(unstrided).removeprefix('torch.')} tensor, and deferred_init records strided (dense) "
+            "tensors only: keep the dense tensor in the constructor and convert it after materializing "
+            "(materialize_module, then .to_sparse())"
+        )
+        raise builder.failure(func, error, source)
+
+
 class RecordingDispatchMode(TorchDispatchMode):
     """Records every aten op that reaches it, after FakeTensorMode (below it) has run the op."""
 
@@ -149,6 +168,7 @@ class RecordingDispatchMode(TorchDispatchMode):
                 raise self.builder.failure(func, error, source) from error
         except Exception as error:
             raise self.builder.failure(func, error, source) from error
+        _refuse_unstrided(self.builder, func, out, source)
         with _metadata_access():
             self.builder.record(func, args, kwargs, out, source, written)
         return out

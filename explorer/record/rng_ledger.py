@@ -159,6 +159,24 @@ def _decide(graph: InitGraph, state: torch.Tensor, previous: int | None, where: 
         return _jumped(state, owed, where, ledger.cache_known)
 
 
+def eager_state_now(graph: InitGraph, where: str) -> torch.Tensor:
+    """The CPU generator state eager code would read now, while `graph` records (note [Reading the
+    generator while recording] in record/seeding.py): past every random op deferred since the last
+    reseed, which the real generator did not draw. Raises DeferredInitError when that cannot be known."""
+    # replay sits above record; only this read needs it
+    from ..replay.mt19937 import jump_state
+    from ..replay.replay import eager_state_after
+
+    position = len(graph.random_streams.get(KEY, []))
+    restart = restart_for(graph, KEY, position, torch.default_generator.get_state(), where)
+    if restart is None:  # it continues after this recording's previous random op
+        return eager_state_after(graph, KEY, position - 1)
+    if restart.after_graph is not None:
+        return eager_state_after(restart.after_graph, restart.after_key, restart.after_position)
+    assert restart.base is not None  # restart_for raised for an unknown state
+    return jump_state(restart.base, restart.jump) if restart.jump else restart.base
+
+
 def _jumped(state: torch.Tensor, owed: list[_Owed], where: str, cache_known: bool) -> RngRestart:
     # replay sits above record; only this decision needs it
     from ..replay.draws import draw_count

@@ -25,6 +25,15 @@ stream already has random ops, and moves the start of the others. `torch.default
 `manual_seed`, `set_state` and `seed` are C methods, not wrappable: the state they leave is seen at
 the end of the recording, which is then refused.
 
+Note: [Reading the generator while recording]
+Recording draws nothing, so while a constructor records, the real generator lags eager's by the
+draws of the random ops recorded so far (and of earlier deferred recordings it still owes).
+`torch.get_rng_state()` there returns eager's state instead (the real one jumped over those draws,
+or replayed up to there: `rng_ledger.eager_state_now`), so a constructor that keeps it (a buffer)
+or seeds a generator of its own from it sees eager's numbers. Setting it back later is then a
+reseed to a known state. `torch.default_generator.get_state()` is a C method, not wrappable: it
+returns the real generator's state.
+
 Note: wraps `torch.manual_seed` (= `torch.random.manual_seed`) and its kin, looked up at call time by callers
 such as `transformers.set_seed`; re-check on upgrades (tests/explorer/record/test_deferred_block.py).
 """
@@ -116,15 +125,18 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
         return value
 
     def get_rng_state() -> torch.Tensor:
-        state = original_get_state()
+        state = original_get_state()  # the ledger hears it: a state read while draws were owed
+        if graph.random_streams.get("cpu") or graph.rng_restarts.get("cpu"):
+            state = _eager_state_now(graph, f"torch.get_rng_state at {user_location(2) or '<unknown source>'}")
         read_at[id(state)] = (state, _drawn(graph))
         return state
 
     def set_rng_state(new_state: torch.Tensor) -> None:
         read = read_at.get(id(new_state))
+        if read is not None and read[0] is new_state and read[1] == _drawn(graph):
+            return  # a no-op in eager: nothing was drawn since it was read
         original_set_state(new_state)
-        if not (read is not None and read[0] is new_state and read[1] == _drawn(graph)):  # else a no-op
-            moved("torch.set_rng_state", reseeds_cuda=False)
+        moved("torch.set_rng_state", reseeds_cuda=False)
 
     replaced = manual_seed, seed, get_rng_state, set_rng_state
     names = ("manual_seed", "seed", "get_rng_state", "set_rng_state")
@@ -138,6 +150,12 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
         for name, function in zip(names, originals):
             setattr(torch, name, function)
             setattr(torch.random, name, function)
+
+
+def _eager_state_now(graph: InitGraph, where: str) -> torch.Tensor:
+    """note [Reading the generator while recording]"""
+    with outside_recording():
+        return rng_ledger.eager_state_now(graph, where)
 
 
 def _refuse_a_generator_moved_directly(left: torch.Tensor | None) -> None:

@@ -6,6 +6,15 @@ refuses a tensor that has a weak reference, and the recorder keeps one on every 
 those references for the swap and takes them again after; the conversion itself (`_to_copy`) is
 recorded like any op, and the parameter object ends up holding the converted fake, as in eager.
 
+Note: [A cast keeps a parameter's attributes]
+`Module._apply` keeps a real parameter object and sets its `.data`, so attributes set on it
+(`p._no_weight_decay = True`) survive `.half()`. A fake parameter is swapped instead, and
+`swap_tensors` swaps the `__dict__`s too: the module's parameter object would end up with the
+converted copy's attributes, none of the user's. From the first deferred recording on, for the rest
+of the process (casts of a deferred model come after `deferred_init` returned), `swap_tensors`
+is wrapped: a swap of two fakes keeps the first one's attributes, next to the fake state it takes
+from the second; any other swap is PyTorch's.
+
 Note: mirrors `torch.nn.Module._apply` (2.13), which looks `torch.utils.swap_tensors` up at call
 time; re-check on upgrades (tests/explorer/record/test_recording.py casts inside a constructor).
 """
@@ -19,6 +28,27 @@ import torch
 import torch.utils
 
 from .builder import GraphBuilder
+from .fake import is_fake, user_attributes
+
+_installed = False
+
+
+def install_attribute_keeping_swap() -> None:
+    """Wrap `torch.utils.swap_tensors` once per process (note [A cast keeps a parameter's attributes])."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    original = torch.utils.swap_tensors
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        kept = user_attributes(t1) if is_fake(t1) and is_fake(t2) else None
+        original(t1, t2)
+        if kept:
+            t1.__dict__.update(kept)
+
+    swap_tensors.__doc__ = original.__doc__
+    torch.utils.swap_tensors = swap_tensors
 
 
 @contextlib.contextmanager

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..record.fake import version_of
+
 
 @dataclass(frozen=True, slots=True)
 class DeferredForm:
@@ -33,17 +35,13 @@ class DeferredForm:
         """How `real` was changed since it was materialized, in words, or None if it was not."""
         if real.untyped_storage()._cdata != self.storage:
             return "its memory was replaced (`.data = ...`, or `module.to(...)`/`.half()` on parameters)"
-        version = _version_of(real)
+        version = version_of(real)
         if version != self.version:
             return (
                 f"it was modified in place (version counter {self.version} → {version}: "
                 "an optimizer step, `copy_`, `mul_`...)"
             )
         return None
-
-
-def _version_of(tensor: torch.Tensor) -> int | None:
-    return None if tensor.is_inference() else tensor._version
 
 
 _forms: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -54,7 +52,7 @@ def remember_deferred_forms(fakes: Sequence[torch.Tensor], reals: Sequence[torch
     handed out again (memoized) keeps its first entry: its version then is the one to compare with."""
     for fake, real in zip(fakes, reals):
         if real not in _forms:
-            _forms[real] = DeferredForm(fake, _version_of(real), real.untyped_storage()._cdata)
+            _forms[real] = DeferredForm(fake, version_of(real), real.untyped_storage()._cdata)
 
 
 def deferred_form_of(real: torch.Tensor) -> DeferredForm | None:

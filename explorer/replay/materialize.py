@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import MaterializationError
-from ..graph import TensorId
+from ..graph import InitGraph, TensorId
 from ..record.fake import DeferredHandle, handle_of, is_fake
 from .deferred_forms import remember_deferred_forms
 from .preflight import check_materializable
@@ -74,6 +74,7 @@ def materialize_fakes(
         check_materializable(fake, name)
         by_graph.setdefault(id(_handle(fake).graph), []).append(position)
     results: list[torch.Tensor | None] = [None] * len(fakes)
+    to_replay: list[tuple[InitGraph, list[int]]] = []
     for group in by_graph.values():
         graph = _handle(fakes[group[0]]).graph
         positions = []
@@ -83,16 +84,40 @@ def materialize_fakes(
                 positions.append(position)
             else:
                 results[position] = alone
-        if not positions:
-            continue
+        if positions:
+            to_replay.append((graph, positions))
+    counted = _ProgressAcrossReplays(progress, [[fakes[p] for p in positions] for _, positions in to_replay])
+    for graph, positions in to_replay:
         tids = [_handle(fakes[p]).tensor_id for p in positions]
         replay = Replay(graph, routing, names={tid: names[p] for tid, p in zip(tids, positions)})
-        reals = replay.run([fakes[p] for p in positions], tids, progress, on_step)
+        reals = replay.run([fakes[p] for p in positions], tids, counted.report if progress else None, on_step)
+        counted.next_replay()
         remember_origins(graph, tids, reals)  # so inspect still tells them from eager tensors
         remember_deferred_forms([fakes[p] for p in positions], reals)  # so release_module can put them back
         for position, real in zip(positions, reals):
             results[position] = real
     return results  # type: ignore[return-value]  # every position was filled above
+
+
+class _ProgressAcrossReplays:
+    """One count for a call that replays several recordings: each replay reports its own tensors and
+    bytes, which this offsets by the replays before it, against the totals of all of them."""
+
+    def __init__(self, progress: Progress | None, groups: list[list[torch.Tensor]]) -> None:
+        self.progress = progress
+        sizes = [{_handle(fake).tensor_id: fake.numel() * fake.element_size() for fake in group} for group in groups]
+        self.group_totals = [(len(size), sum(size.values())) for size in sizes]
+        self.total = sum(count for count, _ in self.group_totals)
+        self.total_bytes = sum(nbytes for _, nbytes in self.group_totals)
+        self.done, self.done_bytes, self.group = 0, 0, 0
+
+    def report(self, n: int, _total: int, nbytes: int, _total_bytes: int) -> None:
+        if self.progress is not None:
+            self.progress(self.done + n, self.total, self.done_bytes + nbytes, self.total_bytes)
+
+    def next_replay(self) -> None:
+        count, nbytes = self.group_totals[self.group]
+        self.done, self.done_bytes, self.group = self.done + count, self.done_bytes + nbytes, self.group + 1
 
 
 def check_fakes(fakes: list[torch.Tensor], names: list[str], device: DeviceMap, rng: RngMode) -> None:
@@ -266,7 +291,8 @@ def materialize_module(
     if isinstance(device, TensorPlacement):
         reals = materialize_placed(fakes, names, device.resolver(module), rng, progress, on_step)
     else:
-        reals = materialize_fakes(fakes, names, device, rng, progress, on_step)
+        prefix = _path_in_model(module, fakes[0])  # errors name `layers.3.weight`, not `weight`
+        reals = materialize_fakes(fakes, [prefix + name for name in names], device, rng, progress, on_step)
     for ((owner, kind, key, _), _), real in zip(slots, reals):
         getattr(owner, kind)[key] = real
     _fill_tied_slots_elsewhere(module, {id(fake): real for fake, real in zip(fakes, reals)}, fakes)
@@ -277,10 +303,13 @@ def _fill_tied_slots_elsewhere(module: nn.Module, real_of: dict[int, torch.Tenso
     """Note: [Ties across a partial materialization]
     A tensor tied outside the materialized submodule (`lm_head.weight is embed_tokens.weight`,
     materializing `lm_head` alone) is held by slots of the recording's root that `module` does not
-    reach. Left fake there, the tie is broken until both sides are materialized: a load into the
-    fake side (`load_checkpoint`) never reaches the real one, and a save stores both. So every slot
-    of the root that holds one of the materialized fakes gets the same real tensor."""
-    roots = {id(root): root for fake in fakes if (root := root_of(fake)) is not None and root is not module}
+    reach. Left fake there, the tie is broken until both sides are materialized: two objects where
+    eager has one, and a save stores both. So every slot of the recording's top-level modules (a
+    `deferred()` block's several) that holds one of the materialized fakes gets the same real
+    tensor. A module no top-level module reaches (the root dropped, a submodule kept) keeps its fake
+    until it is materialized itself; a write recorded on it meanwhile still reaches the real tensor
+    (note [Writes after a tensor was made] in replay/replay.py)."""
+    roots = {id(root): root for fake in fakes for root in roots_of(fake) if root is not module}
     for root in roots.values():
         for (owner, kind, key, _), fake in deferred_slots(root, attributes=True):
             real = real_of.get(id(fake))
@@ -288,8 +317,19 @@ def _fill_tied_slots_elsewhere(module: nn.Module, real_of: dict[int, torch.Tenso
                 getattr(owner, kind)[key] = real
 
 
-def root_of(fake: torch.Tensor) -> nn.Module | None:
-    """The module `deferred_init` returned for `fake`'s recording, while it lives."""
+def _path_in_model(module: nn.Module, fake: torch.Tensor) -> str:
+    """`module`'s dotted path in the top-level module of `fake`'s recording, with a trailing dot
+    ("" for a top-level module, or one no top-level module reaches)."""
+    for root in roots_of(fake):
+        for path, sub in root.named_modules():
+            if sub is module:
+                return f"{path}." if path else ""
+    return ""
+
+
+def roots_of(fake: torch.Tensor) -> list[nn.Module]:
+    """The live top-level modules of `fake`'s recording."""
     handle = handle_of(fake)
-    root = handle.graph.root if handle is not None else None
-    return root() if root is not None else None
+    if handle is None:
+        return []
+    return [root for ref in handle.graph.roots if (root := ref()) is not None]

@@ -30,7 +30,7 @@ def target_names(names: dict[TensorId, str], tids: Sequence[TensorId]) -> str:
     return ", ".join(repr(n) for n in shown) + (f" and {len(tids) - 3} more" if len(tids) > 3 else "")
 
 
-def _needing(graph: InitGraph, tids: Sequence[TensorId], ops: set[OpIndex]) -> list[TensorId]:
+def needing(graph: InitGraph, tids: Sequence[TensorId], ops: set[OpIndex]) -> list[TensorId]:
     """The targets among `tids` whose value needs one of `ops` (for a refusal's message: the
     tensors it is about, not every tensor of the call)."""
     needing = [tid for tid in dict.fromkeys(tids) if ops & set(graph.closure_of([tid], skip_dead_writes=True))]
@@ -54,7 +54,7 @@ def _refuse_changed_files(
         if recorded is not None and file_stamp(path) != recorded:
             reads = {i for i in ops if graph.ops[i].func in FILE_READS and graph.ops[i].args[0] == path}
             keys = ", ".join(repr(key) for key in sorted({str(graph.ops[i].args[1]) for i in reads}))
-            affected = _needing(graph, tids, reads)
+            affected = needing(graph, tids, reads)
             raise MaterializationError(
                 f"checkpoint {path} changed since it was recorded (its size, modification time or inode "
                 f"differ): {target_names(names, affected)} would be read from bytes the recording never saw "
@@ -108,7 +108,7 @@ def check_replayable(
                     f"the {describe_external(graph, external)} read by {where} was modified in place "
                     f"after deferred_init (version {record.version + record.layout_bumps}, now "
                     f"{record.tensor._version}); "
-                    f"{target_names(names, _needing(graph, tids, {index}))} cannot be materialized with its "
+                    f"{target_names(names, needing(graph, tids, {index}))} cannot be materialized with its "
                     "original value: "
                     "materialize before changing that tensor, or "
                     + (

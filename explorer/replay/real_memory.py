@@ -47,3 +47,13 @@ def as_recorded_kind(real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     for name, value in user_attributes(fake).items():
         setattr(real, name, value)
     return real
+
+
+def as_fake_now(real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+    """A real tensor made earlier for `fake`, given what was set on the fake since: requires_grad
+    (`requires_grad_(False)` to freeze it) and attributes, as they would be on eager's one tensor."""
+    if real.is_leaf and real.requires_grad != fake.requires_grad and (real.is_floating_point() or real.is_complex()):
+        real.requires_grad_(fake.requires_grad)
+    for name, value in user_attributes(fake).items():
+        setattr(real, name, value)
+    return real

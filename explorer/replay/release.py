@@ -24,7 +24,7 @@ from ..errors import ReleaseError
 from ..graph import InitGraph
 from ..record.fake import DeferredHandle, handle_of
 from .deferred_forms import DeferredForm, deferred_form_of, forget_deferred_form
-from .materialize import TensorSlot, module_slots, root_of
+from .materialize import TensorSlot, module_slots, roots_of
 from .replay import ReplayState
 
 _KINDS = {
@@ -67,7 +67,7 @@ def _release_tied_slots_elsewhere(module: nn.Module, reals: dict[int, torch.Tens
     """The other side of note [Ties across a partial materialization] (replay/materialize.py): a
     released tensor the recording's root also holds outside `module` is released there too, so the
     tie stays one tensor and its memory can go."""
-    roots = {id(root): root for real in reals.values() if (root := root_of(_form(real).fake)) is not None}
+    roots = {id(root): root for real in reals.values() for root in roots_of(_form(real).fake)}
     for root in roots.values():
         if root is module:
             continue

@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -33,15 +33,16 @@ from ..graph import (
     with_generator,
 )
 from ..hub_fetch import prefetch
+from ..naming import dtype_name
 from ..record.checkpoint_reads import READ_SAFETENSORS
-from ..record.fake import DeferredHandle, handle_of
+from ..record.fake import DeferredHandle, handle_of, version_of
 from ..record.foreign import READ_DEFERRED
 from ..record.generators import stream_key
 from ..record.scope import outside_recording
 from .fills import ParallelFills
 from .mt19937 import draws_between
-from .preflight import check_replayable, target_names
-from .real_memory import alias_on, as_recorded_kind, storage_moved
+from .preflight import check_replayable, needing, target_names
+from .real_memory import alias_on, as_fake_now, as_recorded_kind, storage_moved
 from .rng import RngSession, RngStreams, own_generator
 from .routing import DeviceRouting, normalize
 
@@ -53,18 +54,114 @@ StepReport = Callable[[str, str], None]
 
 
 class ReplayState:
-    """What replays of one graph keep between calls: RNG states and produced tensors (weakly)."""
+    """What replays of one graph keep between calls: RNG states and produced tensors (weakly).
+
+    Note: [Writes after a tensor was made]
+    A storage can have a real tensor and a fake at once: `materialize_tensor(m.weight)` hands out the
+    real weight while the module keeps the fake; `materialize_module(m.x)` makes a buffer that another
+    module's still-deferred buffer views; one side of a tie is materialized. An op recorded on the
+    fake afterwards (`nn.init.zeros_(m.weight)`, `load_state_dict`, `m.y.row.zero_()`) writes that
+    storage in eager, where there is one memory: the real tensor shows the write, and the fake's
+    later materialization is that same memory. Replay keeps the real tensors it made (`Replay.memo`,
+    and per storage an anchor), and would hand them out again as they were: the write would be lost on
+    both sides, silently.
+
+    So after each op recorded on a finished graph, every storage it wrote that has a live real tensor
+    (an anchor, per device routing) is made again from the graph, now ending with that op, and the new
+    bytes are copied into the real tensor's memory in place. Every real tensor on that storage (they
+    are views of one memory) then holds eager's values, and materializing the fake gives that memory.
+
+    Refused instead, before the op is recorded (`MaterializationError` naming the op and line): a write
+    to a storage whose real tensor was changed in place since it was made (its version moved:
+    `p.add_(1)` under no_grad). Its bytes are no longer what the graph describes, and eager's result is
+    its bytes with the new op applied, which replay cannot give. A write that resized the storage
+    cannot be copied in place: the real tensors keep their bytes, and the next materialization makes
+    the storage anew. Changes made through `.data` of a real tensor do not move its version and are
+    not seen.
+    """
 
     def __init__(self, graph: InitGraph) -> None:
+        self.graph = graph
         self.streams = RngStreams(graph, eager_state_after)
+        # Per memo key (`memo_key`): results by tensor id, one result per storage (its anchor), the
+        # routing, and each result's version when made (note [Writes after a tensor was made]).
         self.results: dict[tuple, weakref.WeakValueDictionary] = {}
         self.anchors: dict[tuple, weakref.WeakValueDictionary] = {}
+        self.routings: dict[tuple, DeviceRouting] = {}
+        self.versions: dict[tuple, dict[TensorId, int | None]] = {}  # None: an inference tensor
         self.slices: dict[tuple, weakref.WeakValueDictionary] = {}  # views made alone (slices.py)
         self.lock = threading.RLock()
+        self._devices: tuple[int, frozenset[torch.device]] = (-1, frozenset())
+
+    def memo_key(self, routing: DeviceRouting) -> tuple:
+        """Which results a routing may share: the same rng mode and the same target for every device
+        the graph records on, however the call spelled them (`None`, "cpu", "cpu:0")."""
+        count, devices = self._devices
+        if count != len(self.graph.tensors):
+            devices = frozenset(info.device for info in self.graph.tensors.values())
+            self._devices = (len(self.graph.tensors), devices)
+        return (routing.rng, tuple(sorted((str(d), str(routing.target(d))) for d in devices)))
 
     def forget_states(self, key: str, position: int) -> None:
         with self.lock:
             self.streams.forget_from(key, position)
+
+    def forget_storage(self, key: tuple, sid: StorageId) -> None:
+        """Results on storage `sid` are no longer handed out again under `key` (it was remade)."""
+        with self.lock:
+            memo: MutableMapping[TensorId, torch.Tensor] = self.results.get(key, {})
+            for tid in [t for t in memo if self.graph.tensors[t].storage == sid]:
+                del memo[tid]
+            anchors = self.anchors.get(key)
+            if anchors is not None:
+                anchors.pop(sid, None)
+
+    def changed_results(self, key: tuple, sid: StorageId) -> bool:
+        """Whether a live result on storage `sid` under `key` was changed in place since it was made."""
+        versions = self.versions.get(key, {})
+        for tid, result in list(self.results.get(key, {}).items()):
+            if self.graph.tensors[tid].storage == sid and version_of(result) != versions.get(tid):
+                return True
+        return False
+
+    def before_recorded_write(self, fakes: Sequence[torch.Tensor], where: str) -> None:
+        """Refuse an op about to be recorded that writes `fakes`, when a real tensor made on their
+        memory was changed in place since (note [Writes after a tensor was made]). `where` names
+        the op and its line."""
+        graph = self.graph
+        with self.lock:
+            for key, anchors in self.anchors.items():
+                for fake in fakes:
+                    handle = handle_of(fake)
+                    if handle is None or handle.graph is not graph:
+                        continue
+                    info = graph.tensors[handle.tensor_id]
+                    if info.storage in anchors and self.changed_results(key, info.storage):
+                        raise MaterializationError(
+                            f"{where} writes a {dtype_name(info.dtype)}{list(info.shape)} tensor whose memory "
+                            "was materialized and then changed in place; the write cannot be applied to those "
+                            "changed values. Materialize the module that holds it and write the real tensor, "
+                            "or write before changing the materialized one"
+                        )
+
+    def after_recorded_writes(self, written: Mapping[StorageId, torch.Tensor]) -> None:
+        """Real tensors made on the storages in `written` (storage → a fake on it) take the values the
+        graph now gives them, in place (note [Writes after a tensor was made])."""
+        with self.lock:
+            for key, anchors in self.anchors.items():
+                for sid, fake in written.items():
+                    anchor = anchors.get(sid)
+                    if anchor is None or anchor.device.type == "meta":
+                        continue
+                    handle = handle_of(fake)
+                    assert handle is not None  # the recorder hands fakes of this graph
+                    fresh = Replay(self.graph, self.routings[key], remember=False).run([fake], [handle.tensor_id])[0]
+                    memory = anchor.untyped_storage()
+                    if fresh.untyped_storage().nbytes() != memory.nbytes():
+                        self.forget_storage(key, sid)  # resized: the next materialization makes it anew
+                        continue
+                    with torch.no_grad():
+                        memory.copy_(fresh.untyped_storage())
 
     def forget_results(self, graph: InitGraph, released: Sequence[torch.Tensor]) -> None:
         """Forget results handed out earlier and now given back (release_module): a later call makes
@@ -85,6 +182,15 @@ class ReplayState:
                         del anchors[sid]
                         if sid in heirs:
                             anchors[sid] = heirs[sid]
+
+    def heirs_anchored(self, key: tuple) -> None:
+        """A storage whose anchor was collected while another result on it lives is anchored by that
+        one, so the next result on the storage shares its memory, as eager's views do."""
+        anchors = self.anchors.setdefault(key, weakref.WeakValueDictionary())
+        for tid, result in list(self.results.get(key, {}).items()):
+            sid = self.graph.tensors[tid].storage
+            if sid not in anchors:
+                anchors[sid] = result
 
     @staticmethod
     def of(graph: InitGraph) -> ReplayState:
@@ -153,10 +259,15 @@ class Replay:
         self.state = ReplayState.of(graph)
         self.names = names or {}
         if remember:
-            self.memo = self.state.results.setdefault(routing.key, weakref.WeakValueDictionary())
-            self.anchor_store = self.state.anchors.setdefault(routing.key, weakref.WeakValueDictionary())
+            key = self.memo_key = self.state.memo_key(routing)
+            self.state.routings.setdefault(key, routing)
+            self.state.heirs_anchored(key)
+            self.memo = self.state.results.setdefault(key, weakref.WeakValueDictionary())
+            self.anchor_store = self.state.anchors.setdefault(key, weakref.WeakValueDictionary())
+            self.versions = self.state.versions.setdefault(key, {})
         else:
             self.memo, self.anchor_store = weakref.WeakValueDictionary(), weakref.WeakValueDictionary()
+            self.versions = {}
         self.anchors: dict[StorageId, torch.Tensor] = dict(self.anchor_store.items())  # strong, this call
         self.stale: set[StorageId] = set()
         self.env: dict[TensorId, torch.Tensor] = {}
@@ -325,7 +436,8 @@ class Replay:
                         op = self.graph.ops[index]
                         raise MaterializationError(
                             f"replaying {op.label} (recorded at {op.source or 'an unknown line'}) for "
-                            f"{target_names(self.names, tids)} failed: {type(error).__name__}: {error}"
+                            f"{target_names(self.names, needing(self.graph, tids, {index}))} failed: "
+                            f"{type(error).__name__}: {error}"
                         ) from error
                     for tid in done_at.get(position, ()):
                         finished += 1
@@ -335,6 +447,7 @@ class Replay:
                 results = self._assemble(fakes, tids)
             for tid, result in zip(tids, results):
                 self.memo[tid] = result
+                self.versions[tid] = version_of(result)
                 sid = self.graph.tensors[tid].storage
                 if sid not in self.anchor_store:
                     self.anchor_store[sid] = result
@@ -460,7 +573,7 @@ class Replay:
                 continue
             known = self.memo.get(tid)
             if known is not None:
-                results[tid] = known
+                results[tid] = as_fake_now(known, fake)
                 continue
             info = self.graph.tensors[tid]
             target = self.routing.target(info.device)

@@ -50,9 +50,12 @@ def parse_device(value: object) -> torch.device:
 
 
 def normalize(device: torch.device) -> torch.device:
-    """cuda → cuda:0 (what fake tensors report), other devices unchanged."""
+    """The device a tensor made there reports: cuda → cuda:0 (as fake tensors report it), cpu:0 →
+    cpu and meta:0 → meta (PyTorch drops their index), others unchanged."""
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", 0)
+    if device.type in ("cpu", "meta") and device.index is not None:
+        return torch.device(device.type)
     return device
 
 
@@ -88,10 +91,6 @@ class DeviceRouting:
     # CUDA whether a device is there costs 0.2 ms, per op without this (issue 36's profile).
     _targets: dict[torch.device, torch.device] = field(default_factory=dict, compare=False, repr=False)
     _exec_devices: dict[object, torch.device] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def key(self) -> tuple:
-        return (self.exact, self.by_type, self.default, self.rng)
 
     def target(self, recorded: torch.device) -> torch.device:
         """Where a tensor recorded on `recorded` ends up."""

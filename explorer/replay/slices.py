@@ -188,14 +188,14 @@ def _held_by_module(graph: InitGraph, tensor: torch.Tensor) -> bool:
 
 
 def _base_alive(graph: InitGraph, tid: TensorId, routing: DeviceRouting) -> bool:
-    anchors = ReplayState.of(graph).anchors.get(routing.key)
+    anchors = ReplayState.of(graph).anchors.get(ReplayState.of(graph).memo_key(routing))
     return anchors is not None and graph.tensors[tid].storage in anchors
 
 
 def made_alone(graph: InitGraph, tid: TensorId, routing: DeviceRouting) -> torch.Tensor | None:
     """The view `tid` as `materialize_slice` made it alone under `routing`, while it lives: another
     name for the same fake must get that same object (materialize_tensor's memo)."""
-    memo = ReplayState.of(graph).slices.get(routing.key)
+    memo = ReplayState.of(graph).slices.get(ReplayState.of(graph).memo_key(routing))
     return None if memo is None else memo.get(tid)
 
 
@@ -227,7 +227,7 @@ def materialize_slice(
         if failing is not None:
             _warn_whole_base(graph, info, tensor, name, _rounds_by_position(failing, recipe, routing))
             return None
-        memo = state.slices.setdefault(routing.key, weakref.WeakValueDictionary())
+        memo = state.slices.setdefault(state.memo_key(routing), weakref.WeakValueDictionary())
         known = memo.get(tid)
         if known is not None:
             return known

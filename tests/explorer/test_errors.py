@@ -165,3 +165,31 @@ def test_a_write_into_a_tensor_of_another_graph_is_rejected_and_a_read_is_record
         return module
 
     assert torch.equal(materialize_module(deferred_init(reads)).weight, materialize_module(first).weight)
+
+
+class _OneBadIndex(nn.Module):
+    """Records fine (a fake index_select reads no values); fails when replayed, as eager fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Linear(4, 4) for _ in range(4))
+        with torch.no_grad():
+            self.d.weight.copy_(self.d.weight.index_select(0, torch.tensor([0, 1, 2, 7])))
+
+
+@pytest.mark.parametrize("part", ["model", "d"])
+def test_a_replay_failure_names_the_tensor_that_needs_the_op_with_its_module_path(part):
+    model = deferred_init(_OneBadIndex)
+    with pytest.raises(MaterializationError) as caught:
+        materialize_module(model if part == "model" else model.d)
+    message = str(caught.value)
+    assert message.startswith("replaying aten.index_select.default (recorded at "), message
+    assert message.endswith("for 'd.weight' failed: IndexError: index out of range in self"), message
+    assert is_deferred(model)
+
+
+def test_progress_counts_once_across_the_recordings_of_one_call():
+    model = nn.Sequential(deferred_init(nn.Linear, 16, 16), deferred_init(nn.Linear, 16, 4))
+    calls: list[tuple[int, int, int, int]] = []
+    materialize_module(model, progress=lambda *report: calls.append(report))
+    assert calls == [(1, 4, 1024, 1360), (2, 4, 1088, 1360), (3, 4, 1344, 1360), (4, 4, 1360, 1360)]

@@ -139,6 +139,21 @@ def test_data_set_to_a_real_tensor_inside_the_constructor_is_refused_at_the_next
     )
 
 
+@pytest.mark.parametrize("cast", [lambda m: m.half(), lambda m: m.to(torch.bfloat16), lambda m: m.double()],
+                         ids=["half", "to-bfloat16", "double"])
+def test_a_cast_keeps_attributes_and_requires_grad_set_on_parameters_as_eager(cast) -> None:
+    eager, model = nn.Linear(4, 4), deferred_init(nn.Linear, 4, 4)
+    for module in (eager, model):
+        module.weight._no_weight_decay = True
+        module.weight.requires_grad_(False)
+        cast(module)
+    assert model.weight._no_weight_decay is True and model.weight.requires_grad is False
+    materialize_module(model)
+    assert (model.weight.dtype, model.weight._no_weight_decay, model.weight.requires_grad) == (
+        eager.weight.dtype, eager.weight._no_weight_decay, eager.weight.requires_grad
+    )
+
+
 def test_casts_are_visible_before_materializing() -> None:
     module = deferred_init(Tied)
     module.half()

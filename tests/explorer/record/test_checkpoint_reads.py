@@ -123,7 +123,7 @@ def test_a_checkpoint_rewritten_after_recording_is_refused_before_anything_is_re
         materialize_module(model[1])
     assert str(error.value) == (
         f"checkpoint {file} changed since it was recorded (its size, modification time or inode differ): "
-        "'weight', 'bias' would be read from bytes the recording never saw (key '1.bias', '1.weight'), and mixed "
+        "'1.weight', '1.bias' would be read from bytes the recording never saw (key '1.bias', '1.weight'), and mixed "
         "with what was read before. Record again to read the new file (deferred_init, load_checkpoint), or put the "
         "recorded file back"
     )
@@ -435,3 +435,66 @@ def test_load_checkpoint_fills_a_tied_name_that_save_pretrained_stored_once(tmp_
     assert model.lm_head.weight is model.model.embed_tokens.weight
     materialize_module(model)
     assert_same(model, eager)
+
+
+def test_torch_load_gives_back_a_saved_parameter_and_requires_grad_as_eager(tmp_path):
+    torch.save({"emb": nn.Parameter(torch.randn(10, 4)), "scale": torch.ones(3).requires_grad_()}, tmp_path / "p.pt")
+
+    class Loads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            loaded = torch.load(tmp_path / "p.pt", weights_only=True)
+            self.emb = loaded["emb"]  # an nn.Parameter: registered
+            self.scale = loaded["scale"]  # a plain tensor that requires grad: an attribute
+
+    eager, model = Loads(), deferred_init(Loads)
+    assert [name for name, _ in model.named_parameters()] == ["emb"] == [name for name, _ in eager.named_parameters()]
+    assert model.scale.requires_grad is True and not isinstance(model.scale, nn.Parameter)
+    materialize_module(model)
+    assert isinstance(model.emb, nn.Parameter) and model.emb.requires_grad
+    assert torch.equal(model.emb, eager.emb) and list(model.state_dict()) == ["emb"]
+
+
+def test_torch_load_reads_tuple_keys_and_the_pre_zip_format(tmp_path):
+    nested = {("enc", 0): torch.arange(2.0), "x": [torch.ones(1), {(1, (2, "a")): torch.full((1,), 3.0)}]}
+    torch.save(nested, tmp_path / "tuple_keys.pt")
+    torch.save(nested, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+
+    def build(name: str) -> nn.Module:
+        module = nn.Module()
+        loaded = torch.load(tmp_path / name, weights_only=True)
+        module.register_buffer("first", loaded[("enc", 0)])
+        module.register_buffer("deep", loaded["x"][1][(1, (2, "a"))])
+        return module
+
+    for name in ("tuple_keys.pt", "legacy.pt"):
+        model = materialize_module(deferred_init(build, name))
+        assert model.first.tolist() == [0.0, 1.0] and model.deep.tolist() == [3.0], name
+    table = explorer.inspect(deferred_init(build, "tuple_keys.pt")).tensors.set_index("name")
+    assert "('enc', 0)" in str(table.loc["first"].to_dict())
+
+
+def test_load_checkpoint_reads_a_safetensors_file_by_its_content_whatever_its_name(tmp_path):
+    save_file({"weight": torch.ones(4, 4), "bias": torch.zeros(4)}, tmp_path / "weights.st")
+    model = deferred_init(nn.Linear, 4, 4)
+    load_checkpoint(model, tmp_path / "weights.st")
+    materialize_module(model)
+    assert model.weight.eq(1).all() and model.bias.eq(0).all()
+
+
+def test_safe_open_for_numpy_gives_arrays_read_for_real(tmp_path):
+    import numpy as np
+    import safetensors
+
+    save_file({"w": torch.arange(9.0).view(3, 3)}, tmp_path / "w.safetensors")
+
+    def build() -> nn.Module:
+        module = nn.Module()
+        with safetensors.safe_open(tmp_path / "w.safetensors", framework="np") as f:
+            array = f.get_tensor("w")
+        assert isinstance(array, np.ndarray)
+        module.register_buffer("w", torch.from_numpy(array) * 2)
+        return module
+
+    model = materialize_module(deferred_init(build))
+    assert torch.equal(model.w, build().w)

@@ -134,7 +134,9 @@ class CastsInsideTheConstructor(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(4).to(dtype=torch.float32)  # a no-op cast
-        self.low = nn.Linear(4, 4).to(dtype=torch.bfloat16)
+        self.low = nn.Linear(4, 4)
+        self.low.weight._no_weight_decay = True  # kept by the cast, as eager's .data assignment keeps it
+        self.low.to(dtype=torch.bfloat16)
         self.round_trip = nn.Linear(4, 3).half().float()
         self.tied = nn.Linear(4, 4, bias=False)
         self.twin = nn.Linear(4, 4, bias=False)
@@ -152,12 +154,11 @@ def test_module_casts_inside_a_constructor_record_and_materialize_as_eager():
     module = deferred_init(CastsInsideTheConstructor)
     assert module.low.weight.dtype == torch.bfloat16 and module.tied.weight.dtype == torch.float64
     assert module.twin.weight is module.tied.weight and isinstance(module.low.weight, nn.Parameter)
+    assert module.low.weight._no_weight_decay is True
     materialize_module(module)
     assert_module_equals_eager("CastsInsideTheConstructor", module, eager)
-    assert torch.utils.swap_tensors is ORIGINAL_SWAP_TENSORS  # the patch is undone
-
-
-ORIGINAL_SWAP_TENSORS = torch.utils.swap_tensors
+    assert module.low.weight._no_weight_decay is True and eager.low.weight._no_weight_decay is True
+    assert "swappable_fakes" not in torch.utils.swap_tensors.__qualname__  # the scope's patch is undone
 
 
 class ChangesTheDefaultDtype(nn.Module):
@@ -275,3 +276,20 @@ def test_recording_twice_gives_the_same_graph_when_fake_addresses_are_reused():
     module = deferred_init(_TrailingSwaps)
     materialize_module(module)
     assert [w.tolist() for w in module.weights] == [[float(i)] * 4 for i in range(12)]
+
+
+def test_a_sparse_tensor_is_refused_naming_the_op_line_and_what_to_do():
+    class SparseAdjacency(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("adjacency", torch.eye(3).to_sparse())
+
+    with pytest.raises(DeferredInitError) as caught:
+        deferred_init(SparseAdjacency)
+    message = str(caught.value)
+    assert message.startswith(f"aten._to_sparse.default failed under deferred_init while building SparseAdjacency at {__file__}:")
+    assert message.endswith(
+        'self.register_buffer("adjacency", torch.eye(3).to_sparse())\nNotImplementedError: it makes a sparse_coo '
+        "tensor, and deferred_init records strided (dense) tensors only: keep the dense tensor in the constructor and "
+        "convert it after materializing (materialize_module, then .to_sparse())"
+    )

@@ -191,3 +191,25 @@ def test_a_seed_set_on_the_generator_object_itself_is_refused_at_the_end_of_the_
     )
     wrappers_left = [f for f in (torch.set_rng_state, torch.random.get_rng_state) if "seeding" in f.__qualname__]
     assert wrappers_left == []
+
+
+class KeepsAndForksTheState(nn.Module):
+    """Reads the generator mid-construction: keeps the state, and seeds a generator of its own from it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(3, 3)
+        generator = torch.Generator()
+        generator.set_state(torch.get_rng_state())
+        self.forked = nn.Parameter(torch.randn(4, generator=generator))
+        self.register_buffer("state", torch.get_rng_state())
+        self.after = nn.Linear(3, 3)
+
+
+def test_the_generator_state_read_while_recording_is_eagers(restore_rng) -> None:
+    torch.manual_seed(0)
+    eager = KeepsAndForksTheState()
+    torch.manual_seed(0)
+    model = materialize_module(deferred_init(KeepsAndForksTheState))
+    assert_module_equals_eager("KeepsAndForksTheState", model, eager)
+    assert not torch.equal(model.state, torch.manual_seed(0).get_state())  # past `first`'s draws
