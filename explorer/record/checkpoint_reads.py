@@ -168,25 +168,32 @@ class RecordedSafeOpen:
 
 _HF_SYNC_LOAD = "HF_DEACTIVATE_ASYNC_LOAD"
 
-# Module name → whether it bound safetensors' `safe_open` when first looked at (see the note).
-_binds_safe_open: dict[str, bool] = {}
+
+class _SafeOpenHolders:
+    """Which imported modules bind safetensors' `safe_open` (see the note): each module is looked at
+    once, when `sys.modules` has grown since the last look (its `__dict__` only: a lazy module's
+    `__getattr__` could import)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.names: set[str] = set()  # those that bound it when looked at
+        self.modules_count = -1
+
+    def __call__(self, original: Any) -> list[Any]:
+        modules = sys.modules
+        if len(modules) != self.modules_count:
+            for name, module in list(modules.items()):
+                if name not in self.seen:
+                    self.seen.add(name)
+                    namespace = getattr(module, "__dict__", None)
+                    if isinstance(namespace, dict) and namespace.get("safe_open") is original:
+                        self.names.add(name)
+            self.modules_count = len(modules)
+        holders = [modules.get(name) for name in self.names]
+        return [held for held in holders if held is not None and held.__dict__.get("safe_open") is original]
 
 
-def _safe_open_holders(original: Any) -> list[Any]:
-    """The imported modules whose global `safe_open` is `original`; modules imported since the last
-    call are looked at (their `__dict__` only: a lazy module's `__getattr__` could import)."""
-    modules = sys.modules
-    if len(_binds_safe_open) != len(modules):
-        for name, module in list(modules.items()):
-            if name not in _binds_safe_open:
-                namespace = getattr(module, "__dict__", None)
-                _binds_safe_open[name] = isinstance(namespace, dict) and namespace.get("safe_open") is original
-    holders = []
-    for name, binds in _binds_safe_open.items():
-        holder = modules.get(name) if binds else None
-        if holder is not None and holder.__dict__.get("safe_open") is original:
-            holders.append(holder)
-    return holders
+_safe_open_holders = _SafeOpenHolders()
 
 
 @contextlib.contextmanager
