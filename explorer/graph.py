@@ -16,7 +16,7 @@ import functools
 import linecache
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -304,13 +304,23 @@ class ReplayMemory(Protocol):
         """Drop generator states cached for positions >= `position` of stream `key` (a restart was
         recorded there: they no longer follow)."""
 
-    def before_recorded_write(self, fakes: Sequence[torch.Tensor], where: str) -> None:
-        """Refuse an op about to be recorded that writes `fakes`, where a real tensor made on their
-        memory changed since (note [Writes after a tensor was made] in replay/replay.py)."""
+    def before_recorded_write(self, tids: Iterable[TensorId], where: str) -> None:
+        """Refuse an op about to be recorded that writes tensors `tids`, where a real tensor made on
+        their memory changed since (note [Writes after a tensor was made] in replay/replay.py)."""
 
-    def after_recorded_writes(self, written: Mapping[StorageId, torch.Tensor]) -> None:
-        """The ops just recorded wrote these storages (each with a fake on it): real tensors made on
-        them take the new values (the same note)."""
+    def after_recorded_layout_change(
+        self, before: TensorId, after: TensorId, apply: Callable[[torch.Tensor], object]
+    ) -> None:
+        """A fake that was tensor `before` is now `after`, by an in-place layout op (`t_()`): a real
+        tensor made for it takes that op too, `apply` (the same note)."""
+
+    def after_recorded_swap(self, before: TensorId, after: TensorId) -> None:
+        """A fake parameter that was tensor `before` holds tensor `after` now (a module cast swapped
+        it): a real tensor made for it takes `after`'s values as its `.data` (the same note)."""
+
+    def after_recorded_writes(self, written: Mapping[StorageId, TensorId]) -> None:
+        """The ops just recorded wrote these storages (each with a tensor on it): real tensors made
+        on them take the new values (the same note)."""
 
 
 @dataclass
@@ -363,6 +373,16 @@ class InitGraph:
 
     def last_write(self, storage: StorageId) -> OpIndex:
         return self.writers[storage][-1]
+
+    def written_since(self, first: OpIndex) -> dict[StorageId, TensorId]:
+        """The storages ops `first..` wrote in place, each with a tensor on it that they wrote."""
+        written: dict[StorageId, TensorId] = {}
+        for op in self.ops[first:]:
+            for tid in (*op.output_ids, *op.inputs):
+                sid = self.tensors[tid].storage
+                if sid in op.writes:
+                    written.setdefault(sid, tid)
+        return written
 
     def closure_of(
         self,

@@ -37,7 +37,7 @@ from ..record.fake import handle_of, is_fake
 from ..record.scope import outside_recording
 from ..replay.materialize import TensorSlot, check_materializable, deferred_slots
 from ..replay.preflight import check_replayable
-from ..replay.replay import Replay, replayed_func
+from ..replay.replay import Replay, eager_state_after, replayed_func
 from ..replay.rng import RngSession, RngStreams, own_generator
 from ..replay.routing import describe_absence, is_available, route_devices
 from .fake_copies import FakeCopies
@@ -58,7 +58,7 @@ class InitRng:
 
     def __init__(self, graph: InitGraph) -> None:
         self.replay = Replay(graph, route_devices(None, "eager"), remember=False)
-        self.streams = RngStreams(graph)
+        self.streams = RngStreams(graph, eager_state_after)  # a restart may continue another recording
         self._open: list[RngSession] = []
 
     def seek(self, key: str, position: int) -> None:

@@ -972,8 +972,9 @@ class GraphBuilder:
         device = kwargs.get("device")
         return torch.device(device) if device is not None else torch.device("cpu")
 
-    def record_inplace_view(self, tensor: FakeTensor, func: Any, source: SourceLocation | None) -> None:
-        """`t_()`, `squeeze_()`...: the same tensor object now has a new layout over the same storage.
+    def record_inplace_view(self, tensor: FakeTensor, func: Any, source: SourceLocation | None) -> TensorId:
+        """`t_()`, `squeeze_()`...: the same tensor object now has a new layout over the same storage
+        (its new id is returned).
 
         Recorded as an alias with the new layout (by metadata), not as the op itself: replaying the
         op on the alias would apply it twice.
@@ -987,7 +988,7 @@ class GraphBuilder:
                 "tensor, which replay cannot alias; clone the source into a deferred tensor first",
                 self.graph,
             )
-        self.alias(tensor, self._storage_anchor[sid], name=str(func), source=source)
+        return self.alias(tensor, self._storage_anchor[sid], name=str(func), source=source)
 
     def _absorb_layout_bump(self, sid: StorageId) -> None:
         """A layout change (`t_()`, `set_`) of a fake that views a caller's tensor bumps the version

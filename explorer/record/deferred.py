@@ -24,7 +24,7 @@ from . import rng_ledger
 from .builder import GraphBuilder
 from .checkpoint_formats import recorded_torch_load
 from .checkpoint_reads import recorded_checkpoint_reads
-from .extension import Recorder
+from .extension import Recorder, refresh_written
 from .fake import handle_of
 from .hub_open import recorded_hub_downloads
 from .initializers import recorded_initializers
@@ -34,7 +34,7 @@ from .modes import RecordingDispatchMode
 from .parameter_classes import recorded_parameter_classes
 from .redeferred import redefer_swapped_tensors
 from .scope import RecordingScope, recording, recording_graph
-from .seeding import seeding_moves_the_start
+from .seeding import eager_state_reads, seeding_moves_the_start
 from .source import module_being_built, user_location
 from .surgery import install_surgery_hooks
 from .swaps import install_attribute_keeping_swap, swappable_fakes
@@ -331,6 +331,7 @@ def _recording_onto(graph: InitGraph) -> Iterator[_Session]:
     recorder = graph.recorder
     assert isinstance(recorder, Recorder)
     session = _Session(recorder.builder, recorder.read_value, recorder.fake_mode)
+    first = len(graph.ops)
     try:
         with (
             recorder.lock,
@@ -345,11 +346,26 @@ def _recording_onto(graph: InitGraph) -> Iterator[_Session]:
             recorded_hub_downloads(),
             recorded_torch_load(),
             swappable_fakes(session.builder),
+            eager_state_reads(graph),
         ):
             yield session
     except DeferredInitError as error:
         error.graph = error.graph or graph
+        _refresh_quietly(graph, first)
         raise
+    except BaseException:
+        _refresh_quietly(graph, first)
+        raise
+    refresh_written(graph, first)  # note [Writes after a tensor was made] in replay/replay.py
+
+
+def _refresh_quietly(graph: InitGraph, first: int) -> None:
+    """`refresh_written` for a block that raised: what it recorded before stays recorded, and real
+    tensors on that memory take it too; a failure here must not hide the block's own error."""
+    try:
+        refresh_written(graph, first)
+    except Exception:  # the block's error is the one to report
+        pass
 
 
 @contextlib.contextmanager

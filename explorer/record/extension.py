@@ -27,38 +27,22 @@ import torch
 
 from .._torch_compat.dispatch import tree_flatten
 from .._torch_compat.fake import FakeTensorMode
-from .builder import written_arguments
-from .fake import handle_of
 from .modes import RecordingDispatchMode
 from .scope import RecordingScope, ValueReader, recording
-from .source import user_location
 
 if TYPE_CHECKING:
-    from ..graph import InitGraph, StorageId
+    from ..graph import InitGraph
     from .builder import GraphBuilder
 
 
-def _written_fakes(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The arguments `func`'s schema marks as written (`Tensor(a!)`), before it runs."""
-    written = []
-    for position, name in written_arguments(func):
-        value = args[position] if position is not None and position < len(args) else kwargs.get(name)
-        for item in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(item, torch.Tensor):
-                written.append(item)
-    return written
-
-
-def _fakes_on(graph: InitGraph, storages: set[StorageId], values: list[Any]) -> dict[StorageId, torch.Tensor]:
-    """A fake of `graph` on each of `storages`, from `values` (an op's arguments and results)."""
-    found: dict[StorageId, torch.Tensor] = {}
-    for value in values:
-        handle = handle_of(value) if isinstance(value, torch.Tensor) else None
-        if handle is not None and handle.graph is graph:
-            sid = graph.tensors[handle.tensor_id].storage
-            if sid in storages:
-                found.setdefault(sid, value)
-    return found
+def refresh_written(graph: InitGraph, first: int) -> None:
+    """Real tensors already made on memory that ops `first..` of `graph` wrote take the new values
+    (note [Writes after a tensor was made] in replay/replay.py)."""
+    live = graph.replay_state
+    if live is not None and len(graph.ops) > first:
+        written = graph.written_since(first)
+        if written:
+            live.after_recorded_writes(written)
 
 
 @dataclass
@@ -81,18 +65,11 @@ class Recorder:
                 # (the process aborts): no data flows, so nothing to settle; the op that follows does
                 with self._reopened():
                     return func(*args, **kwargs)
-            live = graph.replay_state
-            flat = tree_flatten((args, kwargs))[0]
-            if live is not None:
-                live.before_recorded_write(_written_fakes(func, args, kwargs), f"{func} at {user_location(2)}")
             first = len(graph.ops)
             with self._reopened():
                 out = func(*args, **kwargs)
-            self.builder.settle([*flat, *tree_flatten(out)[0]])
-            if live is not None:
-                written = {sid for op in graph.ops[first:] for sid in op.writes}
-                if written:
-                    live.after_recorded_writes(_fakes_on(graph, written, [*flat, *tree_flatten(out)[0]]))
+            self.builder.settle([*tree_flatten((args, kwargs))[0], *tree_flatten(out)[0]])
+            refresh_written(graph, first)
         return out
 
     @contextlib.contextmanager
@@ -111,9 +88,11 @@ class Recorder:
         `touched()` names stamped afresh (their `.data = x` swaps recorded): a lazy parameter shaped
         by a forward run outside any deferred scope (record/lazy.py)."""
         with self.lock:
+            first = len(self.builder.graph.ops)
             with self._reopened():
                 yield
             self.builder.settle(touched())
+            refresh_written(self.builder.graph, first)
 
     def catch_up(self, tensor: torch.Tensor) -> None:
         """Record a `.data = x` made on fake `tensor` since its last op (see the note above), so its

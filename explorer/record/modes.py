@@ -26,11 +26,11 @@ from .._torch_compat.fake import (
     in_kernel_invocation,
 )
 from ..errors import DeferredInitError, MaterializationError
-from ..graph import is_inplace_random
+from ..graph import InitGraph, TensorId, is_inplace_random
 from .batch_norm import BATCH_NORMS, as_kernels_run_it, with_kernel_layout
 from .builder import PLAIN_ARGUMENTS, SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
 from .computed import compute_for_real
-from .fake import DeferredTensor
+from .fake import DeferredTensor, handle_of
 from .foreign import reads_other_recordings, run_in_other_recording, runs_in_other_recording, with_reads_adopted
 from .lean_fake import (
     FACTORIES,
@@ -53,6 +53,18 @@ _INPLACE_VIEW = torch.Tag.inplace_view
 # Lets the recorder read stride/storage of tensors whose class refuses it (lazy parameters). The
 # guard's class itself, called directly: a wrapper function would cost a call per recorded op.
 _metadata_access: Callable[[], contextlib.AbstractContextManager[None]] = metadata_access
+
+
+def _written_tids(graph: InitGraph, func: Any, args: tuple, kwargs: dict) -> list[TensorId]:
+    """The tensors of `graph` that `func` is about to write (its `Tensor(a!)` arguments)."""
+    tids = []
+    for position, name in written_arguments(func):
+        value = args[position] if position is not None and position < len(args) else kwargs.get(name)
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            handle = handle_of(item) if isinstance(item, torch.Tensor) else None
+            if handle is not None and handle.graph is graph:
+                tids.append(handle.tensor_id)
+    return tids
 
 
 def _refuse_unstrided(builder: GraphBuilder, func: Any, out: Any, source: Any) -> None:
@@ -112,6 +124,10 @@ class RecordingDispatchMode(TorchDispatchMode):
             func, args, kwargs = as_kernels_run_it(func, args, kwargs)
             kind = _read_kind(func, batch_norm=False)
         source = user_location(2)
+        graph = self.builder.graph
+        if (kind is _WRITING or kind is _INPLACE_RANDOM) and graph.finished and graph.replay_state is not None:
+            # note [Writes after a tensor was made] in replay/replay.py
+            graph.replay_state.before_recorded_write(_written_tids(graph, func, args, kwargs), f"{func} at {source}")
         if entry.direct:
             out = self._record_directly(entry, func, args, kwargs, source)
             if out is not NotImplemented:
@@ -123,12 +139,7 @@ class RecordingDispatchMode(TorchDispatchMode):
         if kind is _VALUE_READ:
             return self._record_value_read(func, args, kwargs, source)
         if kind is _INPLACE_VIEW_OP and isinstance(args[0], FakeTensor):
-            with _metadata_access():
-                self.builder.id_of(args[0], source)  # the layout before, in case it was never seen
-            out = func(*args, **kwargs)
-            with _metadata_access():
-                self.builder.record_inplace_view(args[0], func, source)
-            return out
+            return self._record_inplace_view(func, args, kwargs, source)
         if kind is _INPLACE_RANDOM and isinstance(args[0], FakeTensor):
             # Fills values only: nothing to run. Fake mode would decompose it into prims that need
             # the real device's generator (absent for a fake "cuda" tensor) for nothing.
@@ -171,6 +182,20 @@ class RecordingDispatchMode(TorchDispatchMode):
         _refuse_unstrided(self.builder, func, out, source)
         with _metadata_access():
             self.builder.record(func, args, kwargs, out, source, written)
+        return out
+
+    def _record_inplace_view(self, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:
+        """`t_()`, `unsqueeze_()`...: run on the fake, recorded as its new layout."""
+        with _metadata_access():
+            before = self.builder.id_of(args[0], source)  # the layout before, in case it was never seen
+        out = func(*args, **kwargs)
+        with _metadata_access():
+            after = self.builder.record_inplace_view(args[0], func, source)
+        graph = self.builder.graph
+        if graph.finished and graph.replay_state is not None:
+            # note [Writes after a tensor was made] in replay/replay.py
+            rest = args[1:]
+            graph.replay_state.after_recorded_layout_change(before, after, lambda real: func(real, *rest, **kwargs))
         return out
 
     def _record_value_read(self, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:

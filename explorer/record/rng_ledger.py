@@ -71,6 +71,10 @@ class _Owed:
 class _Ledger:
     owed: list[_Owed]
     mark: torch.Tensor | None = None  # the real state when the ledger last looked
+    # Whether the real generator stood at `mark` when the last owed op was recorded: only then does
+    # "unmoved since the mark" mean "unmoved since that op" (a decision that records no draw, or one
+    # that found the generator moved, takes a new mark that says nothing about the owed ops).
+    mark_follows_owed: bool = False
     # Whether the real generator's cached normal sample is eager's: not once eager code set it
     # while draws were owed (its value came from other words than eager's).
     cache_known: bool = True
@@ -102,10 +106,12 @@ def note_draw(graph: InitGraph, key: str, position: int) -> None:
     last = owed[-1] if owed else None
     if last is not None and last.last == position - 1 and last.graph() is graph:
         last.last = position  # the common case, one recording drawing in a row: no lock needed
+        _ledger.mark_follows_owed = True
         return
     with _lock:
         owed = _ledger.owed
         owed.append(_Owed(weakref.ref(graph), graph.ops, graph.tensors, graph.random_streams[key], position, position))
+        _ledger.mark_follows_owed = True
 
 
 def forget(graph: InitGraph) -> None:
@@ -141,13 +147,14 @@ def _decide(graph: InitGraph, state: torch.Tensor, previous: int | None, where: 
         ledger = _ledger
         if ledger.mark is not None and _seed_of(ledger.mark) != _seed_of(state):
             ledger.owed = []  # reseeded behind the wrappers
-        moved = ledger.mark is None or not torch.equal(ledger.mark, state)
+        moved = ledger.mark is None or not ledger.mark_follows_owed or not torch.equal(ledger.mark, state)
         owed = ledger.owed
         if not owed:
             ledger.cache_known = True
         elif ledger.mark is not None and not torch.equal(ledger.mark[_normal_cache()], state[_normal_cache()]):
             ledger.cache_known = False
         ledger.mark = state.clone()
+        ledger.mark_follows_owed = not moved
         if not owed:
             return RngRestart(base=state.clone()) if previous is not None else None
         last = owed[-1]
@@ -232,6 +239,7 @@ def _reseeded(state: torch.Tensor | None) -> None:
         owed, cache_known = _ledger.saved.get(_digest(state), ([], True)) if state is not None else ([], True)
         _ledger.owed = [replace(part) for part in owed]
         _ledger.mark = None if _ledger.owed else torch.default_generator.get_state()
+        _ledger.mark_follows_owed = False
         _ledger.cache_known = cache_known or not _ledger.owed
 
 

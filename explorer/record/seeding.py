@@ -46,11 +46,12 @@ from collections.abc import Iterator
 import torch
 import torch.random
 
+from .._torch_compat.fake import FakeTensor
 from ..errors import DeferredInitError
 from ..graph import InitGraph
 from . import rng_ledger
 from .generators import capture_start_state
-from .scope import outside_recording
+from .scope import active_scope, outside_recording
 from .source import user_location
 
 
@@ -58,10 +59,15 @@ def _drawn(graph: InitGraph) -> int:
     return sum(len(ops) for ops in graph.random_streams.values())
 
 
-def _recapture_start(graph: InitGraph) -> None:
-    """The generator states as they are now become `graph`'s start (nothing was drawn yet)."""
-    graph.rng_start["cpu"] = torch.default_generator.get_state()
-    graph.rng_restarts.clear()  # the seed, not earlier deferred recordings, now decides the start
+def _recapture_start(graph: InitGraph, call: str) -> None:
+    """The generator states as they are now become `graph`'s start (nothing was drawn yet): the
+    real CPU state, or where the ledger says eager's is, past draws a state set back still owes (as
+    at the start of a recording: `record.deferred._recording_into`)."""
+    real = graph.rng_start["cpu"] = torch.default_generator.get_state()
+    graph.rng_restarts.clear()  # the call, not earlier deferred recordings, now decides the start
+    restart = rng_ledger.start_of(graph, "cpu", real, f"{call} at {user_location(3) or '<unknown source>'}")
+    if restart is not None:
+        graph.rng_restarts["cpu"] = {0: restart}
     for key in list(graph.rng_start):
         if key != "cpu":
             graph.rng_start[key] = capture_start_state(key)
@@ -103,39 +109,46 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
     left eager's generator (note [Reseeding while recording])."""
     originals = torch.random.manual_seed, torch.random.seed, torch.random.get_rng_state, torch.random.set_rng_state
     original_manual_seed, original_seed, original_get_state, original_set_state = originals
-    read_at: dict[int, tuple[torch.Tensor, int]] = {}  # states handed out by get_rng_state, and when
-    # the real CPU state after the last of these calls (recording draws nothing)
+    # states handed out by get_rng_state, with the draws and the calls here made by then
+    read_at: dict[int, tuple[torch.Tensor, int, int]] = {}
+    # the real CPU state after the last of these calls (recording draws nothing), and how many
     left: list[torch.Tensor | None] = [graph.rng_start["cpu"]]
+    calls = [0]
 
     def moved(call: str, reseeds_cuda: bool) -> None:
         if _drawn(graph):
             _split_streams(graph, call, reseeds_cuda)
         else:
-            _recapture_start(graph)
+            _recapture_start(graph, call)
         left[0] = torch.default_generator.get_state()
+        calls[0] += 1
 
     def manual_seed(seed: int) -> torch.Generator:
+        _refuse_a_generator_moved_directly(left[0])
         generator = original_manual_seed(seed)
         moved(f"torch.manual_seed({seed})", reseeds_cuda=True)
         return generator
 
     def seed() -> int:
+        _refuse_a_generator_moved_directly(left[0])
         value = original_seed()
         moved("torch.seed()", reseeds_cuda=True)
         return value
 
     def get_rng_state() -> torch.Tensor:
+        _refuse_a_generator_moved_directly(left[0])
         state = original_get_state()  # the ledger hears it: a state read while draws were owed
         if graph.random_streams.get("cpu") or graph.rng_restarts.get("cpu"):
             state = _eager_state_now(graph, f"torch.get_rng_state at {user_location(2) or '<unknown source>'}")
-        read_at[id(state)] = (state, _drawn(graph))
+        read_at[id(state)] = (state, _drawn(graph), calls[0])
         return state
 
     def set_rng_state(new_state: torch.Tensor) -> None:
+        _refuse_a_generator_moved_directly(left[0])
         read = read_at.get(id(new_state))
-        if read is not None and read[0] is new_state and read[1] == _drawn(graph):
-            return  # a no-op in eager: nothing was drawn since it was read
-        original_set_state(new_state)
+        if read is not None and read[0] is new_state and read[1:] == (_drawn(graph), calls[0]):
+            return  # a no-op in eager: nothing was drawn or set since it was read
+        original_set_state(_true_value(new_state))
         moved("torch.set_rng_state", reseeds_cuda=False)
 
     replaced = manual_seed, seed, get_rng_state, set_rng_state
@@ -150,6 +163,34 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
         for name, function in zip(names, originals):
             setattr(torch, name, function)
             setattr(torch.random, name, function)
+
+
+@contextlib.contextmanager
+def eager_state_reads(graph: InitGraph) -> Iterator[None]:
+    """While the block runs (a `deferred(model)` block, extending finished `graph`),
+    `torch.get_rng_state()` returns eager's state (note [Reading the generator while recording]);
+    reseeds there are the ledger's to hear, as after construction."""
+    original = torch.random.get_rng_state
+
+    def get_rng_state() -> torch.Tensor:
+        original()  # the ledger hears the read
+        where = f"torch.get_rng_state at {user_location(2) or '<unknown source>'}"
+        with outside_recording():
+            return rng_ledger.eager_state_now(graph, where)
+
+    torch.get_rng_state = torch.random.get_rng_state = get_rng_state
+    try:
+        yield
+    finally:
+        torch.get_rng_state = torch.random.get_rng_state = original
+
+
+def _true_value(state: torch.Tensor) -> torch.Tensor:
+    """A state the constructor computed (`get_rng_state().clone()` is a fake): its real bytes."""
+    scope = active_scope()
+    if scope is None or not isinstance(state, FakeTensor):
+        return state
+    return scope.read_value(state)
 
 
 def _eager_state_now(graph: InitGraph, where: str) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 import torch.utils
 
 from .builder import GraphBuilder
-from .fake import is_fake, user_attributes
+from .fake import handle_of, is_fake, user_attributes
 
 _installed = False
 
@@ -42,10 +42,16 @@ def install_attribute_keeping_swap() -> None:
     original = torch.utils.swap_tensors
 
     def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
-        kept = user_attributes(t1) if is_fake(t1) and is_fake(t2) else None
+        fakes = is_fake(t1) and is_fake(t2)
+        kept, before = (user_attributes(t1), handle_of(t1)) if fakes else (None, None)
         original(t1, t2)
         if kept:
             t1.__dict__.update(kept)
+        after = handle_of(t1) if fakes else None
+        if before is not None and after is not None and after.graph is before.graph:
+            live = before.graph.replay_state
+            if live is not None:  # note [Writes after a tensor was made] in replay/replay.py
+                live.after_recorded_swap(before.tensor_id, after.tensor_id)
 
     swap_tensors.__doc__ = original.__doc__
     torch.utils.swap_tensors = swap_tensors

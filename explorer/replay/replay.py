@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -100,7 +100,28 @@ class ReplayState:
         if count != len(self.graph.tensors):
             devices = frozenset(info.device for info in self.graph.tensors.values())
             self._devices = (len(self.graph.tensors), devices)
-        return (routing.rng, tuple(sorted((str(d), str(routing.target(d))) for d in devices)))
+        key = (routing.rng, tuple(sorted((str(d), str(routing.target(d))) for d in devices)))
+        if key not in self.routings:  # results made before the graph recorded on another device still hold
+            self._adopt_older_key(key, routing)
+        return key
+
+    def _adopt_older_key(self, key: tuple, routing: DeviceRouting) -> None:
+        """Move the results of a key made when the graph recorded on fewer devices, which `routing`
+        routes the same way, to `key`."""
+        for older in list(self.routings):
+            if older[0] == routing.rng and all(str(routing.target(torch.device(d))) == t for d, t in older[1]):
+                tables: tuple[dict[tuple, Any], ...] = (
+                    self.results,
+                    self.anchors,
+                    self.routings,
+                    self.versions,
+                    self.slices,
+                )
+                for table in tables:
+                    if older in table:
+                        table[key] = table.pop(older)
+                self.routings[key] = routing
+                return
 
     def forget_states(self, key: str, position: int) -> None:
         with self.lock:
@@ -124,18 +145,15 @@ class ReplayState:
                 return True
         return False
 
-    def before_recorded_write(self, fakes: Sequence[torch.Tensor], where: str) -> None:
-        """Refuse an op about to be recorded that writes `fakes`, when a real tensor made on their
-        memory was changed in place since (note [Writes after a tensor was made]). `where` names
-        the op and its line."""
+    def before_recorded_write(self, tids: Iterable[TensorId], where: str) -> None:
+        """Refuse an op about to be recorded that writes tensors `tids`, when a real tensor made on
+        their memory was changed in place since (note [Writes after a tensor was made]). `where`
+        names the op and its line."""
         graph = self.graph
         with self.lock:
             for key, anchors in self.anchors.items():
-                for fake in fakes:
-                    handle = handle_of(fake)
-                    if handle is None or handle.graph is not graph:
-                        continue
-                    info = graph.tensors[handle.tensor_id]
+                for tid in tids:
+                    info = graph.tensors[tid]
                     if info.storage in anchors and self.changed_results(key, info.storage):
                         raise MaterializationError(
                             f"{where} writes a {dtype_name(info.dtype)}{list(info.shape)} tensor whose memory "
@@ -144,18 +162,19 @@ class ReplayState:
                             "or write before changing the materialized one"
                         )
 
-    def after_recorded_writes(self, written: Mapping[StorageId, torch.Tensor]) -> None:
-        """Real tensors made on the storages in `written` (storage → a fake on it) take the values the
-        graph now gives them, in place (note [Writes after a tensor was made])."""
+    def after_recorded_writes(self, written: Mapping[StorageId, TensorId]) -> None:
+        """Real tensors made on the storages in `written` (storage → a tensor on it) take the values
+        the graph now gives them, in place (note [Writes after a tensor was made])."""
         with self.lock:
+            for key in self.slices:
+                self._forget_slices(key, written)
             for key, anchors in self.anchors.items():
-                for sid, fake in written.items():
+                self.heirs_anchored(key)  # a view's result may outlive its base's
+                for sid, tid in written.items():
                     anchor = anchors.get(sid)
                     if anchor is None or anchor.device.type == "meta":
                         continue
-                    handle = handle_of(fake)
-                    assert handle is not None  # the recorder hands fakes of this graph
-                    fresh = Replay(self.graph, self.routings[key], remember=False).run([fake], [handle.tensor_id])[0]
+                    fresh = self._made_again(key, sid, tid)
                     memory = anchor.untyped_storage()
                     if fresh.untyped_storage().nbytes() != memory.nbytes():
                         self.forget_storage(key, sid)  # resized: the next materialization makes it anew
@@ -182,6 +201,56 @@ class ReplayState:
                         del anchors[sid]
                         if sid in heirs:
                             anchors[sid] = heirs[sid]
+
+    def after_recorded_layout_change(
+        self, before: TensorId, after: TensorId, apply: Callable[[torch.Tensor], object]
+    ) -> None:
+        """A fake that was tensor `before` is now `after`, by an in-place layout op on its same
+        storage (`t_()`): a real tensor made for `before` takes the op too and is `after`'s, as
+        eager's one tensor object (note [Writes after a tensor was made])."""
+        if self.graph.tensors[before].storage != self.graph.tensors[after].storage:
+            return  # moved to other memory (`set_`): made anew when asked
+        with self.lock:
+            for key, memo in self.results.items():
+                real = memo.get(before)
+                if real is None:
+                    continue
+                with outside_recording(), torch.no_grad():
+                    apply(real)
+                memo[after] = real
+                self.versions[key][after] = version_of(real)
+
+    def after_recorded_swap(self, before: TensorId, after: TensorId) -> None:
+        """A fake parameter that was tensor `before` holds `after` now (`model.half()` swaps each
+        fake for its converted copy): a real tensor made for it gets `after`'s values as its
+        `.data`, as eager's `_apply` sets a parameter's data, and is `after`'s result from now on."""
+        sid = self.graph.tensors[after].storage
+        with self.lock:
+            for key, memo in self.results.items():
+                real = memo.get(before)
+                if real is None or real.device.type == "meta":
+                    continue
+                fresh = self._made_again(key, sid, after)
+                with outside_recording(), torch.no_grad():
+                    real.data = fresh
+                memo[after] = real
+                self.anchors[key][sid] = real
+                self.versions[key][after] = version_of(real)
+
+    def _made_again(self, key: tuple, sid: StorageId, tid: TensorId) -> torch.Tensor:
+        """Storage `sid` made again from the graph, from the real tensors already made for the other
+        storages it reads (as they are now, as eager's would be), for tensor `tid` on it."""
+        replay = Replay(self.graph, self.routings[key], remember=False)
+        replay.anchors = {s: a for s, a in self.anchors[key].items() if s != sid}
+        stand_in = torch.empty(0, device="meta")  # only the bytes are wanted: no Parameter class
+        return replay.run([stand_in], [tid])[0]
+
+    def _forget_slices(self, key: tuple, written: Mapping[StorageId, TensorId]) -> None:
+        """Views made alone (their own memory: a snapshot by design) of written storages are made
+        anew by the next call."""
+        slices: MutableMapping[TensorId, torch.Tensor] = self.slices.get(key, {})
+        for tid in [t for t in slices if self.graph.tensors[t].storage in written]:
+            del slices[tid]
 
     def heirs_anchored(self, key: tuple) -> None:
         """A storage whose anchor was collected while another result on it lives is anchored by that
@@ -424,6 +493,10 @@ class Replay:
             ):
                 self._position_generators(ops, rng, on_step)
                 finished, finished_bytes = 0, 0
+                for tid in done_at.pop(-1, ()):  # made before (memoized): complete before any op runs
+                    finished, finished_bytes = finished + 1, finished_bytes + self._nbytes(tid)
+                if progress is not None and finished:
+                    progress(finished, total_tensors, finished_bytes, total_bytes)
                 for position, index in enumerate(ops):
                     try:
                         fills.wait_for(index)

@@ -257,3 +257,14 @@ def test_program_runs_integer_promotions_under_the_default_dtype_they_were_recor
     assert "under_default_dtype" in program.code
     out = assert_same_as_materialized(program, reference)
     assert out["divided"].dtype == torch.float16 and out["after"].dtype == torch.float32
+
+
+def test_program_of_a_model_deferred_right_after_another_equals_eager(restore_rng):
+    torch.manual_seed(0)
+    deferred_init(nn.Linear, 3, 3)
+    second = deferred_init(nn.Linear, 3, 3)  # its generator continues the first recording
+    out = to_fx(second)()
+    torch.manual_seed(0)
+    nn.Linear(3, 3)
+    eager = nn.Linear(3, 3)
+    assert torch.equal(out["weight"], eager.weight) and torch.equal(out["bias"], eager.bias)

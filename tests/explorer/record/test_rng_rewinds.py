@@ -44,6 +44,25 @@ class SeedsEachLayer(nn.Module):
         self.noise = nn.Buffer(torch.randn(6))
 
 
+class SeedsInAForkThatDrawsNothing(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(3, 3)
+        with torch.random.fork_rng():
+            torch.manual_seed(7)  # a helper that seeds but, this time, draws nothing
+        self.a = nn.Linear(3, 3)  # eager: continues after `first`
+
+
+class RestoresACopiedState(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        saved = torch.get_rng_state().clone()  # a tensor the constructor computed
+        self.b = nn.Linear(3, 3)
+        torch.set_rng_state(saved)
+        self.c = nn.Linear(3, 3)  # b's numbers again
+
+
 class ReadsAndRestoresWithNothingBetween(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -71,7 +90,7 @@ class ReseedsBetweenLayersOfANormalInit(nn.Module):
 
 
 RESEEDING = [RewindsBetweenLayers, ForksAroundALayer, SeedsEachLayer, ReadsAndRestoresWithNothingBetween,
-             ReseedsBetweenLayersOfANormalInit]
+             ReseedsBetweenLayersOfANormalInit, SeedsInAForkThatDrawsNothing, RestoresACopiedState]
 
 
 @pytest.mark.parametrize("build", RESEEDING, ids=lambda build: build.__name__)
@@ -213,3 +232,56 @@ def test_the_generator_state_read_while_recording_is_eagers(restore_rng) -> None
     model = materialize_module(deferred_init(KeepsAndForksTheState))
     assert_module_equals_eager("KeepsAndForksTheState", model, eager)
     assert not torch.equal(model.state, torch.manual_seed(0).get_state())  # past `first`'s draws
+
+
+def test_a_state_read_while_draws_were_owed_and_set_first_thing_in_a_constructor_owes_them(restore_rng) -> None:
+    torch.manual_seed(0)
+    nn.Linear(4, 4)
+    eager = StartsFromAGivenState(torch.get_rng_state())
+    torch.manual_seed(0)
+    deferred_init(nn.Linear, 4, 4)  # its draws are owed: the real generator did not take them
+    model = materialize_module(deferred_init(StartsFromAGivenState, torch.get_rng_state()))
+    assert torch.equal(model.a.weight, eager.a.weight)
+
+
+class _ReadsTheStateFirst(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.get_rng_state())
+
+
+def test_eager_draws_between_models_are_not_forgotten_by_a_model_that_draws_nothing(restore_rng) -> None:
+    torch.manual_seed(0)
+    nn.Linear(4, 4), torch.randn(20), nn.Identity()
+    eager_state, eager_third = _ReadsTheStateFirst().state, nn.Linear(4, 4)
+    torch.manual_seed(0)
+    deferred_init(nn.Linear, 4, 4)
+    torch.randn(20)  # eager draws between the models
+    deferred_init(nn.Identity)  # draws nothing
+    reads, third = deferred_init(_ReadsTheStateFirst), deferred_init(nn.Linear, 4, 4)
+    assert torch.equal(materialize_module(reads).state, eager_state)
+    assert torch.equal(materialize_module(third).weight, eager_third.weight)
+
+
+def test_a_seed_set_on_the_generator_object_is_refused_even_when_a_wrapped_call_follows(restore_rng) -> None:
+    def build() -> nn.Module:
+        first = nn.Linear(3, 3)
+        torch.default_generator.manual_seed(5)
+        second = nn.Linear(3, 3)
+        torch.manual_seed(6)  # a wrapped call after it must not hide it
+        return nn.Sequential(first, second, nn.Linear(3, 3))
+
+    with pytest.raises(DeferredInitError, match=r"^the CPU generator's state was changed while recording by a call"):
+        deferred_init(build)
+
+
+def test_the_state_read_in_a_surgery_block_is_eagers(restore_rng) -> None:
+    torch.manual_seed(0)
+    eager = nn.Linear(4, 4)
+    eager.register_buffer("state", torch.get_rng_state())
+    torch.manual_seed(0)
+    model = deferred_init(nn.Linear, 4, 4)
+    with deferred(model):
+        model.register_buffer("state", torch.get_rng_state())
+    materialize_module(model)
+    assert torch.equal(model.state, eager.state)

@@ -171,3 +171,137 @@ def test_two_calls_naming_the_same_device_differently_share_results(first, secon
     q = materialize_tensor(model.q, device=second)
     assert _pointer(q) == _pointer(p) and q.storage_offset() == 6
     assert materialize_tensor(model.p, device=second) is p
+
+
+def test_a_write_in_a_surgery_block_after_a_look_reaches_the_tensor_looked_at(restore_rng):
+    torch.manual_seed(0)
+    eager = nn.Linear(6, 6)
+    with torch.no_grad():
+        eager.weight[2:4].zero_()
+        eager.bias.copy_(eager.weight.sum(0))
+    torch.manual_seed(0)
+    model = deferred_init(nn.Linear, 6, 6)
+    looked = materialize_tensor(model.weight)
+    with deferred(model), torch.no_grad():
+        model.weight[2:4].zero_()  # a write through a view, recorded in the block
+        model.bias.copy_(model.weight.sum(0))
+    assert torch.equal(looked, eager.weight)
+    materialize_module(model)
+    assert model.weight is looked and torch.equal(model.bias, eager.bias)
+
+
+def test_a_block_writing_memory_whose_real_tensor_changed_is_refused_at_that_write(restore_rng):
+    model = deferred_init(nn.Linear, 4, 4)
+    looked = materialize_tensor(model.weight)
+    with torch.no_grad():
+        looked.mul_(2)
+    with pytest.raises(MaterializationError, match=r"^aten\.fill_\.Scalar at .* writes a float32\[4, 4\] tensor whose memory"):
+        with deferred(model), torch.no_grad():
+            model.weight.fill_(1.0)
+
+
+def test_a_write_to_a_base_reaches_a_view_result_that_outlived_the_base_result(restore_rng):
+    torch.manual_seed(0)
+    eager = _ViewsItsWeight()
+    with torch.no_grad():
+        nn.init.zeros_(eager.p)
+    torch.manual_seed(0)
+    model = deferred_init(_ViewsItsWeight)
+    looked_p, looked_q = materialize_tensor(model.p), materialize_tensor(model.q)
+    del looked_p
+    gc.collect()
+    nn.init.zeros_(model.p)  # recorded on the fake base
+    assert torch.equal(looked_q, eager.q)
+    materialize_module(model)
+    assert torch.equal(model.p, eager.p) and model.q is looked_q
+
+
+def test_a_write_reading_a_real_tensor_changed_since_reads_it_as_it_is_now(restore_rng):
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Parameter(torch.randn(3)), nn.Parameter(torch.randn(3))
+
+    torch.manual_seed(0)
+    eager = Pair()
+    with torch.no_grad():
+        eager.b.add_(1)
+        eager.a.copy_(eager.b)
+    torch.manual_seed(0)
+    model = deferred_init(Pair)
+    looked_a, looked_b = materialize_tensor(model.a), materialize_tensor(model.b)
+    with torch.no_grad():
+        looked_b.add_(1)  # the real b changes; b's memory is not written through the fake
+        model.a.copy_(model.b)
+    assert torch.equal(looked_a, eager.a)
+    materialize_module(model)
+    assert torch.equal(model.a, eager.a) and model.b is looked_b
+
+
+def test_a_row_made_alone_is_made_anew_after_a_write_to_its_base(restore_rng):
+    model = deferred_init(nn.Linear, 8, 8)
+    row = model.weight[2]
+    first = materialize_tensor(row)
+    nn.init.zeros_(model.weight)
+    assert materialize_tensor(row).tolist() == [0.0] * 8
+    assert first.abs().sum() > 0  # a row made alone is its own memory: what it was when made
+
+
+def test_results_stay_shared_after_the_graph_records_on_a_new_device(restore_rng):
+    model = deferred_init(_SharedRow)
+    materialize_module(model.x)
+    with deferred(model):
+        model.extra = nn.Linear(2, 2, device="meta")  # a device the recording had not seen
+    materialize_module(model.y)
+    assert _pointer(model.y.row) == _pointer(model.x.full)
+
+
+def test_a_block_that_raises_still_brings_what_it_recorded_to_the_tensors_looked_at(restore_rng):
+    model = deferred_init(nn.Linear, 4, 4)
+    looked_weight, looked_bias = materialize_tensor(model.weight), materialize_tensor(model.bias)
+    with torch.no_grad():
+        looked_weight.mul_(2)
+    with pytest.raises(MaterializationError):
+        with deferred(model), torch.no_grad():
+            model.bias.fill_(7.0)  # recorded
+            model.weight.fill_(1.0)  # refused: the real weight changed
+    assert looked_bias.tolist() == [7.0] * 4
+    assert materialize_tensor(model.bias, rng="fast").tolist() == [7.0] * 4
+
+
+@pytest.mark.parametrize("layout_op", ["t_", "unsqueeze_"])
+def test_an_in_place_layout_change_after_a_look_is_made_on_the_tensor_looked_at(layout_op, restore_rng):
+    def apply(tensor: torch.Tensor) -> None:
+        tensor.t_() if layout_op == "t_" else tensor.unsqueeze_(0)
+
+    torch.manual_seed(0)
+    eager = _Holder()
+    apply(eager.full)
+    torch.manual_seed(0)
+    model = deferred_init(_Holder)
+    looked = materialize_tensor(model.full)
+    apply(model.full)
+    assert materialize_tensor(model.full) is looked and torch.equal(looked, eager.full)
+    assert looked.stride() == eager.full.stride()
+
+
+def test_a_cast_after_a_look_converts_the_tensor_looked_at(restore_rng):
+    torch.manual_seed(0)
+    eager = nn.Linear(4, 4)
+    eager_weight = eager.weight
+    eager.half()
+    torch.manual_seed(0)
+    model = deferred_init(nn.Linear, 4, 4)
+    looked = materialize_tensor(model.weight)
+    model.half()
+    materialize_module(model)
+    assert model.weight is looked and looked.dtype == torch.float16 and eager_weight.dtype == torch.float16
+    assert torch.equal(looked, eager.weight)
+
+
+def test_progress_counts_a_tensor_looked_at_before(restore_rng):
+    model = deferred_init(nn.Linear, 4, 4)
+    materialize_tensor(model.weight)
+    calls: list[tuple] = []
+    materialize_module(model, progress=lambda *report: calls.append(report))
+    assert calls[-1] == (2, 2, 80, 80) and calls[0] == (1, 2, 64, 80)
