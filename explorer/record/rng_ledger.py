@@ -41,7 +41,7 @@ import torch
 import torch.random
 
 from .._torch_compat.generators import cpu_state_layout
-from ..errors import DeferredInitError
+from ..errors import DeferredInitError, MaterializationError
 from ..graph import InitGraph, OpIndex, RngRestart
 from .scope import outside_recording
 
@@ -176,10 +176,15 @@ def eager_state_now(graph: InitGraph, where: str) -> torch.Tensor:
 
     position = len(graph.random_streams.get(KEY, []))
     restart = restart_for(graph, KEY, position, torch.default_generator.get_state(), where)
-    if restart is None:  # it continues after this recording's previous random op
-        return eager_state_after(graph, KEY, position - 1)
-    if restart.after_graph is not None:
-        return eager_state_after(restart.after_graph, restart.after_key, restart.after_position)
+    try:
+        if restart is None:  # it continues after this recording's previous random op
+            return eager_state_after(graph, KEY, position - 1)
+        if restart.after_graph is not None:
+            return eager_state_after(restart.after_graph, restart.after_key, restart.after_position)
+    except MaterializationError as error:  # an earlier state of the stream is unknown: say where it was read
+        raise DeferredInitError(
+            f"{where} reads the CPU generator, whose eager state there cannot be known: {error}", graph
+        ) from error
     assert restart.base is not None  # restart_for raised for an unknown state
     return jump_state(restart.base, restart.jump) if restart.jump else restart.base
 

@@ -285,3 +285,25 @@ def test_the_state_read_in_a_surgery_block_is_eagers(restore_rng) -> None:
         model.register_buffer("state", torch.get_rng_state())
     materialize_module(model)
     assert torch.equal(model.state, eager.state)
+
+
+def test_reading_the_generator_where_eagers_state_is_unknown_is_refused_naming_the_read(restore_rng) -> None:
+    class Small(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p = nn.Parameter(torch.empty(5).normal_())  # reads the cached normal sample: count unknown
+
+    class ForksAfterDraws(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(2, 2)
+            with torch.random.fork_rng():
+                self.b = nn.Linear(2, 2)
+
+    torch.manual_seed(0)
+    deferred_init(Small)
+    torch.randn(20)  # eager draws while Small's draws are owed
+    with pytest.raises(DeferredInitError) as caught:
+        deferred_init(ForksAfterDraws)
+    assert str(caught.value).startswith(f"torch.get_rng_state at {__file__}:"), str(caught.value)
+    assert "reads the CPU generator, whose eager state there cannot be known: " in str(caught.value)
