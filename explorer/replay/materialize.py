@@ -288,15 +288,46 @@ def materialize_module(
     if not slots:
         return module
     fakes, names = [t for _, t in slots], [s[3] for s, _ in slots]
+    grads: dict[int, torch.Tensor] = {}  # position → the real gradient of a parameter that had one
     if isinstance(device, TensorPlacement):
         reals = materialize_placed(fakes, names, device.resolver(module), rng, progress, on_step)
     else:
         prefix = _path_in_model(module, fakes[0])  # errors name `layers.3.weight`, not `weight`
-        reals = materialize_fakes(fakes, [prefix + name for name in names], device, rng, progress, on_step)
+        deferred_grads = {
+            p: grad for p, fake in enumerate(fakes) if (grad := _grad_of(fake)) is not None and is_fake(grad)
+        }
+        made = materialize_fakes(
+            [*fakes, *deferred_grads.values()],
+            [prefix + name for name in names] + [f"{prefix}{names[p]}.grad" for p in deferred_grads],
+            device, rng, progress, on_step,
+        )  # fmt: skip
+        reals = made[: len(fakes)]
+        grads = dict(zip(deferred_grads, made[len(fakes) :]))
     for ((owner, kind, key, _), _), real in zip(slots, reals):
         getattr(owner, kind)[key] = real
+    _keep_gradients(fakes, reals, grads)
     _fill_tied_slots_elsewhere(module, {id(fake): real for fake, real in zip(fakes, reals)}, fakes)
     return module
+
+
+def _grad_of(fake: torch.Tensor) -> torch.Tensor | None:
+    """A leaf's `.grad` (a probe backward in the constructor gives a deferred one; a user may set a
+    real one); None for tensors that cannot have one."""
+    return fake.grad if fake.requires_grad and fake.is_leaf else None
+
+
+def _keep_gradients(fakes: list[torch.Tensor], reals: list[torch.Tensor], grads: dict[int, torch.Tensor]) -> None:
+    """The real tensors take the gradients their fakes held, as eager's parameters keep theirs:
+    `grads` (materialized with them) or a real gradient set on the fake, moved to the tensor's device."""
+    for position, (fake, real) in enumerate(zip(fakes, reals)):
+        grad = grads.get(position)
+        if grad is None:
+            grad = _grad_of(fake)
+            if grad is None or is_fake(grad):
+                continue
+            grad = grad.to(real.device)
+        if real.requires_grad and real.is_leaf and real.grad is None:
+            real.grad = grad
 
 
 def _fill_tied_slots_elsewhere(module: nn.Module, real_of: dict[int, torch.Tensor], fakes: list[torch.Tensor]) -> None:

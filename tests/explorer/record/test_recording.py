@@ -293,3 +293,19 @@ def test_a_sparse_tensor_is_refused_naming_the_op_line_and_what_to_do():
         "tensor, and deferred_init records strided (dense) tensors only: keep the dense tensor in the constructor and "
         "convert it after materializing (materialize_module, then .to_sparse())"
     )
+
+
+def test_gradients_left_on_parameters_are_materialized_with_them(restore_rng):
+    def probes_backward() -> nn.Module:
+        module = nn.Linear(3, 2)
+        module(torch.randn(4, 3)).pow(2).sum().backward()  # a warm-up backward in the constructor
+        return module
+
+    torch.manual_seed(0)
+    eager = probes_backward()
+    torch.manual_seed(0)
+    model = materialize_module(deferred_init(probes_backward))
+    assert torch.equal(model.weight.grad, eager.weight.grad) and torch.equal(model.bias.grad, eager.bias.grad)
+    tagged = deferred_init(nn.Linear, 2, 2)
+    tagged.weight.grad = torch.ones(2, 2)  # a real gradient set on the deferred parameter
+    assert torch.equal(materialize_module(tagged).weight.grad, torch.ones(2, 2))
