@@ -70,6 +70,11 @@ class ReplayState:
     (an anchor, per device routing) is made again from the graph, now ending with that op, and the new
     bytes are copied into the real tensor's memory in place. Every real tensor on that storage (they
     are views of one memory) then holds eager's values, and materializing the fake gives that memory.
+    The same holds for what changes the fake itself rather than its memory: an in-place layout op
+    (`t_()`) is applied to the real tensor too (`after_recorded_layout_change`), and a module cast,
+    which swaps the fake for its converted copy, sets the real tensor's `.data` to the copy's values
+    (`after_recorded_swap`). A row made alone has memory of its own, a snapshot by design: it is
+    made anew by the next call. Not followed: a `.data = x` swap of the fake.
 
     Refused instead, before the op is recorded (`MaterializationError` naming the op and line): a write
     to a storage whose real tensor was changed in place since it was made (its version moved:
