@@ -313,7 +313,13 @@ def materialize_module(
 def _grad_of(fake: torch.Tensor) -> torch.Tensor | None:
     """A leaf's `.grad` (a probe backward in the constructor gives a deferred one; a user may set a
     real one); None for tensors that cannot have one."""
-    return fake.grad if fake.requires_grad and fake.is_leaf else None
+    if not fake.requires_grad:
+        return None
+    try:
+        leaf = fake.is_leaf
+    except RuntimeError:  # a view of a multi-output op changed in place: autograd refuses even to say
+        return None
+    return fake.grad if leaf else None
 
 
 def _keep_gradients(fakes: list[torch.Tensor], reals: list[torch.Tensor], grads: dict[int, torch.Tensor]) -> None:
