@@ -37,7 +37,7 @@ from ..record.fake import handle_of, is_fake
 from ..record.scope import outside_recording
 from ..replay.materialize import TensorSlot, check_materializable, deferred_slots
 from ..replay.preflight import check_replayable
-from ..replay.replay import Replay, eager_state_after, replayed_func
+from ..replay.replay import Replay, default_dtype_set, eager_state_after, replayed_func
 from ..replay.rng import RngSession, RngStreams, own_generator
 from ..replay.routing import describe_absence, is_available, route_devices
 from .fake_copies import FakeCopies
@@ -133,12 +133,8 @@ def call_overload(qualified: str, /, *args: Any, **kwargs: Any) -> Any:
 def under_default_dtype(dtype: torch.dtype, qualified: str, /, *args: Any, **kwargs: Any) -> Any:
     """Op overload `qualified` called under the default dtype it was recorded under (an integer
     input promoted to it: note [Default dtype at record time])."""
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
+    with default_dtype_set(dtype):
         return call_overload(qualified, *args, **kwargs)
-    finally:
-        torch.set_default_dtype(before)
 
 
 def generator_in_state(device: str, state: torch.Tensor) -> torch.Generator | None:

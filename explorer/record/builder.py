@@ -199,7 +199,7 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 # given integer or bool tensors can still take the default by type promotion (`arange(n) / 3`,
 # `int_tensor * 0.5`, `arange(n).sqrt()`, `arange(n) * 1j`), and such an op cannot be given a
 # dtype: the general record keeps the default it ran under (`OpNode.default_dtype`, when it is
-# not float32), and replay runs it under that default (`replay.recorded_default_dtype`).
+# not float32), and replay runs it under that default (`replay.default_dtype_set`).
 @functools.cache
 def _takes_dtype(func: Any) -> bool:
     schema = getattr(func, "_schema", None)

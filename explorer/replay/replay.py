@@ -25,7 +25,6 @@ from ..graph import (
     GeneratorState,
     InitGraph,
     OpIndex,
-    OpNode,
     StorageId,
     TensorId,
     TensorRef,
@@ -612,7 +611,7 @@ class Replay:
             with torch.inference_mode(op.inference):
                 return self._run_op(index, rng, fills)
         if (op.default_dtype or torch.float32) is not torch.get_default_dtype():
-            with recorded_default_dtype(op):
+            with default_dtype_set(op.default_dtype or torch.float32):
                 return self._run_op(index, rng, fills)
         args, kwargs = self._resolved(op.args), self._resolved(op.kwargs)
         func = _RUN_AS.get(op.func, op.func)
@@ -669,12 +668,12 @@ class Replay:
 
 
 @contextlib.contextmanager
-def recorded_default_dtype(op: OpNode) -> Iterator[None]:
-    """Run `op` under the default dtype it was recorded under (float32 unless `op.default_dtype`
-    says otherwise; note [Default dtype at record time]). The default is process-wide: another
-    thread's factory calls see it for the length of this one op."""
+def default_dtype_set(dtype: torch.dtype) -> Iterator[None]:
+    """Run the block under default dtype `dtype`, as an op was recorded (note [Default dtype at
+    record time]). The default is process-wide: another thread's factory calls see it for the
+    length of the block."""
     before = torch.get_default_dtype()
-    torch.set_default_dtype(op.default_dtype or torch.float32)
+    torch.set_default_dtype(dtype)
     try:
         yield
     finally:
