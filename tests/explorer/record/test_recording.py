@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from explorer import DeferredInitError, deferred_init, is_deferred, is_fake, materialize_module
+from explorer.replay.replay import default_dtype_set
 from explorer.record.fake import handle_of
 from tests.support.graphs import assert_same_graph, graph_of
 
@@ -166,14 +167,10 @@ class ChangesTheDefaultDtype(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float64)
-        try:
+        with default_dtype_set(torch.float64):
             self.proj = nn.Linear(4, 3)
             self.register_buffer("steps", torch.linspace(0, 1, 5))
             self.register_buffer("scale", torch.scalar_tensor(0.5))
-        finally:
-            torch.set_default_dtype(previous)
         self.after = nn.Linear(3, 2)  # float32 again
 
 
@@ -208,9 +205,7 @@ class PromotesIntegersUnderHalfDefault(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float16)
-        try:
+        with default_dtype_set(torch.float16):
             positions = torch.arange(7)
             self.register_buffer("divided", positions / 3)
             self.register_buffer("scaled", positions * 0.37)
@@ -218,8 +213,6 @@ class PromotesIntegersUnderHalfDefault(nn.Module):
             self.register_buffer("table", torch.sin(positions[:, None] * torch.exp(-torch.arange(4) * 0.7)))
             self.register_buffer("halved", torch.tensor(3) * 0.5)
             self.register_buffer("mixed", positions.to(torch.float16) / 3)  # its input decides: not pinned
-        finally:
-            torch.set_default_dtype(previous)
         self.register_buffer("after", torch.arange(5) / 3)  # float32 again
 
 
