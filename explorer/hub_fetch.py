@@ -39,6 +39,7 @@ import itertools
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -141,6 +142,42 @@ def cache_root() -> Path:
     return Path(os.environ.get("EXPLORER_HUB_CACHE") or os.path.join(constants.HF_HOME, "deferred-explorer"))
 
 
+# Note: [huggingface_hub's own cache] A normal download (`from_pretrained` outside deferred init,
+# `hf_hub_download`) keeps whole files under `HF_HUB_CACHE/<repo folder>/snapshots/<commit>/` and
+# what each branch pointed at under `refs/<revision>`. Offline, eager `from_pretrained` resolves a
+# revision through those refs, so a pin of ours naming another commit yields to them
+# (`hub_open.pinned_before`); and the bytes of a file downloaded whole at the pinned commit are read
+# from that copy, not fetched again (`downloaded_copy`). huggingface_hub documents this layout
+# ("Manage the cache"); `try_to_load_from_cache` and `repo_folder_name` are its public readers.
+
+
+def cached_commit(repo_id: str, revision: str | None, repo_type: str | None) -> str | None:
+    """The commit huggingface_hub's cache says `revision` of the repo pointed at when it last
+    downloaded from it, or None (note [huggingface_hub's own cache])."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type=repo_type or "model")
+    ref = folder / "refs" / (revision or "main")
+    try:
+        return ref.read_text().strip() or None if ref.is_file() else None
+    except OSError:
+        return None
+
+
+def downloaded_copy(remote: RemoteFile) -> Path | None:
+    """The whole of `remote` as huggingface_hub downloaded it at its commit, of the size its header
+    stub was made for, or None (note [huggingface_hub's own cache])."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(remote.repo_id, remote.filename, revision=remote.commit, repo_type=remote.repo_type)
+    if not isinstance(found, str) or not os.path.isfile(found):
+        return None
+    if remote.size is not None and os.path.getsize(found) != remote.size:
+        return None
+    return Path(found)
+
+
 def endpoint_folder(endpoint: str) -> str:
     """A folder name for an endpoint: its host, and a short hash telling apart two on one host."""
     host = re.sub(r"[^A-Za-z0-9.-]+", "_", re.sub(r"^\w+://", "", endpoint)).strip("_")
@@ -172,7 +209,7 @@ def remote_file(path: str) -> RemoteFile | None:
 def write_atomically(path: Path, data: bytes | bytearray) -> None:
     """Write `data` to `path` so that no partial file is ever under the final name."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{id(data):x}.partial")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{id(data):x}.partial")
     try:
         temporary.write_bytes(data)
         os.replace(temporary, path)
@@ -205,13 +242,23 @@ def fetch_range(remote: RemoteFile, begin: int, end: int, what: str) -> tuple[by
     token = _TOKENS.get((remote.endpoint, remote.repo_id))
     headers = build_hf_headers(token=token, headers={"Range": f"bytes={begin}-{end - 1}"})
     try:
-        response = _get_with_retries(url, headers)
+        with _stream_with_retries(url, headers) as response:
+            fault = _response_fault(response, remote, begin, end)  # before any of the body
+            if fault is not None:
+                raise failed(fault)
+            body = bytearray()
+            for piece in _body_pieces(response):
+                body += piece
+                if len(body) > end - begin:
+                    raise failed(f"the body holds more than the {end - begin:,} bytes asked for")
+            answered = response.headers
+    except MaterializationError:
+        raise
     except Exception as error:  # httpx's and huggingface_hub's errors, after the retries
         raise failed(f"{type(error).__name__}: {error}") from None
-    fault = _response_fault(response, remote, begin, end)
-    if fault is not None:
-        raise failed(fault)
-    return response.content, response.headers
+    if len(body) != end - begin:
+        raise failed(f"the body holds {len(body):,} bytes, not {end - begin:,}")
+    return bytes(body), answered
 
 
 def stream_range(remote: RemoteFile, begin: int, end: int, what: str, chunk_bytes: int) -> Iterator[bytearray]:
@@ -239,7 +286,7 @@ def stream_range(remote: RemoteFile, begin: int, end: int, what: str, chunk_byte
         cut: Exception | None = None
         try:
             with _stream_with_retries(url, headers) as response:
-                fault = _response_fault(response, remote, position, end, body=None)
+                fault = _response_fault(response, remote, position, end)
                 if fault is not None:
                     raise failed(fault)
                 try:
@@ -328,9 +375,9 @@ def _reason(response: Any) -> str:
     return getattr(response, "reason_phrase", None) or getattr(response, "reason", None) or ""
 
 
-def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int, body: bytes | None = b"") -> str | None:
-    """What is wrong with `response` to a request for bytes [begin, end) of `remote`, or None;
-    `body` None for a streamed response, whose body is checked as it comes."""
+def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int) -> str | None:
+    """What is wrong with `response` (streamed: its body is checked as it comes) to a request for
+    bytes [begin, end) of `remote`, or None."""
     if response.status_code in (401, 403):
         return (
             f"HTTP {response.status_code} ({_reason(response)}): the repo is gated or private, or the token "
@@ -342,8 +389,6 @@ def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int, bod
     sent = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
     if sent is None or (int(sent[1]), int(sent[2]) + 1) != (begin, end):
         return f"the server sent Content-Range {response.headers.get('Content-Range')!r}"
-    if body is not None and len(response.content) != end - begin:
-        return f"the body holds {len(response.content):,} bytes, not {end - begin:,}"
     commit = response.headers.get("X-Repo-Commit")
     if commit is not None and commit != remote.commit:
         return f"the file changed upstream: served from commit {commit}, not the pinned {remote.commit}"
@@ -351,12 +396,6 @@ def _response_fault(response: Any, remote: RemoteFile, begin: int, end: int, bod
     if remote.etag is not None and etag is not None and etag != remote.etag:
         return f"the file changed upstream: ETag {etag} now, {remote.etag} when its header was read"
     return None
-
-
-def _get_with_retries(url: str, headers: dict[str, str]) -> Any:
-    from huggingface_hub.utils import http_backoff
-
-    return http_backoff(**_retried_get(url, headers))
 
 
 # -- the range cache -------------------------------------------------------------------------------
@@ -368,18 +407,25 @@ def _cached_range_path(remote: RemoteFile, begin: int, end: int) -> Path:
 
 
 def is_cached(remote: RemoteFile, begin: int, end: int) -> bool:
-    """Whether bytes [begin, end) of `remote` are in the range cache (note [Hub range cache])."""
-    return _cached_range_path(remote, begin, end).is_file()
+    """Whether bytes [begin, end) of `remote` are on disk: in the range cache (note [Hub range
+    cache]) or in a whole copy huggingface_hub downloaded (note [huggingface_hub's own cache])."""
+    return _cached_range_path(remote, begin, end).is_file() or downloaded_copy(remote) is not None
 
 
 def cached_range(remote: RemoteFile, begin: int, end: int, what: str) -> bytes | bytearray:
-    """Bytes [begin, end) of `remote`: from the range cache (note [Hub range cache]), else fetched and
-    cached. Raises MaterializationError as `fetch_range` does."""
+    """Bytes [begin, end) of `remote`: from the range cache (note [Hub range cache]) or a whole
+    downloaded copy (note [huggingface_hub's own cache]), else fetched and cached. Raises
+    MaterializationError as `fetch_range` does."""
     path = _cached_range_path(remote, begin, end)
     if path.is_file():
         cached = path.read_bytes()
         if len(cached) == end - begin:
             return cached
+    copy = downloaded_copy(remote)
+    if copy is not None:
+        with open(copy, "rb") as stream:
+            stream.seek(begin)
+            return bytearray(stream.read(end - begin))
     data = fetch_whole(remote, begin, end, what)
     write_atomically(path, data)
     return data
@@ -478,7 +524,7 @@ def prefetch(reads: Iterable[tuple[str, str, list[int], torch.dtype]]) -> None:
         if remote is None:
             continue
         begin, end = tensor_span(path, key, shape, dtype)
-        if not _cached_range_path(remote, begin, end).is_file():
+        if not is_cached(remote, begin, end):
             remotes[path] = remote
             runs.setdefault(path, []).append((begin, end, key))
     batches = [(remotes[path], run) for path, spans in runs.items() for run in _contiguous_runs(spans)]

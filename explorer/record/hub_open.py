@@ -28,17 +28,20 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from ..checkpoint_headers import MAX_HEADER_BYTES
 from ..errors import HubCheckpointError, MaterializationError
 from ..hub_fetch import (
     RemoteFile,
     cache_root,
+    cached_commit,
     endpoint_folder,
     fetch_range,
     register_stub,
@@ -89,13 +92,17 @@ def pin_repo(repo_id: str, revision: str | None, repo_type: str | None, token: A
 
 
 def pinned_before(repo_id: str, revision: str | None, repo_type: str | None) -> PinnedRepo | None:
-    """Offline: the commit and files `revision` of the repo was last pinned to here, or None."""
+    """Offline: the commit and files `revision` of the repo was last pinned to here, or None. None
+    too when huggingface_hub's cache resolves `revision` to another commit (a normal download since):
+    offline, eager `from_pretrained` loads what that cache names, so the caller defers to it."""
     from huggingface_hub import constants
 
     pins = _pins_file(constants.ENDPOINT, repo_type or "model", repo_id, revision)
     if not pins.is_file():
         return None
     known = json.loads(pins.read_text())
+    if cached_commit(repo_id, revision, repo_type) not in (None, known["commit"]):
+        return None
     return PinnedRepo(constants.ENDPOINT, repo_id, repo_type or "model", known["commit"], frozenset(known["files"]))
 
 
@@ -119,7 +126,7 @@ def header_stub(repo: PinnedRepo, filename: str) -> str:
     probe = RemoteFile(repo.endpoint, repo.repo_id, repo.repo_type, repo.commit, filename, 0, None)
     try:
         length_field, headers = fetch_range(probe, 0, 8, "the header length")
-        total = int(headers["Content-Range"].rsplit("/", 1)[1])
+        total = _file_size(probe, headers)
         length = int.from_bytes(length_field, "little")
         if length > MAX_HEADER_BYTES or 8 + length > total:
             raise HubCheckpointError(
@@ -134,6 +141,17 @@ def header_stub(repo: PinnedRepo, filename: str) -> str:
     _write_stub(Path(path), length_field + header, total)
     register_stub(path, dataclasses.replace(probe, size=total, etag=_etag(headers)))
     return path
+
+
+def _file_size(probe: RemoteFile, headers: Any) -> int:
+    """The file's size, as the `Content-Range` of a range answer gives it (`bytes 0-7/<size>`)."""
+    total = headers.get("Content-Range", "").rsplit("/", 1)[-1].strip()
+    if not total.isdigit():
+        raise HubCheckpointError(
+            f"{probe.label()}: the server did not give the file's size (Content-Range "
+            f"{headers.get('Content-Range')!r}), which reading its tensors by byte range needs"
+        )
+    return int(total)
 
 
 def header_stubs(repo: PinnedRepo, filenames: list[str]) -> list[str | None]:
@@ -152,7 +170,7 @@ def _etag(headers: Any) -> str | None:
 def _write_stub(path: Path, header: bytes, size: int) -> None:
     """The header, then a hole up to `size` (sparse: no disk used), under its final name at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")  # one per writer
     try:
         with open(temporary, "wb") as stream:
             stream.write(header)
@@ -246,21 +264,32 @@ def hub_checkpoint(path: str | os.PathLike) -> str | os.PathLike:
     text = os.fspath(path)
     if not isinstance(text, str) or not text.startswith(HUB_SCHEME):
         return path
-    org, _, rest = text[len(HUB_SCHEME) :].partition("/")
-    name, _, subfolder = rest.partition("/")
-    name, _, revision = name.partition("@")
-    repo = pin_repo(f"{org}/{name}", revision or None, None, None)
-    prefix = f"{subfolder.strip('/')}/" if subfolder.strip("/") else ""
+    repo_id, revision, subfolder = hub_url_parts(text)
+    repo = pin_repo(repo_id, revision, None, None)
+    prefix = f"{subfolder}/" if subfolder else ""
+    if prefix + _SINGLE in repo.files:  # before the index, as from_pretrained and a local folder choose
+        return os.path.dirname(header_stub(repo, prefix + _SINGLE))
     if prefix + _INDEX in repo.files:
         index = _download_json(repo, prefix + _INDEX)
         shards = sorted(set(json.loads(Path(index).read_text(encoding="utf-8")).get("weight_map", {}).values()))
         header_stubs(repo, [prefix + shard for shard in shards])
         return os.path.dirname(index)
-    if prefix + _SINGLE in repo.files:
-        return os.path.dirname(header_stub(repo, prefix + _SINGLE))
     pickled = sorted(f for f in repo.files if f.startswith(prefix) and f.endswith(_PICKLED))
     why = f"only the pickled {pickled[0]}, which cannot be read lazily nor safely" if pickled else "no such file"
     raise HubCheckpointError(f"{text}: no {prefix}{_INDEX} or {prefix}{_SINGLE} at commit {repo.commit}: {why}")
+
+
+def hub_url_parts(url: str) -> tuple[str, str | None, str]:
+    """(repo id, revision or None, subfolder) of `hub://org/name[@revision][/subfolder]`. A revision
+    holding "/" is written with `%2F`, or as itself when it is a Hub ref (`@refs/pr/1`,
+    `@refs/convert/parquet`), which always has three parts."""
+    org, _, rest = url[len(HUB_SCHEME) :].partition("/")
+    name, _, subfolder = rest.partition("/")
+    name, _, revision = name.partition("@")
+    if revision == "refs":
+        parts = subfolder.split("/", 2)
+        revision, subfolder = "/".join(["refs", *parts[:2]]), (parts[2] if len(parts) > 2 else "")
+    return f"{org}/{name}", unquote(revision) or None, subfolder.strip("/")
 
 
 def _download_json(repo: PinnedRepo, filename: str) -> str:

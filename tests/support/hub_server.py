@@ -20,8 +20,12 @@ from urllib.parse import unquote
 LLAMA_REPO = "test-org/llama-bf16"  # the repo id the `local_hub` fixture serves its Llama checkpoint as
 HANG_S = 3.0
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+# Matched on the path as sent, then unquoted: a revision such as refs/pr/1 comes quoted (refs%2Fpr%2F1).
 _API = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<revision>[^/]+))?")
 _RESOLVE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<file>.+)")
+# Faults taken by any ranged GET, the header probes too; the others only by tensor ranges.
+_ANY_RANGE_FAULTS = ("ignore-range", "unknown-size")
+_CHUNK = 1 << 20
 
 
 @dataclass
@@ -29,6 +33,7 @@ class Repo:
     directory: Path
     commit: str
     files: dict[str, Path]
+    revisions: tuple[str, ...] = ("main",)  # the names that resolve to `commit`
 
 
 @dataclass
@@ -36,7 +41,9 @@ class Fault:
     """What the server does instead of answering a ranged GET of `file` past its header (the next
     `times` such requests): "500", "404", "401", "short" (a body cut short of its Content-Length),
     "reset" (half the body, then a TCP reset), "wrong-range" (a Content-Range of other bytes),
-    "etag" (another ETag), "commit" (another X-Repo-Commit), "hang" (no answer for `HANG_S` seconds)."""
+    "etag" (another ETag), "commit" (another X-Repo-Commit), "hang" (no answer for `HANG_S` seconds);
+    and for any ranged GET, the header's too: "ignore-range" (200 and the whole file),
+    "unknown-size" (a Content-Range of `bytes a-b/*`)."""
 
     file: str
     kind: str
@@ -66,9 +73,12 @@ class HubServer:
     authorizations: list[str] = field(default_factory=list)  # the Authorization headers it was sent
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add_repo(self, repo_id: str, directory: Path, commit: str = "c0ffee" * 6 + "abcd") -> None:
+    def add_repo(
+        self, repo_id: str, directory: Path, commit: str = "c0ffee" * 6 + "abcd", revisions: tuple[str, ...] = ("main",)
+    ) -> None:
+        """Serve `directory` as `repo_id` at `commit`, which `revisions` name (again: main moves on)."""
         files = {str(p.relative_to(directory)): p for p in sorted(directory.rglob("*")) if p.is_file()}
-        self.repos[repo_id] = Repo(directory, commit, files)
+        self.repos[repo_id] = Repo(directory, commit, files, revisions)
 
     def bytes_served(self, suffix: str = "") -> int:
         """Body bytes sent so far for files whose path ends with `suffix`."""
@@ -79,10 +89,10 @@ class HubServer:
         stat = path.stat()
         return '"' + hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest() + '"'
 
-    def take_fault(self, file: str) -> Fault | None:
+    def take_fault(self, file: str, tensor_range: bool) -> Fault | None:
         with self.lock:
             for fault in self.faults:
-                if fault.file == file and fault.times > 0:
+                if fault.file == file and fault.times > 0 and (tensor_range or fault.kind in _ANY_RANGE_FAULTS):
                     fault.times -= 1
                     return fault
         return None
@@ -105,25 +115,29 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             if self.headers.get("Authorization"):
                 with server.lock:
                     server.authorizations.append(self.headers["Authorization"])
-            path = unquote(self.path.split("?", 1)[0])
+            path = self.path.split("?", 1)[0]
             api, resolve = _API.fullmatch(path), _RESOLVE.fullmatch(path)
-            if api is not None and api["repo"] in server.repos:
-                repo = server.repos[api["repo"]]
+            if api is not None and unquote(api["repo"]) in server.repos:
+                repo = server.repos[unquote(api["repo"])]
+                if api["revision"] is not None and unquote(api["revision"]) not in (*repo.revisions, repo.commit):
+                    self._send(404, b'{"error": "Revision not found"}', {"X-Error-Code": "RevisionNotFound"}, head)
+                    return
                 info = {
-                    "id": api["repo"],
-                    "modelId": api["repo"],
+                    "id": unquote(api["repo"]),
+                    "modelId": unquote(api["repo"]),
                     "sha": repo.commit,
                     "private": False,
                     "siblings": [{"rfilename": name} for name in repo.files],
                 }
                 self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, head)
-            elif resolve is not None and resolve["repo"] in server.repos:
-                self._file(server.repos[resolve["repo"]], resolve["revision"], resolve["file"], head)
+            elif resolve is not None and unquote(resolve["repo"]) in server.repos:
+                repo = server.repos[unquote(resolve["repo"])]
+                self._file(repo, unquote(resolve["revision"]), unquote(resolve["file"]), head)
             else:
                 self._send(404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"}, head)
 
         def _file(self, repo: Repo, revision: str, name: str, head: bool) -> None:
-            if revision not in ("main", repo.commit) or name not in repo.files:
+            if revision not in (*repo.revisions, repo.commit) or name not in repo.files:
                 self._send(404, b"Entry not found", {"X-Error-Code": "EntryNotFound"}, head)
                 return
             file = repo.files[name]
@@ -138,8 +152,13 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             with open(file, "rb") as stream:
                 stream.seek(begin)
                 body = stream.read(end - begin)
-            fault = server.take_fault(name) if begin >= 8 and end - begin > 64 else None
+            fault = server.take_fault(name, tensor_range=begin >= 8 and end - begin > 64)
             content_range = f"bytes {begin}-{end - 1}/{size}"
+            if fault is not None and fault.kind == "ignore-range":
+                self._send(200, file.read_bytes(), headers, head, length=size)
+                return
+            if fault is not None and fault.kind == "unknown-size":
+                content_range = f"bytes {begin}-{end - 1}/*"
             if fault is not None and fault.kind == "hang":
                 time.sleep(HANG_S)
                 self.close_connection = True
@@ -171,8 +190,12 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             sent = 0
             if not head:
-                self.wfile.write(body)
-                sent = len(body)
+                try:  # in pieces, counting what the client took before it closed the connection
+                    for start in range(0, len(body), _CHUNK):
+                        self.wfile.write(body[start : start + _CHUNK])
+                        sent += len(body[start : start + _CHUNK])
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True
                 if length is not None and sent < length:
                     self.close_connection = True
             with server.lock:

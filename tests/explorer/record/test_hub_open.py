@@ -501,3 +501,109 @@ def test_releases_that_look_up_one_file_at_a_time_get_header_stubs_too(local_hub
     wanted = json.loads((llama_checkpoint / "model.safetensors.index.json").read_text())
     assert json.loads(Path(index).read_text()) == wanted
     assert single is None  # not in this sharded repo, and asked without raising
+
+
+def _tiny_llama(directory, seed: int, **save_kwargs) -> transformers.LlamaForCausalLM:
+    """A small bf16 Llama from `seed`, saved in `directory` (save_pretrained's `save_kwargs`)."""
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, vocab_size=64
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(directory, **save_kwargs)
+    return model
+
+
+def _assert_same_bytes(got: torch.nn.Module, expected: torch.nn.Module) -> None:
+    wanted = expected.state_dict()
+    assert sorted(got.state_dict()) == sorted(wanted)
+    for name, tensor in got.state_dict().items():
+        assert torch.equal(tensor.view(torch.uint8), wanted[name].view(torch.uint8)), name
+
+
+def test_a_hub_url_of_a_repo_with_one_file_and_stale_shards_reads_the_one_file(local_hub, tmp_path):
+    """from_pretrained and a local folder both take model.safetensors over an index beside it."""
+    repo = tmp_path / "both"
+    _tiny_llama(repo, seed=1, max_shard_size="20KB")  # shards and their index, left from an older upload
+    single = _tiny_llama(tmp_path / "single", seed=2)
+    (repo / "model.safetensors").write_bytes((tmp_path / "single" / "model.safetensors").read_bytes())
+    local_hub.add_repo("test-org/both", repo)
+    eager = transformers.LlamaForCausalLM.from_pretrained(repo)
+    _assert_same_bytes(eager, single)
+    model = deferred_init(transformers.LlamaForCausalLM, eager.config)
+    explorer.load_checkpoint(model, "hub://test-org/both")
+    materialize_module(model)
+    _assert_same_bytes(model, single.float())  # load_state_dict copies bf16 into fp32 parameters
+
+
+def test_a_hub_url_names_a_pull_request_revision_and_a_subfolder(local_hub, tmp_path):
+    from explorer.record.hub_open import hub_url_parts
+
+    assert hub_url_parts("hub://org/name@refs/pr/1/unet") == ("org/name", "refs/pr/1", "unet")
+    assert hub_url_parts("hub://org/name@feature%2Fx") == ("org/name", "feature/x", "")
+    assert hub_url_parts("hub://org/name") == ("org/name", None, "")
+    eager = _tiny_llama(tmp_path / "pr" / "sub", seed=3)
+    local_hub.add_repo("test-org/pr", tmp_path / "pr", commit="a" * 40, revisions=("refs/pr/1",))
+    model = deferred_init(transformers.LlamaForCausalLM, eager.config)
+    explorer.load_checkpoint(model, "hub://test-org/pr@refs/pr/1/sub")
+    materialize_module(model)
+    _assert_same_bytes(model, eager.float())
+
+
+def test_threads_opening_one_repo_at_once_all_get_its_headers(local_hub, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    eager = _tiny_llama(tmp_path / "shared", seed=4, max_shard_size="20KB")
+    local_hub.add_repo("test-org/shared", tmp_path / "shared")
+    model = deferred_init(transformers.LlamaForCausalLM, eager.config)
+    with ThreadPoolExecutor(6) as pool:
+        reports = list(pool.map(lambda _: explorer.check_checkpoint(model, "hub://test-org/shared"), range(24)))
+    assert all(report.ok for report in reports)
+
+
+def test_a_server_ignoring_range_is_refused_before_its_body_is_taken(local_hub, llama_checkpoint):
+    shard = _shard_of(llama_checkpoint, "model.layers.3.mlp.up_proj.weight")
+    local_hub.faults.append(Fault(shard, "ignore-range", times=99))
+    with pytest.raises(CheckpointError, match=rf"{shard} failed: HTTP 200 \(the server ignored the Range header\)"):
+        deferred_init(transformers.LlamaForCausalLM.from_pretrained, LLAMA_REPO)
+    size = (llama_checkpoint / shard).stat().st_size
+    assert size > 60_000_000 and _shard_bytes(local_hub) < size // 4  # what the socket buffered, not the file
+
+
+def test_a_server_not_giving_the_file_size_is_named(local_hub, tmp_path):
+    _tiny_llama(tmp_path / "sizeless", seed=5)
+    local_hub.add_repo("test-org/sizeless", tmp_path / "sizeless")
+    local_hub.faults.append(Fault("model.safetensors", "unknown-size", times=99))
+    with pytest.raises(CheckpointError, match=r"model.safetensors: the server did not give the file's size "):
+        deferred_init(transformers.LlamaForCausalLM.from_pretrained, "test-org/sizeless")
+
+
+def test_offline_a_repo_reopens_at_the_commit_a_later_normal_download_fetched(local_hub, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    _tiny_llama(tmp_path / "v1", seed=6)
+    local_hub.add_repo("test-org/moving", tmp_path / "v1", commit="1" * 40)
+    materialize_module(deferred_init(transformers.LlamaForCausalLM.from_pretrained, "test-org/moving"))
+    _tiny_llama(tmp_path / "v2", seed=7)
+    local_hub.add_repo("test-org/moving", tmp_path / "v2", commit="2" * 40)  # main moves on
+    transformers.LlamaForCausalLM.from_pretrained("test-org/moving")  # a normal download of it
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    eager = transformers.LlamaForCausalLM.from_pretrained("test-org/moving")
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, "test-org/moving")
+    materialize_module(model)
+    _assert_same_bytes(model, eager)
+
+
+def test_bytes_of_a_file_downloaded_whole_are_read_from_that_copy(local_hub, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    eager = _tiny_llama(tmp_path / "downloaded", seed=8)
+    local_hub.add_repo("test-org/downloaded", tmp_path / "downloaded")
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, "test-org/downloaded")  # headers only
+    transformers.LlamaForCausalLM.from_pretrained("test-org/downloaded")  # then downloaded whole, normally
+    before = _shard_bytes(local_hub)
+    materialize_module(model.model.layers[0])
+    assert _shard_bytes(local_hub) == before  # nothing fetched again
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    materialize_module(model)
+    _assert_same_bytes(model, eager)
