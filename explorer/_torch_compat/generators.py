@@ -54,7 +54,7 @@ def cpu_state_layout() -> CpuStateLayout:
         words = raw[layout.words].view(torch.int64).tolist()
         if words != _seeded_words(1234):
             problems.append("the 624 words are not where manual_seed wrote them")
-        torch.empty(1).uniform_(generator=generator)
+        torch.empty(1, dtype=torch.float32).uniform_(generator=generator)  # one 32-bit draw, whatever the default dtype
         after = generator.get_state()
         left, position = after[layout.left].view(torch.int32).item(), after[layout.next].view(torch.int64).item()
         if (left, position) != (WORDS, 1):

@@ -63,6 +63,28 @@ def recording(scope: RecordingScope) -> Iterator[RecordingScope]:
 
 @contextlib.contextmanager
 def outside_recording() -> Iterator[None]:
-    """Real tensor ops with no fake or recording mode active and autograd off."""
-    with disable_current_modes(), disable_torch_function(), torch.no_grad():
+    """Real tensor ops with no fake or recording mode active, autograd off, and no autocast: a
+    recording holds the casts autocast made when it ran, so a replay under the caller's autocast
+    would cast twice (and give other dtypes and values than eager)."""
+    with disable_current_modes(), disable_torch_function(), torch.no_grad(), autocast_off():
         yield
+
+
+_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu")
+
+
+@contextlib.contextmanager
+def autocast_off() -> Iterator[None]:
+    """Autocast disabled, for every device type it is enabled on, until the block exits."""
+    with contextlib.ExitStack() as stack:
+        for device_type in _AUTOCAST_DEVICE_TYPES:
+            if _autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type this torch build has no autocast for
+        return False

@@ -7,9 +7,9 @@ again replays the same recording, so it gives the same bytes (with rng="eager", 
 construction), in any order of partial materializations and releases.
 
 Limitations: memory comes back only when nothing else holds the real tensor (an optimizer, a user
-variable, a tensor `.grad` points into); a released parameter's `.grad` and a changed `requires_grad`
-are not kept; a change made through a view outside the module is not seen (the version check reads
-the released tensors' own counters).
+variable, a tensor `.grad` points into); a released parameter's `.grad` is not kept (its
+`requires_grad` and the attributes set on it are); a change made through a view outside the module
+is not seen (the version check reads the released tensors' own counters).
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def release_module(
     if not force:
         _refuse_changed(slots)
     reals = {id(real): real for _, real in slots}
+    for real in reals.values():
+        _carry_user_state(real, _form(real).fake)
     for (owner, kind, key, _), real in slots:
         getattr(owner, kind)[key] = _form(real).fake
     _release_tied_slots_elsewhere(module, reals)
@@ -75,6 +77,15 @@ def _release_tied_slots_elsewhere(module: nn.Module, reals: dict[int, torch.Tens
             root, tuple(_KINDS), None, lambda t: id(t) in reals, "released"
         ):
             getattr(owner, kind)[key] = _form(real).fake
+
+
+def _carry_user_state(real: torch.Tensor, fake: torch.Tensor) -> None:
+    """What was set on the real tensor since it was handed out (a freeze with `requires_grad_(False)`,
+    `p._no_weight_decay = True`) goes back onto its fake, so materializing again hands it out as the
+    eager tensor keeps it. Values are not state: a changed value is refused (`_refuse_changed`)."""
+    if fake.requires_grad != real.requires_grad and fake.is_leaf:
+        fake.requires_grad_(real.requires_grad)
+    fake.__dict__.update(real.__dict__)
 
 
 def _form(real: torch.Tensor) -> DeferredForm:

@@ -737,3 +737,20 @@ def test_the_trackers_direct_output_map_gives_pytrees_result_on_every_kind_of_tr
         ]
         assert results[0] == results[1] and type(results[0]) is type(results[1]), tree
         assert [id(t) for t in calls[0]] == [id(t) for t in calls[1]], tree
+
+
+def test_the_cpu_generator_layout_check_holds_under_a_float64_default() -> None:
+    """The check draws one float32 value: a float64 draw takes two words and failed it, so a second
+    deferred_init under a float64 default raised that torch lays out its state differently."""
+    from explorer._torch_compat.generators import cpu_state_layout
+    from explorer.replay.replay import default_dtype_set
+
+    cpu_state_layout.cache_clear()
+    with default_dtype_set(torch.float64):
+        torch.manual_seed(0)
+        torch.nn.Linear(30, 30)
+        eager = torch.nn.Linear(30, 30)
+        torch.manual_seed(0)
+        deferred_init(torch.nn.Linear, 30, 30)
+        second = materialize_module(deferred_init(torch.nn.Linear, 30, 30))
+    assert second.weight.dtype == torch.float64 and torch.equal(second.weight, eager.weight)

@@ -356,3 +356,20 @@ def test_release_module_refuses_what_is_not_a_module():
 
 def test_release_module_is_exported():
     assert "release_module" in explorer.__all__ and "ReleaseError" in explorer.__all__
+
+
+def test_a_freeze_and_attributes_set_after_materializing_survive_release_and_materializing_again():
+    torch.manual_seed(0)
+    eager = nn.Linear(4, 4)
+    eager.weight.requires_grad_(False)
+    torch.manual_seed(0)
+    model = deferred_init(nn.Linear, 4, 4)
+    materialize_module(model)
+    model.weight.requires_grad_(False)
+    model.bias._no_weight_decay = True
+    release_module(model)
+    assert is_deferred(model.weight) and not model.weight.requires_grad and model.bias._no_weight_decay
+    materialize_module(model)
+    assert (model.weight.requires_grad, model.bias.requires_grad) == (False, True)
+    assert model.bias._no_weight_decay is True
+    assert torch.equal(model.weight, eager.weight) and torch.equal(model.bias, eager.bias)

@@ -175,3 +175,26 @@ def test_materialize_module_returns_the_module_for_chaining():
     module = deferred_init(Stack)
     assert materialize_module(module) is module
     assert not is_deferred(module)
+
+
+class _GramInit(nn.Module):
+    """A parameter made by a matmul, which autocast would run in bfloat16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        w = torch.randn(4, 4)
+        self.p = nn.Parameter(w @ w.t())
+        self.register_buffer("projected", torch.nn.functional.linear(torch.randn(2, 4), w))
+
+
+def test_materializing_under_the_callers_autocast_gives_eagers_dtypes_and_values():
+    torch.manual_seed(0)
+    eager = _GramInit()
+    torch.manual_seed(0)
+    model = deferred_init(_GramInit)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        materialize_module(model)
+        assert torch.is_autocast_enabled("cpu")  # the caller's autocast is back after materializing
+    for name, tensor in eager.state_dict().items():
+        assert model.state_dict()[name].dtype == torch.float32, name
+        assert torch.equal(model.state_dict()[name], tensor), name
