@@ -16,7 +16,7 @@ from torch import nn
 from ..errors import MaterializationError
 from ..graph import InitGraph, TensorId
 from ..record.fake import DeferredHandle, handle_of, is_fake
-from .deferred_forms import remember_deferred_forms
+from .deferred_forms import DeferredForm, deferred_form_of, remember_deferred_forms
 from .preflight import check_materializable
 from .provenance import remember_origins
 from .replay import Progress, Replay, StepReport
@@ -219,6 +219,29 @@ def deferred_slots(
     return module_slots(module, kinds, check_fn, lambda tensor: handle_of(tensor) is not None, "materialized")
 
 
+def made_on_meta_slots(
+    module: nn.Module, buffers_only: bool, check_fn: Callable[[nn.Module], bool] | None, device: DeviceMap
+) -> list[tuple[TensorSlot, torch.Tensor]]:
+    """Slots holding a tensor an earlier `materialize_module(..., device="meta")` made (shapes only),
+    each with the fake it was made from, when `device` (one device, or None: where it was recorded)
+    asks for values: they are made again there, as if still deferred. Empty for device maps and
+    plans, which keep what they placed."""
+    if device is not None and not isinstance(device, str | torch.device):
+        return []
+    target = None if device is None else torch.device(device).type
+
+    def meta_made(tensor: torch.Tensor) -> bool:
+        if not tensor.is_meta or (form := deferred_form_of(tensor)) is None:
+            return False
+        return (target or form.fake.device.type) != "meta"
+
+    kinds: tuple[str, ...] = ("_buffers",) if buffers_only else ("_parameters", "_buffers", "__dict__")
+    return [
+        (slot, cast(DeferredForm, deferred_form_of(tensor)).fake)
+        for slot, tensor in module_slots(module, kinds, check_fn, meta_made, "materialized")
+    ]
+
+
 def module_slots(
     module: nn.Module,
     kinds: tuple[str, ...],
@@ -285,6 +308,7 @@ def materialize_module(
     if check_fn is not None and not callable(check_fn):
         raise TypeError(f"check_fn must be a function of a submodule returning bool, got {type(check_fn).__name__}")
     slots = deferred_slots(module, buffers_only, check_fn, attributes=True)
+    slots += made_on_meta_slots(module, buffers_only, check_fn, device)
     if not slots:
         return module
     fakes, names = [t for _, t in slots], [s[3] for s, _ in slots]

@@ -198,3 +198,20 @@ def test_materializing_under_the_callers_autocast_gives_eagers_dtypes_and_values
     for name, tensor in eager.state_dict().items():
         assert model.state_dict()[name].dtype == torch.float32, name
         assert torch.equal(model.state_dict()[name], tensor), name
+
+
+def test_tensors_made_on_meta_are_made_again_when_asked_for_on_a_device():
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    torch.manual_seed(0)
+    model = deferred_init(lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
+    materialize_module(model, device="meta")  # shapes only
+    assert model[0].weight.is_meta and not is_deferred(model)
+    materialize_module(model[1])  # where it was recorded: the cpu
+    assert model[0].weight.is_meta and model[1].weight.device.type == "cpu"
+    materialize_module(model, device="cpu")
+    for name, tensor in eager.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    assert isinstance(model[0].weight, nn.Parameter) and model[0].weight.requires_grad
+    materialize_module(model, device="meta")  # what is made stays made
+    assert model[0].weight.device.type == "cpu"
