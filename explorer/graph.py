@@ -294,6 +294,8 @@ class OpRecorder(Protocol):
 
     def reopened(self, touched: Callable[[], list[torch.Tensor]]) -> contextlib.AbstractContextManager[None]: ...
 
+    def redefer_given_data(self, roots: list[Any]) -> int: ...
+
 
 class ReplayMemory(Protocol):
     """What replays of one graph keep between calls (implemented by `replay.ReplayState`)."""

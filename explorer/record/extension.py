@@ -24,10 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from .._torch_compat.dispatch import tree_flatten
 from .._torch_compat.fake import FakeTensorMode
+from .lean_fake import FakeFactory
 from .modes import RecordingDispatchMode
+from .redeferred import redefer_swapped_tensors
 from .scope import RecordingScope, ValueReader, recording
 
 if TYPE_CHECKING:
@@ -93,6 +96,18 @@ class Recorder:
                 yield
             self.builder.settle(touched())
             refresh_written(self.builder.graph, first)
+
+    def redefer_given_data(self, roots: list[nn.Module]) -> int:
+        """Note [A materialized tensor given deferred data] (record/redeferred.py) for real tensors of
+        `roots` given this graph's data outside a `deferred(model)` block (`real.data = fake`,
+        `vector_to_parameters` after a partial materialization): each is deferred again, so
+        materializing gives eager's values. Returns how many."""
+        with self.lock:
+            with self._reopened():
+                count = redefer_swapped_tensors(self.builder, FakeFactory(self.fake_mode), roots)
+            if count:
+                self.builder.settle([t for root in roots for t in (*root.parameters(), *root.buffers())])
+        return count
 
     def catch_up(self, tensor: torch.Tensor) -> None:
         """Record a `.data = x` made on fake `tensor` since its last op (see the note above), so its

@@ -219,6 +219,24 @@ def deferred_slots(
     return module_slots(module, kinds, check_fn, lambda tensor: handle_of(tensor) is not None, "materialized")
 
 
+def redefer_given_data(module: nn.Module) -> None:
+    """Real tensors of `module` given a deferred tensor's data outside a `deferred(model)` block
+    (`real.data = fake`; `vector_to_parameters` after a partial materialization) hold the fake's
+    meta storage, neither real nor deferred: each is deferred again by its recording (note [A
+    materialized tensor given deferred data] in record/redeferred.py), as the block does at its end."""
+    graphs: dict[int, InitGraph] = {}
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_meta and not is_fake(tensor) and (form := deferred_form_of(tensor)) is not None:
+            graph = cast(DeferredHandle, handle_of(form.fake)).graph
+            graphs[id(graph)] = graph
+    for tensor in (*module.parameters(), *module.buffers()):
+        if graphs and (handle := handle_of(tensor)) is not None:
+            graphs.setdefault(id(handle.graph), handle.graph)
+    for graph in graphs.values():
+        if graph.recorder is not None:
+            graph.recorder.redefer_given_data([module])
+
+
 def made_on_meta_slots(
     module: nn.Module, buffers_only: bool, check_fn: Callable[[nn.Module], bool] | None, device: DeviceMap
 ) -> list[tuple[TensorSlot, torch.Tensor]]:
@@ -307,6 +325,7 @@ def materialize_module(
         raise TypeError(f"explorer.materialize_module expects an nn.Module, got {type(module).__name__} {module!r:.80}")
     if check_fn is not None and not callable(check_fn):
         raise TypeError(f"check_fn must be a function of a submodule returning bool, got {type(check_fn).__name__}")
+    redefer_given_data(module)
     slots = deferred_slots(module, buffers_only, check_fn, attributes=True)
     slots += made_on_meta_slots(module, buffers_only, check_fn, device)
     if not slots:

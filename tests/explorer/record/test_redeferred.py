@@ -120,3 +120,23 @@ def test_released_first_the_same_write_is_recorded_and_matches_eager(restore_rng
         model[0].weight[:2] = nn.Linear(4, 4).weight[:2]
     materialize_module(model)
     _assert_state_equal(model, eager)
+
+
+def test_a_materialized_parameter_given_deferred_data_outside_a_block_materializes_to_eagers_values():
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    def build() -> nn.Sequential:
+        return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+
+    torch.manual_seed(0)
+    eager = build()
+    vector_to_parameters(parameters_to_vector(eager.parameters()) * 2, eager.parameters())
+    torch.manual_seed(0)
+    model = deferred_init(build)
+    materialize_module(model[0])
+    vector_to_parameters(parameters_to_vector(model.parameters()) * 2, model.parameters())
+    materialize_module(model)
+    for name, tensor in eager.state_dict().items():
+        assert model.state_dict()[name].device.type == "cpu", name
+        assert torch.equal(model.state_dict()[name], tensor), name
+    assert model(torch.ones(1, 4)).shape == (1, 2)
