@@ -96,6 +96,21 @@ class DeferredTensor(FakeTensor):
 
     __str__ = __repr__
 
+    def __format__(self, format_spec: str) -> str:
+        """As `Tensor.__format__`: a 0-d tensor (not a parameter) formats its value, `f"{loss:.4f}"`.
+        Inside the deferred_init that made it that is eager's value; elsewhere a format spec is
+        NoDataError (no value until materialized), and no spec gives the fake's repr."""
+        if self.dim() == 0 and not isinstance(self, torch.nn.Parameter):
+            handle, scope = handle_of(self), active_scope()
+            if handle is not None and scope is not None and scope.graph is handle.graph:
+                real = scope.read_value(self)
+                with outside_recording():
+                    return real.item().__format__(format_spec)
+            if format_spec:
+                graph = handle.graph if handle is not None else None
+                raise no_data_error(f"format(tensor, {format_spec!r})", describe(self), graph)
+        return object.__format__(self, format_spec)
+
     def numpy(self, *, force: bool = False):  # numpy is optional for users
         """Inside the deferred_init that made it: the true values (as eager construction has them).
         Elsewhere: NoDataError, since a fake tensor has no data until it is materialized."""

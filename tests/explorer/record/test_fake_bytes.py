@@ -246,3 +246,22 @@ def test_share_memory_inside_a_deferred_block_leaves_the_values_to_replay(restor
         module.share_memory()
     materialize_module(module)
     assert all(torch.equal(module.state_dict()[n], v) for n, v in eager.state_dict().items())
+
+
+class _LogsItsBias(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        total = self.lin.bias.sum()
+        self.label = f"bias sum {total:.4f} ({total})"
+
+
+def test_formatting_a_0d_tensor_in_a_constructor_gives_eagers_text_and_after_it_needs_data():
+    torch.manual_seed(0)
+    eager = _LogsItsBias()
+    torch.manual_seed(0)
+    model = deferred_init(_LogsItsBias)
+    assert model.label == eager.label
+    with pytest.raises(NoDataError, match=r"^format\(tensor, '\.3f'\) needs the bytes of a deferred tensor"):
+        f"{model.lin.bias.sum():.3f}"
+    assert f"{model.lin.bias.sum()}".endswith("fake=True)")
