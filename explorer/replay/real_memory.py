@@ -42,17 +42,22 @@ def as_recorded_kind(real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
             return as_recorded_kind(real, fake)
     if isinstance(fake, torch.nn.Parameter):  # of its class, without its own __new__ (eager's ran on the fake)
         real = torch.nn.Parameter.__new__(parameter_class(fake), real, fake.requires_grad)
-    elif fake.requires_grad and not real.requires_grad and real.is_leaf and real.is_floating_point():
+    elif fake.requires_grad and not real.requires_grad and real.is_leaf and _differentiable(real):
         real.requires_grad_(True)
     for name, value in user_attributes(fake).items():
         setattr(real, name, value)
     return real
 
 
+def _differentiable(tensor: torch.Tensor) -> bool:
+    """Whether autograd lets `tensor` require grad: floating and complex dtypes."""
+    return tensor.is_floating_point() or tensor.is_complex()
+
+
 def as_fake_now(real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     """A real tensor made earlier for `fake`, given what was set on the fake since: requires_grad
     (`requires_grad_(False)` to freeze it) and attributes, as they would be on eager's one tensor."""
-    if real.is_leaf and real.requires_grad != fake.requires_grad and (real.is_floating_point() or real.is_complex()):
+    if real.is_leaf and real.requires_grad != fake.requires_grad and _differentiable(real):
         real.requires_grad_(fake.requires_grad)
     for name, value in user_attributes(fake).items():
         setattr(real, name, value)

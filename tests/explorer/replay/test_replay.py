@@ -215,3 +215,21 @@ def test_tensors_made_on_meta_are_made_again_when_asked_for_on_a_device():
     assert isinstance(model[0].weight, nn.Parameter) and model[0].weight.requires_grad
     materialize_module(model, device="meta")  # what is made stays made
     assert model[0].weight.device.type == "cpu"
+
+
+class _ComplexHeld(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attribute = torch.randn(3, dtype=torch.complex64, requires_grad=True)
+        self.register_buffer("buffer", torch.randn(3, dtype=torch.complex64).requires_grad_())
+
+
+def test_complex_tensors_that_require_grad_keep_it_as_buffers_and_attributes():
+    torch.manual_seed(0)
+    eager = _ComplexHeld()
+    torch.manual_seed(0)
+    model = materialize_module(deferred_init(_ComplexHeld))
+    for name in ("attribute", "buffer"):
+        real, expected = getattr(model, name), getattr(eager, name)
+        assert (real.dtype, real.requires_grad, real.is_leaf) == (torch.complex64, True, True), name
+        assert torch.equal(real.detach(), expected.detach()), name
