@@ -777,9 +777,18 @@ class GraphBuilder:
         )
         if facts.takes_dtype and kwargs.get("dtype") is None:
             dtype = _first_tensor_dtype(out)
-            if dtype is not None:
+            if dtype is not None and (dtype.is_complex or not self._any_complex(inputs, externals)):
                 ref_kwargs["dtype"] = dtype
         return ref_kwargs
+
+    def _any_complex(self, inputs: list[TensorId], externals: list[int]) -> bool:
+        """Whether an op's tensor inputs include a complex one. A real result of complex inputs (a
+        norm: `linalg_vector_norm`'s `dtype` is the complex one it computes in) does not name the
+        op's `dtype`, so none is filled in for it (note [Default dtype at record time])."""
+        tensors, known = self.graph.tensors, self.graph.externals
+        return any(tensors[t].dtype.is_complex for t in inputs) or any(
+            known[e].tensor.dtype.is_complex for e in externals
+        )
 
     def _output_refs(self, out: Any, index: OpIndex) -> tuple[Any, tuple[TensorId, ...], tuple[StorageId, ...]]:
         """The op's result as the graph stores it, the ids of its tensors, and the storages it

@@ -302,3 +302,25 @@ def test_gradients_left_on_parameters_are_materialized_with_them(restore_rng):
     tagged = deferred_init(nn.Linear, 2, 2)
     tagged.weight.grad = torch.ones(2, 2)  # a real gradient set on the deferred parameter
     assert torch.equal(materialize_module(tagged).weight.grad, torch.ones(2, 2))
+
+
+class _ComplexNorms(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        a = torch.randn(2, 3, dtype=torch.complex64)
+        self.register_buffer("vector", torch.linalg.vector_norm(a, dim=1))
+        self.register_buffer("normalized", nn.functional.normalize(a, dim=1))
+        self.register_buffer("whole", torch.norm(a))
+
+
+@pytest.mark.parametrize("default_at_replay", [torch.float32, torch.float64])
+def test_norms_of_complex_tensors_replay_in_their_complex_dtype(default_at_replay, restore_rng):
+    torch.manual_seed(0)
+    eager = _ComplexNorms()
+    torch.manual_seed(0)
+    model = deferred_init(_ComplexNorms)
+    with default_dtype_set(default_at_replay):
+        materialize_module(model)
+    for name, tensor in eager.state_dict().items():
+        assert model.state_dict()[name].dtype == tensor.dtype, name
+        assert torch.equal(model.state_dict()[name], tensor), name
