@@ -452,7 +452,16 @@ class GraphBuilder:
         """Keep a real argument for replay as it is now; see note [External tensors are kept as read]."""
         fresh = func in _LIFTS
         as_read = None
-        if not fresh and type(tensor) in _PLAIN_TENSORS and tensor.layout == torch.strided and not tensor.is_quantized:
+        # A conjugate or negative view (`x.conj()`, `torch._neg_view`) is kept itself: its memory
+        # laid out again would lose the bit that says how to read it.
+        bits = tensor.is_conj() or tensor.is_neg()
+        if (
+            not fresh
+            and type(tensor) in _PLAIN_TENSORS
+            and tensor.layout == torch.strided
+            and not tensor.is_quantized
+            and not bits
+        ):
             as_read = (
                 _storage(tensor),
                 tensor.dtype,

@@ -134,3 +134,21 @@ def test_constants_from_numpy_views_materialize_in_eagers_layout():
         assert torch.equal(getattr(module, name), getattr(eager, name))
     assert layout(module.columns) == ((3, 2), (4, 1), 0, 40)
     assert module.transposed.data_ptr() != eager.transposed.data_ptr()  # a copy, not numpy's memory
+
+
+def test_a_callers_conjugate_or_negative_view_is_read_with_its_bit():
+    conjugate = torch.randn(3, dtype=torch.complex64).conj()  # the conjugate bit: read as conj(memory)
+    negative = torch._neg_view(torch.randn(3))
+
+    class Reads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("c", conjugate * 1)
+            self.register_buffer("n", negative + 0)
+            self.first = conjugate[0].item()
+
+    eager = Reads()
+    model = deferred_init(Reads)
+    assert model.first == eager.first
+    materialize_module(model)
+    assert torch.equal(model.c, eager.c) and torch.equal(model.n, eager.n)
