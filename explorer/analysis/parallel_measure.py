@@ -36,6 +36,14 @@ __all__ = ["Measured", "Measurements", "RankPeak", "Refused", "measure_in_worker
 REFUSALS = (LayoutError, TensorParallelPlanError, PipelineSplitError)
 
 
+def composable(layout: Layout) -> bool:
+    """Whether a step of `layout` can be composed from 3 and 4 blocks (note [Composing a step from
+    two block counts] in block_composition.py): every block is alike in it. "selective" checkpointing
+    wraps every other block, so 3 blocks end unwrapped and 4 wrapped, and a straight line through
+    them is not the model's step: such layouts are measured whole."""
+    return layout.activation_checkpointing != "selective"
+
+
 @dataclass(frozen=True)
 class RankPeak:
     """One kind of rank's step: `rank` names it ("every rank", "stage 0"...), `peak_bytes` the
@@ -151,7 +159,7 @@ class Measurements:
 
     def _measured(self, layout: Layout) -> tuple[tuple[RankPeak, ...], dict[str, int]]:
         stack = self.stack
-        if stack is None or not stack.alike:
+        if stack is None or not stack.alike or not composable(layout):
             step = self._step(self.module, layout)
             rank = RankPeak(
                 "every rank",
@@ -190,6 +198,8 @@ class Measurements:
         stages = layout.pp * layout.stages_per_rank
         stack = self.stack
         if stack is None or not stack.alike or stack.container != "model.layers" or stack.count % stages:
+            return self._whole_pipeline(layout)
+        if not composable(layout):
             return self._whole_pipeline(layout)
         per_stage = stack.count // stages
         counts = (SHORT_BLOCKS, SHORT_BLOCKS + 1)

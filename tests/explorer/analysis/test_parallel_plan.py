@@ -71,6 +71,21 @@ def test_each_rank_peak_equals_the_whole_models_step(llama5: torch.nn.Module) ->
     assert len(llama5.model.layers) == 5
 
 
+def test_selective_checkpointing_is_measured_whole_and_equals_the_whole_models_step(llama5: torch.nn.Module) -> None:
+    """Every other block is checkpointed: 3 blocks end unwrapped and 4 wrapped, so composing from
+    them gave a temporaries peak that the whole model does not reach."""
+    plan = plan_parallel(
+        llama5, IDS, labels=IDS, gpus=2, gpu_memory="8MB", fsdp=(1, 2), tp=(1,), pp=(1,),
+        activation_checkpointing=("selective",),
+    )  # fmt: skip
+    assert len(plan.results) == 2
+    for result in plan.results:
+        whole = layout_step(llama5, IDS, labels=IDS, layout=result.layout)
+        (rank,) = result.ranks
+        assert (rank.peak_bytes, rank.peak, rank.phase) == (whole.peak_bytes, whole.peak, whole.phase)
+        assert rank.measured_blocks == ()
+
+
 def test_pipeline_stages_are_each_a_rank_of_the_plan() -> None:
     config = LlamaConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2
