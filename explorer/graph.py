@@ -212,6 +212,10 @@ class TensorInfo:
     device: torch.device
     requires_grad: bool
     is_param: bool = False
+    # A conjugate or negative view (`x.conj()` of a complex tensor, `torch._neg_view`): its memory
+    # is read through that bit, which a tensor laid over the storage again must set too.
+    conj: bool = False
+    neg: bool = False
 
 
 @dataclass(slots=True)

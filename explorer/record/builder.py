@@ -298,6 +298,8 @@ class GraphBuilder:
             tensor.dtype,
             device,
             tensor.requires_grad,
+            conj=tensor.is_conj(),
+            neg=tensor.is_neg(),
         )
         if sid not in self._storage_anchor:
             self._storage_anchor[sid] = tid
@@ -675,7 +677,7 @@ class GraphBuilder:
         tid = len(graph.tensors)
         graph.tensors[tid] = TensorInfo(
             tid, info.storage, index, info.shape, info.stride, info.storage_offset, info.dtype, info.device,
-            out.requires_grad,
+            out.requires_grad, conj=info.conj, neg=info.neg,
         )  # fmt: skip
         out.__dict__[HANDLE_ATTR] = DeferredHandle(graph, tid, version_of(out))
         self._remember(out)

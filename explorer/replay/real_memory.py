@@ -9,15 +9,35 @@ from __future__ import annotations
 
 import torch
 
+from ..graph import TensorInfo
 from ..record.fake import user_attributes
 from ..record.parameter_classes import parameter_class
 
 
-def alias_on(base: torch.Tensor, shape: tuple, stride: tuple, offset: int, dtype: torch.dtype) -> torch.Tensor:
+def alias_on(
+    base: torch.Tensor,
+    shape: tuple,
+    stride: tuple,
+    offset: int,
+    dtype: torch.dtype,
+    *,
+    conj: bool = False,
+    neg: bool = False,
+) -> torch.Tensor:
     """A tensor with the given layout over `base`'s storage (an inference tensor if `base` is one,
-    as a view of it would be)."""
+    as a view of it would be), read through the conjugate or negative bit when `conj` / `neg`."""
     with torch.inference_mode(base.is_inference()):
-        return torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), offset, shape, stride)
+        alias = torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), offset, shape, stride)
+        if neg:
+            alias = torch._neg_view(alias)
+        return alias.conj() if conj else alias
+
+
+def alias_of(base: torch.Tensor, info: TensorInfo) -> torch.Tensor:
+    """`alias_on` with the layout and bits recorded for one tensor."""
+    return alias_on(
+        base, info.shape, info.stride, info.storage_offset, info.dtype, conj=info.conj, neg=info.neg
+    )  # fmt: skip
 
 
 def storage_bytes(tensor: torch.Tensor) -> torch.Tensor:

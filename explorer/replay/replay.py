@@ -41,7 +41,7 @@ from ..record.scope import outside_recording
 from .fills import ParallelFills
 from .mt19937 import draws_between
 from .preflight import check_replayable, needing, target_names
-from .real_memory import alias_on, as_fake_now, as_recorded_kind, storage_moved
+from .real_memory import alias_of, as_fake_now, as_recorded_kind, storage_moved
 from .rng import RngSession, RngStreams, own_generator
 from .routing import DeviceRouting, normalize
 
@@ -393,7 +393,7 @@ class Replay:
             anchor = self.anchors[info.storage]
             base = anchor if anchor.device == exec_device else storage_moved(anchor, exec_device)
             self._anchor_on_exec[key] = base
-        return alias_on(base, info.shape, info.stride, info.storage_offset, info.dtype)
+        return alias_of(base, info)
 
     def _resolve(self, value: Any) -> Any:
         if isinstance(value, TensorRef):
@@ -656,13 +656,13 @@ class Replay:
             target = self.routing.target(info.device)
             if info.storage in self.anchors:
                 anchor = self.anchors[info.storage]
-                real = alias_on(anchor, info.shape, info.stride, info.storage_offset, info.dtype)
+                real = alias_of(anchor, info)
             else:
                 real = self.env[tid]
                 if normalize(real.device) != target:
                     if info.storage not in moved:
                         moved[info.storage] = storage_moved(real, target)
-                    real = alias_on(moved[info.storage], info.shape, info.stride, info.storage_offset, info.dtype)
+                    real = alias_of(moved[info.storage], info)
             results[tid] = as_recorded_kind(real, fake)
         return [results[tid] for tid in tids]
 

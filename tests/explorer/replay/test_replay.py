@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -233,3 +234,31 @@ def test_complex_tensors_that_require_grad_keep_it_as_buffers_and_attributes():
         real, expected = getattr(model, name), getattr(eager, name)
         assert (real.dtype, real.requires_grad, real.is_leaf) == (torch.complex64, True, True), name
         assert torch.equal(real.detach(), expected.detach()), name
+
+
+class _ConjugateViews(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        a = torch.randn(4, dtype=torch.complex64)
+        self.first = nn.Module()
+        self.first.register_buffer("a", a)
+        self.second = nn.Module()
+        self.second.register_buffer("conj_view", a.conj())
+        self.second.register_buffer("scaled", a.conj() * 2)
+        self.second.register_buffer("hfft", torch.fft.hfft(a, n=6))
+        self.second.register_buffer("negative", torch._neg_view(a.real))
+
+
+@pytest.mark.parametrize("base_first", [True, False])
+def test_conjugate_and_negative_views_of_a_base_made_earlier_keep_their_bit(base_first):
+    torch.manual_seed(0)
+    eager = _ConjugateViews()
+    torch.manual_seed(0)
+    model = deferred_init(_ConjugateViews)
+    if base_first:
+        materialize_module(model.first)
+    materialize_module(model.second, device="cpu")
+    for name in ("conj_view", "scaled", "hfft", "negative"):
+        real, expected = getattr(model.second, name), getattr(eager.second, name)
+        assert (real.is_conj(), real.is_neg()) == (expected.is_conj(), expected.is_neg()), name
+        assert torch.equal(real.resolve_conj().resolve_neg(), expected.resolve_conj().resolve_neg()), name
