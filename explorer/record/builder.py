@@ -72,6 +72,7 @@ class OpFacts(NamedTuple):
     overwrites_self: bool  # overwrites `self` without reading it (OVERWRITING_OPS)
     takes_dtype: bool  # has a keyword-only `dtype` (note [Default dtype at record time])
     may_resize: bool  # may grow a storage it writes: only out= arguments and the resize/set family
+    returned: tuple[int | None, str] | None  # the written argument it returns (`returned_argument`)
 
 
 # OpOverload hashes in Python (torch/_ops.py): an op's facts are found by its id() instead, the
@@ -92,7 +93,7 @@ def _read_facts(func: Any) -> OpFacts:
     name = func._schema.name.split("::")[-1]
     may_resize = any(argument != "self" for _, argument in written) or "resize" in name or name.startswith("set_")
     overwrites = func in OVERWRITING_OPS or func in INITIALIZER_OPS
-    return OpFacts(written, _SEEDED in func.tags, overwrites, _takes_dtype(func), may_resize)
+    return OpFacts(written, _SEEDED in func.tags, overwrites, _takes_dtype(func), may_resize, _returned_position(func))
 
 
 def _contents_read(
@@ -119,6 +120,28 @@ def written_arguments(func: Any) -> tuple[tuple[int | None, str], ...]:
         for position, argument in enumerate(func._schema.arguments)
         if argument.alias_info is not None and argument.alias_info.is_write
     )
+
+
+def _returned_position(func: Any) -> tuple[int | None, str] | None:
+    """(position, name) of the written argument an op returns itself (`Tensor(a!)` in and out: `self`
+    of an in-place op, `out=`), position None for a keyword-only one; None for other ops."""
+    returns = func._schema.returns
+    if len(returns) != 1 or returns[0].alias_info is None or not returns[0].alias_info.is_write:
+        return None
+    alias = returns[0].alias_info.before_set
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write and argument.alias_info.before_set == alias:
+            return (None if argument.kwarg_only else position), argument.name
+    return None
+
+
+def _returned_argument(returned: tuple[int | None, str], args: tuple, kwargs: dict, out: Any) -> Any:
+    """What an op that returns written argument `returned` returns, as its schema says: that
+    argument. A fake kernel can hand back another tensor (FakeTensorMode's `slice_scatter.out`
+    returns `self`), and the recording would then bind the result to the wrong tensor."""
+    position, name = returned
+    value = kwargs.get(name) if position is None else (args[position] if position < len(args) else kwargs.get(name))
+    return value if isinstance(value, torch.Tensor) else out
 
 
 # `torch.tensor([...])` lifts a constant it has just made: only the recording holds it.
@@ -562,6 +585,8 @@ class GraphBuilder:
         drawn = facts.random and own_generator is None
         stream = self._random_stream(func, args, kwargs, out, index, source) if drawn else None
         written_tids, resizes = self._written_tensors(facts, args, kwargs, written) if facts.written else ([], False)
+        if facts.returned is not None and type(out) is DeferredTensor:
+            out = _returned_argument(facts.returned, args, kwargs, out)
         outputs, output_ids, created = self._output_refs(out, index)
         if externals and created and views_external(func) and not _copied_by_to(func, args, out):
             self._note_external_views(created, externals)

@@ -324,3 +324,21 @@ def test_norms_of_complex_tensors_replay_in_their_complex_dtype(default_at_repla
     for name, tensor in eager.state_dict().items():
         assert model.state_dict()[name].dtype == tensor.dtype, name
         assert torch.equal(model.state_dict()[name], tensor), name
+
+
+class _ScatterIntoOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        x, src, out = torch.randn(4, 3), torch.randn(2, 3), torch.zeros(0)
+        torch.slice_scatter(x, src, 0, 0, 2, 1, out=out)  # FakeTensorMode's kernel returns x here
+        self.register_buffer("x", x)
+        self.register_buffer("out", out)
+
+
+def test_an_out_argument_is_what_the_op_returns_as_its_schema_says(restore_rng):
+    torch.manual_seed(0)
+    eager = _ScatterIntoOut()
+    torch.manual_seed(0)
+    model = materialize_module(deferred_init(_ScatterIntoOut))
+    assert torch.equal(model.x, eager.x) and torch.equal(model.out, eager.out)
+    assert model.x.untyped_storage().data_ptr() != model.out.untyped_storage().data_ptr()
