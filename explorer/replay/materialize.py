@@ -246,7 +246,10 @@ def made_on_meta_slots(
     plans, which keep what they placed."""
     if device is not None and not isinstance(device, str | torch.device):
         return []
-    target = None if device is None else torch.device(device).type
+    try:
+        target = None if device is None else torch.device(device).type
+    except RuntimeError:  # not a device: routing refuses it, naming it
+        return []
 
     def meta_made(tensor: torch.Tensor) -> bool:
         if not tensor.is_meta or (form := deferred_form_of(tensor)) is None:
