@@ -198,6 +198,13 @@ class ExternalTensor:
             return torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, shape, stride)
 
 
+def _schema_returns(func: Any) -> int:
+    """How many values an op's schema returns (0 for checks; a Python function recorded as an op
+    counts as returning something)."""
+    schema = getattr(func, "_schema", None)
+    return 1 if schema is None else len(schema.returns)
+
+
 @dataclass(slots=True)
 class TensorInfo:
     """Metadata of one fake tensor (one Python tensor object, or one state of it after `.data = `)."""
@@ -358,6 +365,7 @@ class InitGraph:
     constructor_ops: int = 0
     # (len(ops) when computed, the answer) of value_feeding_random_ops: ops are only appended
     _value_feeding: tuple[int, frozenset[OpIndex]] = field(default=(-1, frozenset()), repr=False, compare=False)
+    _checks: tuple[int, tuple[OpIndex, ...]] = field(default=(-1, ()), repr=False, compare=False)
 
     def value_feeding_random_ops(self) -> frozenset[OpIndex]:
         """Random ops whose values an op recorded `from_values` depends on (rng="fast" must still
@@ -440,15 +448,32 @@ class InitGraph:
 
         for tid, before, reads_data in starts:
             require(tid, before, reads_data)
+        checks = self._check_ops()
         while stack:
-            index = stack.pop()
-            if index in needed:
-                continue
-            needed.add(index)
-            op = self.ops[index]
-            for tid in op.inputs:
-                require(tid, index, tid in op.reads)
+            while stack:
+                index = stack.pop()
+                if index in needed:
+                    continue
+                needed.add(index)
+                op = self.ops[index]
+                for tid in op.inputs:
+                    require(tid, index, tid in op.reads)
+            stack.extend(index for index in checks if index not in needed and self._checks_needed(index, needed))
         return sorted(needed)
+
+    def _check_ops(self) -> tuple[OpIndex, ...]:
+        """Ops that make and write nothing: value checks (`_linalg_check_errors` after
+        `linalg.cholesky`, `_assert_async`), which raise where eager raised. Kept until an op is
+        appended."""
+        counted, known = self._checks
+        if counted != len(self.ops):
+            known = tuple(op.index for op in self.ops if op.inputs and not op.writes and not _schema_returns(op.func))
+            self._checks = (len(self.ops), known)
+        return known
+
+    def _checks_needed(self, index: OpIndex, needed: set[OpIndex]) -> bool:
+        """Whether check `index` reads a tensor made by an op replay runs: it runs too."""
+        return any(self.tensors[tid].producer in needed for tid in self.ops[index].inputs)
 
     def _live_writers(self, storage: StorageId, before: OpIndex, skip_dead_writes: bool) -> list[OpIndex]:
         writers = self.writers_before(storage, before)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from explorer import DeferredInitError, deferred_init, is_deferred, is_fake, materialize_module
+from explorer import DeferredInitError, MaterializationError, deferred_init, is_deferred, is_fake, materialize_module
 from explorer.replay.replay import default_dtype_set
 from explorer.record.fake import handle_of
 from tests.support.graphs import assert_same_graph, graph_of
@@ -342,3 +342,22 @@ def test_an_out_argument_is_what_the_op_returns_as_its_schema_says(restore_rng):
     model = materialize_module(deferred_init(_ScatterIntoOut))
     assert torch.equal(model.x, eager.x) and torch.equal(model.out, eager.out)
     assert model.x.untyped_storage().data_ptr() != model.out.untyped_storage().data_ptr()
+
+
+class _NotPositiveDefinite(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("factor", torch.linalg.cholesky(-torch.eye(3)))
+
+
+def test_a_value_check_eager_raises_in_the_constructor_is_replayed_and_raises_at_materialization():
+    with pytest.raises(RuntimeError, match="not positive-definite"):
+        _NotPositiveDefinite()
+    model = deferred_init(_NotPositiveDefinite)  # no values while recording: nothing to check yet
+    with pytest.raises(
+        MaterializationError,
+        match=r"^replaying aten\._linalg_check_errors\.default \(recorded at .*test_recording\.py:\d+ in __init__\) "
+        r"for 'factor' failed: _LinAlgError: linalg\.cholesky: .* not positive-definite",
+    ):
+        materialize_module(model)
+    assert is_deferred(model.factor)
