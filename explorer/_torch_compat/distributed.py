@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
 from torch.distributed.fsdp._fully_shard import _fsdp_param
 from torch.distributed.tensor import DTensor, _collective_utils, _redistribute, _sharding_prop
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -57,6 +57,7 @@ from .dispatch import disable_current_modes
 from .fake import FakeTensorMode
 
 __all__ = [
+    "CheckpointWrapper",
     "FakeStore",
     "caller_groups_set_aside",
     "checkpoint_wrapper",

@@ -28,12 +28,12 @@ from .pipeline_composition import compose_ranks
 from .pipeline_split import PipelineSplitError
 from .pipeline_step import PipelineStageStep, pipeline_steps
 from .tp_plans import TensorParallelPlanError
-from .train_step import LossFunction, OptimizerFactory
+from .train_step import LossFunction, OptimizerFactory, TrainStepError
 
 __all__ = ["Measured", "Measurements", "RankPeak", "Refused", "measure_in_workers"]
 
 # A layout the engines refuse for this model: the refusal becomes the layout's stated problem.
-REFUSALS = (LayoutError, TensorParallelPlanError, PipelineSplitError)
+REFUSALS = (LayoutError, TensorParallelPlanError, PipelineSplitError, TrainStepError)
 
 
 def composable(layout: Layout) -> bool:

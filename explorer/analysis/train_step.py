@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import CheckpointError
 
+from .._torch_compat.distributed import CheckpointWrapper
 from .._torch_compat.fake import FakeTensorMode, unset_fake_temporarily
 from .._torch_compat.memory_tracker import (
     FastFSDPMemTracker,
@@ -377,9 +378,25 @@ def run_step(
         ) from error
     except Exception as error:
         raise TrainStepError(
-            f"the {run.phase} of {root_class} cannot run on fake tensors, in {running}: {type(error).__name__}: {error}"
+            f"the {run.phase} of {root_class} cannot run on fake tensors, in {running}"
+            f"{_cache_hint(run, twin, kwargs)}: {type(error).__name__}: {error}"
         ) from error
     return run
+
+
+def _cache_hint(run: _StepRun, twin: nn.Module, kwargs: dict) -> str:
+    """For a backward that failed in a model keeping a KV cache: the likely cause, which eager
+    training meets too (a checkpointed block recomputed in the backward appends to the cache again,
+    and its shapes change), and the fix."""
+    config = getattr(twin, "config", None)
+    if run.phase != "backward" or kwargs.get("use_cache") is False or not getattr(config, "use_cache", False):
+        return ""
+    if not any(isinstance(module, CheckpointWrapper) for module in twin.modules()):
+        return ""
+    return (
+        " (the model keeps a KV cache, use_cache=True: if a checkpointed block recomputed in the backward "
+        "appended to it again, its shapes changed, as eager training would find too; pass use_cache=False)"
+    )
 
 
 def _peak_snapshot(tracker: MemTracker) -> dict:

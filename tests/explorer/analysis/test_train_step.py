@@ -565,3 +565,30 @@ def test_a_module_with_nothing_to_train_is_refused_naming_it():
         train_step(deferred_init(nn.ReLU), torch.randn(2, 4))
     assert str(error.value) == ("ReLU has no parameters: a training step would update nothing (the optimizer "
                                 "refuses an empty parameter list); for its forward alone use dry_run")
+
+
+def _sliding_window_qwen2() -> nn.Module:
+    config = transformers.Qwen2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=300, use_sliding_window=True, sliding_window=8, max_window_layers=1,
+    )  # fmt: skip
+    return transformers.Qwen2ForCausalLM(config)
+
+
+def test_a_kv_cache_grown_by_a_recomputed_block_is_named_with_its_fix_and_a_plan_lists_it_refused():
+    from explorer.analysis.parallel_plan import plan_parallel
+
+    ids = torch.randint(0, 300, (2, 16))
+    model = deferred_init(_sliding_window_qwen2)
+    with pytest.raises(TrainStepError) as caught:
+        train_step(model, input_ids=ids, labels=ids, activation_checkpointing=True)
+    assert "the backward of Qwen2ForCausalLM cannot run on fake tensors" in str(caught.value)
+    assert "(the model keeps a KV cache, use_cache=True: if a checkpointed block recomputed" in str(caught.value)
+    assert train_step(model, input_ids=ids, labels=ids, activation_checkpointing=True, use_cache=False).peak_bytes
+    plan = plan_parallel(
+        model, ids, labels=ids, gpus=1, gpu_memory="1GB", fsdp=(1,), tp=(1,), pp=(1,),
+        activation_checkpointing=("none", "block"),
+    )  # fmt: skip
+    outcomes = {result.layout.activation_checkpointing: result for result in plan.results}
+    assert outcomes["none"].ranks and not outcomes["block"].ranks
+    assert "pass use_cache=False" in outcomes["block"].problems[0]
