@@ -25,7 +25,7 @@ from ..graph import InitGraph
 from ..inspection.census import Census
 from ..inspection.ops import op_kind
 from ..naming import dtype_name, is_inside
-from .dry_run import DryRunError, not_on_fakes_message, prepare_fake_forward
+from .dry_run import DryRunError, not_on_fakes_message, prepare_fake_forward, unfused_transformer_layers
 from .forward_record import ForwardRecorder, ModuleStack
 from .swapped_state import swapped_in
 
@@ -177,7 +177,7 @@ def forward_graph(module: nn.Module, *inputs: Any, **kwargs: Any) -> ForwardGrap
     named_inputs.update({k: recorder.tensor_id(v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
     rng_state = torch.get_rng_state()
     try:
-        with torch.no_grad(), mode, recorder, modules:
+        with torch.no_grad(), unfused_transformer_layers(), mode, recorder, modules:
             try:
                 with swapped_in(module, state):  # note [Each slot swapped once]
                     output = module(*args, **kwargs)

@@ -223,3 +223,21 @@ def test_a_forward_branching_on_a_random_draw_names_the_line_that_reads_it():
         "do not have): DataDependentOutputException: aten._local_scalar_dense.default "
         f"(at {__file__}:{line} in forward: return x if skip < 0.1 else self.layer(x))"
     )
+
+
+def test_an_eval_mode_transformer_encoder_counts_the_flops_of_its_fused_inference_path():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from explorer import dry_run
+
+    def build() -> nn.Module:
+        layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+        return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+
+    x = torch.randn(2, 8, 32)
+    eager = build()
+    with FlopCounterMode(display=False) as counter:
+        eager(x)  # train mode: every matmul through ops that have a formula
+    model = deferred_init(build).eval()
+    assert forward_graph(model, x).flops == dry_run(model, x).flops == counter.get_total_flops() > 0
+    assert torch.backends.mha.get_fastpath_enabled()  # PyTorch's setting is back
