@@ -150,6 +150,8 @@ class RecordingDispatchMode(TorchDispatchMode):
         written = None
         if kind is _WRITING or kind is _INPLACE_RANDOM:
             with _metadata_access():
+                if kind is _WRITING and _inplace_pointwise(func):
+                    self._refuse_broadcast_into_self(func, args, source)
                 written = self.builder.before_write(func, args, kwargs, source)
         try:
             out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
@@ -232,6 +234,25 @@ class RecordingDispatchMode(TorchDispatchMode):
         self.builder.graph.ops[-1].from_values = True
         return out
 
+    def _refuse_broadcast_into_self(self, func: Any, args: tuple, source: Any) -> None:
+        """Note: [In-place ops do not grow self]
+        An in-place pointwise op writes its result into `self`, which eager's TensorIterator never
+        resizes: `x[10, 1, 5].atan2_(y[10, 10, 5])` raises. Some fake kernels resize `self` instead
+        (with a warning), which would record a tensor of another shape than eager can make and
+        fail only at materialization. Refused here, before anything runs, with eager's words."""
+        if not args or not isinstance(args[0], torch.Tensor):
+            return  # a list of tensors (`_foreach_add_`): each pair is checked by its own kernel
+        shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+        try:
+            broadcast = tuple(torch.broadcast_shapes(*shapes))
+        except RuntimeError:
+            return  # not broadcastable at all: the op's own check says so
+        if broadcast != shapes[0]:
+            error = RuntimeError(
+                f"output with shape {list(shapes[0])} doesn't match the broadcast shape {list(broadcast)}"
+            )
+            raise self.builder.failure(func, error, source)
+
     def _record_directly(self, entry: _Kind, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:
         """The op run and recorded by a direct record (note [Direct records]), or NotImplemented
         when it is not of such a shape: then nothing was recorded, and the general path runs it.
@@ -297,6 +318,20 @@ class RecordingDispatchMode(TorchDispatchMode):
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
+_INPLACE_POINTWISE: dict[int, tuple[Any, bool]] = {}  # by id(func), as _KINDS
+
+
+def _inplace_pointwise(func: Any) -> bool:
+    """Whether `func` is an in-place pointwise op writing its first argument (`atan2_`, `add_`)."""
+    entry = _INPLACE_POINTWISE.get(id(func))
+    if entry is None:
+        schema = func._schema
+        arguments = schema.arguments
+        first_written = bool(arguments) and arguments[0].alias_info is not None and arguments[0].alias_info.is_write
+        inplace = first_written and not arguments[0].kwarg_only and schema.name.endswith("_")
+        entry = _INPLACE_POINTWISE[id(func)] = (func, inplace and torch.Tag.pointwise in func.tags)
+    return entry[1]
+
 
 _PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLVE, _CREATE, _DETACH_OP, _OTHER = (
     "pass-through",

@@ -1,6 +1,7 @@
 """What deferred_init records and what the fake tensors report."""
 
 import gc
+import re
 
 import psutil
 import pytest
@@ -361,3 +362,18 @@ def test_a_value_check_eager_raises_in_the_constructor_is_replayed_and_raises_at
     ):
         materialize_module(model)
     assert is_deferred(model.factor)
+
+
+@pytest.mark.parametrize("op", ["atan2_", "clamp_min_", "add_"])
+def test_an_in_place_op_whose_other_operand_would_grow_self_is_refused_as_eager_refuses_it(op):
+    def build() -> nn.Module:
+        module = nn.Module()
+        module.register_buffer("x", getattr(torch.randn(10, 1, 5), op)(torch.randn(10, 10, 5)))
+        return module
+
+    with pytest.raises(RuntimeError, match=r"output with shape \[10, 1, 5\] doesn't match the broadcast shape"):
+        build()
+    with pytest.raises(DeferredInitError) as caught:
+        deferred_init(build)
+    assert re.match(rf"aten\.{op}\.\w+ failed under deferred_init", str(caught.value))
+    assert "RuntimeError: output with shape [10, 1, 5] doesn't match the broadcast shape [10, 10, 5]" in str(caught.value)
