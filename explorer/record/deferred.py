@@ -35,7 +35,7 @@ from .parameter_classes import recorded_parameter_classes
 from .redeferred import redefer_swapped_tensors
 from .scope import RecordingScope, recording, recording_graph
 from .seeding import eager_state_reads, seeding_moves_the_start
-from .source import module_being_built, user_location
+from .source import module_being_built, user_location, user_location_of
 from .surgery import install_surgery_hooks
 from .swaps import install_attribute_keeping_swap, swappable_fakes
 
@@ -118,7 +118,8 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
 
     Raises TypeError for a non-callable `module_fn` or a non-Module result, DeferredInitError when
     an op cannot run without storage (naming op, module chain and source line) or when called inside
-    another deferred_init. An exception raised by `module_fn` propagates unchanged, with the partial
+    another deferred_init, or when PyTorch read a fake's values in C++ (note [Reads the recorder
+    cannot see]). An exception raised by `module_fn` propagates unchanged, with the partial
     graph attached as `error.deferred_graph`. Either error carries `partial_module`: the outermost
     module whose constructor was running (what it had built so far, its tensors fake; not
     materializable), or None. No mode stays active on any exit path.
@@ -198,6 +199,10 @@ def _recording_into() -> Iterator[_Session]:
         raise
     except BaseException as error:
         rng_ledger.forget(graph)
+        if isinstance(error, RuntimeError) and _C_READ_OF_FAKE in str(error):
+            unseen = unseen_read_error(error, graph)
+            unseen.partial_module = module_being_built(error.__traceback__)
+            raise unseen from error
         try:
             # any exception may carry them (one with __slots__ refuses: AttributeError, below)
             error.deferred_graph = graph  # type: ignore[attr-defined]  # set on a foreign exception
@@ -207,6 +212,28 @@ def _recording_into() -> Iterator[_Session]:
         except AttributeError:
             pass
         raise
+
+
+# What PyTorch says when C++ code reads the memory of a tensor that has none (a fake's).
+_C_READ_OF_FAKE = "but its data is not allocated yet"
+
+
+def unseen_read_error(error: RuntimeError, graph: InitGraph) -> DeferredInitError:
+    """Note: [Reads the recorder cannot see]
+    Some PyTorch functions read a tensor's values in C++ without an op the recorder sees
+    (`torch.tensor([t0, t1])` of 0-d tensors, `torch.tensor_split(x, index_tensor)`,
+    `torch.quasirandom.SobolEngine`): on a fake, PyTorch raises its own "data is not allocated
+    yet" error, which names no line. This says where, why, and what works instead."""
+    where = user_location_of(error.__traceback__)
+    return DeferredInitError(
+        f"{where or '<unknown source>'}: a PyTorch function read the values of a deferred (fake) tensor in C++, "
+        "where deferred_init cannot see the read, so it has none to give (eager reads them there). Read "
+        "them explicitly first (`t.tolist()`, `t.item()`, `int(t)` give eager's values while recording), "
+        "or use a tensor op instead (`torch.stack([t0, t1])` for `torch.tensor([t0, t1])`). "
+        f"PyTorch said: {str(error).splitlines()[0]}",
+        graph,
+        reason="a C++ read of a fake tensor's memory",
+    )
 
 
 def _finish(session: _Session, roots: list[nn.Module]) -> None:

@@ -76,6 +76,18 @@ def user_location(skip: int = 1) -> SourceLocation | None:
     return seen[1]
 
 
+def user_location_of(tb: TracebackType | None) -> SourceLocation | None:
+    """The innermost frame of traceback `tb` that belongs to neither torch nor the explorer: where
+    user code called what raised."""
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not _is_library_code(code):
+            found = SourceLocation(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return found
+
+
 def building_modules(skip: int = 1) -> str:
     """The chain of `nn.Module.__init__` calls in progress, outermost first, e.g.
 

@@ -265,3 +265,22 @@ def test_formatting_a_0d_tensor_in_a_constructor_gives_eagers_text_and_after_it_
     with pytest.raises(NoDataError, match=r"^format\(tensor, '\.3f'\) needs the bytes of a deferred tensor"):
         f"{model.lin.bias.sum():.3f}"
     assert f"{model.lin.bias.sum()}".endswith("fake=True)")
+
+
+class _TensorOfTensors(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        first, second = torch.tensor(1.0), torch.randn(())
+        self.register_buffer("pair", torch.tensor([first, second]))  # C++ reads both values
+
+
+def test_a_read_of_fake_values_in_cpp_names_the_line_and_what_works_instead():
+    _TensorOfTensors()  # eager reads the values
+    with pytest.raises(DeferredInitError) as caught:
+        deferred_init(_TensorOfTensors)
+    line = inspect.getsourcelines(_TensorOfTensors.__init__)[1] + 3
+    assert str(caught.value).startswith(
+        f"{__file__}:{line} in __init__: a PyTorch function read the values of a deferred (fake) tensor in C++"
+    )
+    assert "`torch.stack([t0, t1])` for `torch.tensor([t0, t1])`" in str(caught.value)
+    assert isinstance(caught.value, RuntimeError) and caught.value.partial_module is not None
