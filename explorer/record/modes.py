@@ -190,7 +190,13 @@ class RecordingDispatchMode(TorchDispatchMode):
         """`t_()`, `unsqueeze_()`...: run on the fake, recorded as its new layout."""
         with _metadata_access():
             before = self.builder.id_of(args[0], source)  # the layout before, in case it was never seen
-        out = func(*args, **kwargs)
+        if func is _RESIZE_AS and len(args) > 1 and not isinstance(args[1], FakeTensor):
+            # a real template gives only its shape, which fake mode will not take from a real tensor
+            func, args = _RESIZE, (args[0], list(args[1].shape))
+        try:
+            out = func(*args, **kwargs)
+        except Exception as error:
+            raise self.builder.failure(func, error, source) from error
         with _metadata_access():
             after = self.builder.record_inplace_view(args[0], func, source)
         graph = self.builder.graph
@@ -318,6 +324,7 @@ class RecordingDispatchMode(TorchDispatchMode):
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
+_RESIZE_AS, _RESIZE = torch.ops.aten.resize_as_.default, torch.ops.aten.resize_.default
 _INPLACE_POINTWISE: dict[int, tuple[Any, bool]] = {}  # by id(func), as _KINDS
 
 

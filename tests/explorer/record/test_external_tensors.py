@@ -152,3 +152,16 @@ def test_a_callers_conjugate_or_negative_view_is_read_with_its_bit():
     assert model.first == eager.first
     materialize_module(model)
     assert torch.equal(model.c, eager.c) and torch.equal(model.n, eager.n)
+
+
+def test_resizing_as_a_callers_tensor_takes_its_shape():
+    template = torch.randn(2, 3)
+
+    class Resized(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("o", torch.arange(6.0).resize_as_(template))
+
+    eager = Resized()
+    model = materialize_module(deferred_init(Resized))
+    assert model.o.shape == eager.o.shape == (2, 3) and torch.equal(model.o, eager.o)
