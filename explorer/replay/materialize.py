@@ -21,7 +21,7 @@ from .preflight import check_materializable
 from .provenance import remember_origins
 from .replay import Progress, Replay, StepReport
 from .rng import RngMode
-from .routing import DeviceLike, DeviceMap, TensorPlacement, route_devices
+from .routing import DeviceLike, DeviceMap, DeviceRouting, TensorPlacement, route_devices
 from .slices import made_alone, materialize_slice
 
 __all__ = ["is_deferred", "materialize_module", "materialize_tensor"]
@@ -72,6 +72,7 @@ def materialize_fakes(
     by_graph: dict[int, list[int]] = {}
     for position, (fake, name) in enumerate(zip(fakes, names)):
         check_materializable(fake, name)
+        _refuse_values_from_meta(fake, name, routing)
         by_graph.setdefault(id(_handle(fake).graph), []).append(position)
     results: list[torch.Tensor | None] = [None] * len(fakes)
     to_replay: list[tuple[InitGraph, list[int]]] = []
@@ -97,6 +98,18 @@ def materialize_fakes(
         for position, real in zip(positions, reals):
             results[position] = real
     return results  # type: ignore[return-value]  # every position was filled above
+
+
+def _refuse_values_from_meta(fake: torch.Tensor, name: str, routing: DeviceRouting) -> None:
+    """A tensor the constructor made on the meta device has no values in eager either: asked for
+    on a real device, MaterializationError saying so, before anything runs."""
+    recorded = fake.device
+    if recorded.type == "meta" and (target := routing.target(recorded)).type != "meta":
+        raise MaterializationError(
+            f"{name!r} was recorded on the meta device (its constructor made it there: torch.device('meta') "
+            f"or device='meta'), where eager construction has no values either, so there are none to put on "
+            f"{target}: materialize it with device='meta', or build the model off the meta device"
+        )
 
 
 class _ProgressAcrossReplays:
@@ -129,6 +142,7 @@ def check_fakes(fakes: list[torch.Tensor], names: list[str], device: DeviceMap, 
     for fake, name in zip(fakes, names):
         handle = check_materializable(fake, name)
         assert handle is not None  # fakes only
+        _refuse_values_from_meta(fake, name, routing)
         if id(handle.graph) not in by_graph:
             by_graph[id(handle.graph)] = (Replay(handle.graph, routing, names={}), [])
         replay, tids = by_graph[id(handle.graph)]

@@ -71,3 +71,18 @@ def test_absent_target_device_is_rejected():
 def test_unknown_rng_mode_is_rejected():
     with pytest.raises(MaterializationError, match=r"rng must be one of \('eager', 'fast'\), got 'exact'"):
         materialize_tensor(deferred_init(nn.Linear, 2, 2).weight, rng="exact")
+
+
+def test_a_tensor_recorded_on_meta_asked_for_on_a_device_is_refused_naming_it():
+    with torch.device("meta"):
+        module = deferred_init(nn.Linear, 4, 3)
+    for device in ("cpu", {"meta": "cpu"}):
+        with pytest.raises(
+            MaterializationError,
+            match=r"^'weight' was recorded on the meta device .* so there are none to put on cpu: materialize it "
+            r"with device='meta'",
+        ):
+            materialize_module(module, device=device)
+        assert is_deferred(module.weight) and is_deferred(module.bias)
+    materialize_module(module, device="meta")
+    assert module.weight.is_meta and module.weight.shape == (3, 4)
