@@ -148,7 +148,7 @@ class RecordingDispatchMode(TorchDispatchMode):
                 self.builder.record(func, args, kwargs, args[0], source, filled)
             return args[0]
         written = None
-        if kind is _WRITING or kind is _INPLACE_RANDOM:
+        if kind is _WRITING or kind is _INPLACE_RANDOM or kind is _INPLACE_VIEW_OP:  # the last: a real self
             with _metadata_access():
                 if kind is _WRITING and _inplace_pointwise(func):
                     self._refuse_broadcast_into_self(func, args, source)

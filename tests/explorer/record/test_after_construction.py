@@ -251,3 +251,14 @@ def test_torch_compile_of_a_deferred_model_records_the_forward_as_calling_it_doe
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1] == "[True, True, True, True, True]"
+
+
+def test_setting_a_real_tensor_to_a_deferred_ones_memory_is_refused_with_the_fix():
+    model = deferred_init(lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)))
+    materialize_module(model[0])
+    before = model[0].bias.detach().clone()
+    with pytest.raises(DeferredInitError) as caught, torch.no_grad():
+        model[0].bias.set_(model[1].weight.detach()[0].clone())
+    assert str(caught.value).startswith("aten.set_.source_Tensor writes values of a deferred model into a real tensor")
+    assert "Run this code inside `with explorer.deferred(model): ...`" in str(caught.value)
+    assert torch.equal(model[0].bias, before) and is_deferred(model[1].weight)
