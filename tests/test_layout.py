@@ -283,6 +283,7 @@ DICT_USES_ALLOWED = {
     "explorer.replay.materialize": (1, "finds tensors a module holds as plain attributes (its own instance dict)"),
     "explorer.record.checkpoint_reads": (1, "reads Python modules' namespaces for a `safe_open` they imported, not a torch object"),
     "explorer.record.swaps": (1, "puts a fake parameter's own attributes back after swap_tensors swapped its instance dict"),
+    "explorer.replay.release": (2, "carries the attributes a user set on a real tensor back to its fake on release"),
 }
 
 

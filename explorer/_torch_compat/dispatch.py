@@ -23,6 +23,7 @@ __all__ = [
     "disable_torch_function",
     "metadata_access",
     "meta_in_tls_dispatch_include",
+    "neg_view",
     "never_traced_by_dynamo",
     "preserve_dispatch_key_guard",
     "pytree",
@@ -49,6 +50,8 @@ preserve_dispatch_key_guard: Callable[[], Any] = torch._C._PreserveDispatchKeyGu
 """Thread-local dispatch key sets restored on exit."""
 disable_current_modes = _disable_current_modes
 """Every active TorchDispatchMode popped for the block (restored on exit)."""
+neg_view: Callable[[torch.Tensor], torch.Tensor] = torch._neg_view
+"""A view read through the negative bit (what `is_neg()` reports): no public spelling."""
 
 
 def meta_in_tls_dispatch_include(value: bool) -> None:

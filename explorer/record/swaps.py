@@ -13,7 +13,8 @@ Note: [A cast keeps a parameter's attributes]
 converted copy's attributes, none of the user's. From the first deferred recording on, for the rest
 of the process (casts of a deferred model come after `deferred_init` returned), `swap_tensors`
 is wrapped: a swap of two fakes keeps the first one's attributes, next to the fake state it takes
-from the second; any other swap is PyTorch's.
+from the second; any other swap is PyTorch's, made without the replay's weak references to
+materialized tensors (note [Materialized tensors swap too] in record/weak_holders.py).
 
 Note: mirrors `torch.nn.Module._apply` (2.13), which looks `torch.utils.swap_tensors` up at call
 time; re-check on upgrades (tests/explorer/record/test_recording.py casts inside a constructor).
@@ -29,6 +30,7 @@ import torch.utils
 
 from .builder import GraphBuilder
 from .fake import handle_of, is_fake, user_attributes
+from .weak_holders import without_weak_holders
 
 _installed = False
 
@@ -44,7 +46,8 @@ def install_attribute_keeping_swap() -> None:
     def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
         fakes = is_fake(t1) and is_fake(t2)
         kept, before = (user_attributes(t1), handle_of(t1)) if fakes else (None, None)
-        original(t1, t2)
+        with contextlib.nullcontext() if fakes else without_weak_holders((t1, t2)):
+            original(t1, t2)
         if kept:
             t1.__dict__.update(kept)
         after = handle_of(t1) if fakes else None

@@ -14,13 +14,14 @@ since (an optimizer step, `.data = x`, `module.to(...)`): releasing it would los
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..record.fake import version_of
+from ..record.weak_holders import register_weak_holder
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,15 @@ class DeferredForm:
 
 
 _forms: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _let_go(real: torch.Tensor) -> Callable[[], None] | None:
+    """Note [Materialized tensors swap too] in record/weak_holders.py."""
+    form = _forms.pop(real, None)
+    return None if form is None else lambda: _forms.__setitem__(real, form)
+
+
+register_weak_holder(_let_go)
 
 
 def remember_deferred_forms(fakes: Sequence[torch.Tensor], reals: Sequence[torch.Tensor]) -> None:

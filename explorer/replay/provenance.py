@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import bisect
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..graph import InitGraph, SourceLocation, TensorId, TensorInfo
+from ..record.weak_holders import register_weak_holder
 
 _SET_DATA = "set_data"  # the synthetic alias record.py notes for `.data = x`
 
@@ -80,6 +81,15 @@ def creation_sources(graph: InitGraph, tensor_ids: Iterable[TensorId]) -> dict[T
 
 
 _origins: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _let_go(real: torch.Tensor) -> Callable[[], None] | None:
+    """Note [Materialized tensors swap too] in record/weak_holders.py."""
+    origin = _origins.pop(real, None)
+    return None if origin is None else lambda: _origins.__setitem__(real, origin)
+
+
+register_weak_holder(_let_go)
 
 
 def remember_origins(graph: InitGraph, tensor_ids: Sequence[TensorId], reals: Sequence[torch.Tensor]) -> None:

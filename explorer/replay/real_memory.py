@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .._torch_compat.dispatch import neg_view
 from ..graph import TensorInfo
 from ..record.fake import user_attributes
 from ..record.parameter_classes import parameter_class
@@ -29,7 +30,7 @@ def alias_on(
     with torch.inference_mode(base.is_inference()):
         alias = torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), offset, shape, stride)
         if neg:
-            alias = torch._neg_view(alias)
+            alias = neg_view(alias)
         return alias.conj() if conj else alias
 
 

@@ -38,6 +38,7 @@ from ..record.fake import DeferredHandle, handle_of, version_of
 from ..record.foreign import READ_DEFERRED
 from ..record.generators import stream_key
 from ..record.scope import outside_recording
+from ..record.weak_holders import register_weak_holder
 from .fills import ParallelFills
 from .mt19937 import draws_between
 from .preflight import check_replayable, needing, target_names
@@ -50,6 +51,30 @@ Progress = Callable[[int, int, int, int], None]
 # on_step(step, detail): a step of one replay is done ("rng": generator states reached) or starts
 # ("replay": the ops run); may raise to cancel.
 StepReport = Callable[[str, str], None]
+
+
+def _let_go(real: torch.Tensor) -> Callable[[], None] | None:
+    """Every live replay's memo entries for `real`, dropped, and what puts them back: note
+    [Materialized tensors swap too] in record/weak_holders.py. Swaps are rare; the scan is of each table."""
+    held: list[tuple[weakref.WeakValueDictionary, Any]] = []
+    for state in list(_LIVE_STATES):
+        for tables in (state.results, state.anchors, state.slices):
+            for table in tables.values():
+                held.extend((table, key) for key, value in list(table.items()) if value is real)
+    if not held:
+        return None
+    for table, key in held:
+        del table[key]
+
+    def restore() -> None:
+        for table, key in held:
+            table[key] = real
+
+    return restore
+
+
+_LIVE_STATES: weakref.WeakSet = weakref.WeakSet()
+register_weak_holder(_let_go)
 
 
 class ReplayState:
@@ -96,6 +121,7 @@ class ReplayState:
         self.slices: dict[tuple, weakref.WeakValueDictionary] = {}  # views made alone (slices.py)
         self.lock = threading.RLock()
         self._devices: tuple[int, frozenset[torch.device]] = (-1, frozenset())
+        _LIVE_STATES.add(self)
 
     def memo_key(self, routing: DeviceRouting) -> tuple:
         """Which results a routing may share: the same rng mode and the same target for every device

@@ -262,3 +262,21 @@ def test_conjugate_and_negative_views_of_a_base_made_earlier_keep_their_bit(base
         real, expected = getattr(model.second, name), getattr(eager.second, name)
         assert (real.is_conj(), real.is_neg()) == (expected.is_conj(), expected.is_neg()), name
         assert torch.equal(real.resolve_conj().resolve_neg(), expected.resolve_conj().resolve_neg()), name
+
+
+def test_a_materialized_model_converts_by_swapping_tensors_as_an_eager_one_does():
+    torch.manual_seed(0)
+    eager = nn.Linear(4, 4)
+    torch.manual_seed(0)
+    model = materialize_module(deferred_init(nn.Linear, 4, 4))
+    weight = model.weight
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        eager.half()
+        model.half()
+        model.load_state_dict(eager.state_dict())
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert model.weight is weight and weight.dtype == torch.float16  # swapped in place: the same object
+    assert torch.equal(model.weight, eager.weight) and torch.equal(model.bias, eager.bias)
+    assert materialize_tensor(weight) is weight
