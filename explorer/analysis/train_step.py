@@ -481,11 +481,25 @@ def _check_arguments(module: Any, world_size: int, shard: Any, loop: TrainingLoo
             f"{type(module).__name__} has no parameters: a training step would update nothing (the optimizer "
             "refuses an empty parameter list); for its forward alone use dry_run"
         )
+    _refuse_sparse_gradients(module)
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if shard is not None and world_size == 1:
         raise ValueError("shard= applies fully_shard under world_size > 1; with world_size=1 nothing is sharded")
     check_loop(loop)
+
+
+def _refuse_sparse_gradients(module: nn.Module) -> None:
+    """A sparse gradient (`nn.Embedding(sparse=True)`, `nn.EmbeddingBag(sparse=True)`) has no storage
+    of its own, which PyTorch's MemTracker reads of every tensor (it fails on the eager loop too)."""
+    for path, sub in module.named_modules():
+        if getattr(sub, "sparse", False) is True and isinstance(sub, nn.Embedding | nn.EmbeddingBag):
+            name = f"{type(module).__name__}.{path}" if path else type(module).__name__
+            raise TrainStepError(
+                f"{name} ({type(sub).__name__}) makes sparse gradients (sparse=True), which PyTorch's memory "
+                "tracker cannot count (a sparse tensor has no storage of its own; the eager loop fails there "
+                "too): estimate with sparse=False, whose gradient is dense, the size of the weight"
+            )
 
 
 def check_loop(loop: TrainingLoop) -> None:

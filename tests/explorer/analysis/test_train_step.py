@@ -592,3 +592,24 @@ def test_a_kv_cache_grown_by_a_recomputed_block_is_named_with_its_fix_and_a_plan
     outcomes = {result.layout.activation_checkpointing: result for result in plan.results}
     assert outcomes["none"].ranks and not outcomes["block"].ranks
     assert "pass use_cache=False" in outcomes["block"].problems[0]
+
+
+class _SparseEmbedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(1000, 16, sparse=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(ids))
+
+
+def test_a_model_with_sparse_gradients_is_refused_naming_the_module_before_anything_runs():
+    model = deferred_init(_SparseEmbedding)
+    with pytest.raises(
+        TrainStepError,
+        match=r"^_SparseEmbedding\.embedding \(Embedding\) makes sparse gradients \(sparse=True\), which PyTorch's "
+        r"memory tracker cannot count",
+    ):
+        train_step(model, torch.randint(0, 1000, (4, 8)), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    assert is_deferred(model.embedding.weight)
