@@ -655,6 +655,8 @@ class Replay:
                 out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
+        if op.out_layout is not None:
+            _lay_out_as_recorded(op.out_layout, kwargs)
         self._keep_outputs(op.outputs, out)
 
     def _keep_outputs(self, refs: Any, out: Any) -> None:
@@ -691,6 +693,23 @@ class Replay:
                     real = alias_of(moved[info.storage], info)
             results[tid] = as_recorded_kind(real, fake)
         return [results[tid] for tid in tids]
+
+
+def _lay_out_as_recorded(layout: tuple[str, tuple[int, ...], tuple[int, ...]], kwargs: dict) -> None:
+    """Note: [Out layouts as recorded]
+    An op writing a resized `out=` (`torch.cholesky_inverse(a, out=torch.zeros(0))`) lays the result
+    out as its kernel chooses, and the fake kernel may choose other strides than the CPU's (row-major
+    where the CPU kernel writes column-major). The recording holds the fake's layout, and later ops
+    read the memory through it, so the real result is copied into that layout: eager's values,
+    the recorded strides (which may differ from eager's tensor's: its stride is the one metadata
+    the recording cannot know)."""
+    name, shape, stride = layout
+    real = kwargs.get(name)
+    if not isinstance(real, torch.Tensor) or (tuple(real.shape), tuple(real.stride())) == (shape, stride):
+        return
+    laid_out = torch.empty_strided(shape, stride, dtype=real.dtype, device=real.device)
+    laid_out.copy_(real)
+    real.set_(laid_out)
 
 
 @contextlib.contextmanager

@@ -377,3 +377,30 @@ def test_an_in_place_op_whose_other_operand_would_grow_self_is_refused_as_eager_
         deferred_init(build)
     assert re.match(rf"aten\.{op}\.\w+ failed under deferred_init", str(caught.value))
     assert "RuntimeError: output with shape [10, 1, 5] doesn't match the broadcast shape [10, 10, 5]" in str(caught.value)
+
+
+class _IntoEmptyOut(nn.Module):
+    """out= calls whose CPU kernel lays the result out column-major where the fake kernel does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        a = torch.randn(4, 4, dtype=torch.complex64)
+        inverse = torch.zeros(0, dtype=torch.complex64)
+        torch.cholesky_inverse(torch.linalg.cholesky(a @ a.mH + torch.eye(4)), out=inverse)
+        transform = torch.zeros(0, dtype=torch.complex64)
+        torch.fft.ifft(torch.randn(2, 3, 4), n=5, dim=1, out=transform)
+        self.register_buffer("inverse", inverse)
+        self.register_buffer("transform", transform)
+        self.register_buffer("scaled", transform * 2)  # read through the recorded layout
+
+
+def test_a_resized_out_argument_holds_eagers_values_whatever_layout_its_kernel_chose(restore_rng):
+    torch.manual_seed(0)
+    eager = _IntoEmptyOut()
+    torch.manual_seed(0)
+    model = deferred_init(_IntoEmptyOut)
+    recorded = {name: tensor.stride() for name, tensor in model.named_buffers()}
+    materialize_module(model)
+    for name, tensor in eager.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+        assert model.state_dict()[name].stride() == recorded[name], name  # the layout the recording holds
