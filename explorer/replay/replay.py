@@ -709,7 +709,7 @@ def _lay_out_as_recorded(layout: tuple[str, tuple[int, ...], tuple[int, ...]], k
         return
     laid_out = torch.empty_strided(shape, stride, dtype=real.dtype, device=real.device)
     laid_out.copy_(real)
-    real.set_(laid_out)
+    real.set_(laid_out.untyped_storage(), 0, shape, stride)
 
 
 @contextlib.contextmanager
