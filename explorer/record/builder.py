@@ -144,14 +144,14 @@ def _returned_argument(returned: tuple[int | None, str], args: tuple, kwargs: di
     return value if isinstance(value, torch.Tensor) else out
 
 
-def _out_layout(facts: OpFacts, kwargs: dict) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
-    """`OpNode.out_layout` of a resizing op: its first keyword-only written tensor, as laid out now
-    (after the fake kernel ran), when it starts at its storage's beginning."""
-    for position, name in facts.written:
-        tensor = kwargs.get(name) if position is None else None
-        if isinstance(tensor, torch.Tensor) and tensor.storage_offset() == 0:
-            return name, tuple(tensor.shape), tuple(tensor.stride())
-    return None
+def _out_layouts(facts: OpFacts, kwargs: dict) -> tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]:
+    """`OpNode.out_layouts` of a resizing op: its keyword-only written tensors (`out=`, `(Q, R)`) as
+    laid out now, after its kernel ran, each that starts at its storage's beginning."""
+    return tuple(
+        (name, tuple(tensor.shape), tuple(tensor.stride()))
+        for position, name in facts.written
+        if position is None and isinstance(tensor := kwargs.get(name), torch.Tensor) and tensor.storage_offset() == 0
+    )
 
 
 # `torch.tensor([...])` lifts a constant it has just made: only the recording holds it.
@@ -623,7 +623,7 @@ class GraphBuilder:
                 resizes=resizes,
                 inference=torch.is_inference_mode_enabled(),
                 default_dtype=self._deciding_default_dtype(inputs, externals),
-                out_layout=_out_layout(facts, kwargs) if resizes else None,
+                out_layouts=_out_layouts(facts, kwargs) if resizes else (),
             )
         )
         if own_generator is not None:

@@ -98,3 +98,34 @@ def compute_for_real(
         return make_fake(meta, device)
 
     return tree_map(as_fake, out)
+
+
+def kernel_out_strides(
+    graph: InitGraph, read_value: ValueReader, func: Any, args: tuple, kwargs: dict, outs: list[str]
+) -> list[tuple[int, ...]] | None:
+    """The strides the CPU kernel gives `func`'s `out=` arguments `outs` (keyword names) when it
+    resizes them: the op run on the true values of its other inputs, each out a new empty tensor
+    (note [Out layouts as recorded] in replay/replay.py). None where that cannot be had cheaply:
+    a fake off the CPU, inputs over the value-read limit, or an op that raises (replay then
+    raises as eager did)."""
+    given = {name: kwargs[name] for name in outs}
+    inputs = [v for v in tree_flatten((args, {k: v for k, v in kwargs.items() if k not in given}))[0]]
+    fakes = [value for value in inputs if isinstance(value, FakeTensor)]
+    if any(fake.device.type != "cpu" for fake in (*fakes, *given.values()) if isinstance(fake, FakeTensor)):
+        return None
+    if sum(closure_bytes(graph, fake) for fake in fakes) > value_read_limit():
+        return None
+    reals = {id(fake): read_value(fake) for fake in fakes}
+    real_args = tree_map(lambda v: reals.get(id(v), v) if isinstance(v, FakeTensor) else v, args)
+    with outside_recording():  # the empty outs made here are real, not fakes of the recording
+        real_kwargs = {
+            k: (
+                torch.empty(0, dtype=v.dtype) if k in given else reals.get(id(v), v) if isinstance(v, FakeTensor) else v
+            )
+            for k, v in kwargs.items()
+        }
+        try:
+            func(*real_args, **real_kwargs)
+        except Exception:  # eager raises here too: replay will, naming the op
+            return None
+    return [tuple(real_kwargs[name].stride()) for name in outs]

@@ -29,7 +29,7 @@ from ..errors import DeferredInitError, MaterializationError
 from ..graph import InitGraph, TensorId, is_inplace_random
 from .batch_norm import BATCH_NORMS, as_kernels_run_it, with_kernel_layout
 from .builder import PLAIN_ARGUMENTS, SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
-from .computed import compute_for_real
+from .computed import compute_for_real, kernel_out_strides
 from .fake import DeferredTensor, handle_of
 from .foreign import reads_other_recordings, run_in_other_recording, runs_in_other_recording, with_reads_adopted
 from .lean_fake import (
@@ -153,12 +153,15 @@ class RecordingDispatchMode(TorchDispatchMode):
                 if kind is _WRITING and _inplace_pointwise(func):
                     self._refuse_broadcast_into_self(func, args, source)
                 written = self.builder.before_write(func, args, kwargs, source)
+        outs_before = _resizable_outs(entry.facts, kwargs) if entry.facts.may_resize and kwargs else ()
         try:
             out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
             if out is NotImplemented:
                 # Fake mode would take another recording's fake for a real tensor and convert it.
                 self.builder.refuse_other_recordings(args, kwargs, source)
                 out = func(*args, **kwargs)
+            if outs_before:
+                self._outs_as_the_kernel_lays_them(func, args, kwargs, outs_before)
             if batch_norm:
                 out = with_kernel_layout(out, args, self.make_fake)
         except DeferredInitError:
@@ -239,6 +242,21 @@ class RecordingDispatchMode(TorchDispatchMode):
             self.builder.record(func, args, kwargs, out, source, written)
         self.builder.graph.ops[-1].from_values = True
         return out
+
+    def _outs_as_the_kernel_lays_them(
+        self, func: Any, args: tuple, kwargs: dict, before: tuple[tuple[str, tuple[int, ...]], ...]
+    ) -> None:
+        """`out=` fakes the op resized take the strides the CPU kernel gives them (note [Out
+        layouts as recorded] in replay/replay.py), where those can be had."""
+        resized = [name for name, shape in before if tuple(kwargs[name].shape) != shape]
+        if not resized:
+            return
+        with _metadata_access():
+            strides = kernel_out_strides(self.builder.graph, self.read_value, func, args, kwargs, resized)
+        for name, stride in zip(resized, strides or ()):
+            fake = kwargs[name]
+            if tuple(fake.stride()) != stride and fake.storage_offset() == 0:
+                fake.as_strided_(fake.shape, stride, 0)
 
     def _refuse_broadcast_into_self(self, func: Any, args: tuple, source: Any) -> None:
         """Note: [In-place ops do not grow self]
@@ -326,6 +344,15 @@ class RecordingDispatchMode(TorchDispatchMode):
 _PRIM_DEVICE = torch.ops.prim.device.default
 _RESIZE_AS, _RESIZE = torch.ops.aten.resize_as_.default, torch.ops.aten.resize_.default
 _INPLACE_POINTWISE: dict[int, tuple[Any, bool]] = {}  # by id(func), as _KINDS
+
+
+def _resizable_outs(facts: Any, kwargs: dict) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, shape) of an op's keyword-only written fakes (`out=`), before it runs."""
+    return tuple(
+        (name, tuple(tensor.shape))
+        for position, name in facts.written
+        if position is None and isinstance(tensor := kwargs.get(name), FakeTensor)
+    )
 
 
 def _inplace_pointwise(func: Any) -> bool:

@@ -655,8 +655,8 @@ class Replay:
                 out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
-        if op.out_layout is not None:
-            _lay_out_as_recorded(op.out_layout, kwargs)
+        for layout in op.out_layouts:
+            _lay_out_as_recorded(layout, kwargs)
         self._keep_outputs(op.outputs, out)
 
     def _keep_outputs(self, refs: Any, out: Any) -> None:
@@ -699,10 +699,12 @@ def _lay_out_as_recorded(layout: tuple[str, tuple[int, ...], tuple[int, ...]], k
     """Note: [Out layouts as recorded]
     An op writing a resized `out=` (`torch.cholesky_inverse(a, out=torch.zeros(0))`) lays the result
     out as its kernel chooses, and the fake kernel may choose other strides than the CPU's (row-major
-    where the CPU kernel writes column-major). The recording holds the fake's layout, and later ops
-    read the memory through it, so the real result is copied into that layout: eager's values,
-    the recorded strides (which may differ from eager's tensor's: its stride is the one metadata
-    the recording cannot know)."""
+    where the CPU kernel writes column-major). While recording on the CPU, the op is run once on its
+    inputs' true values to learn the kernel's strides, and the fake takes them
+    (`computed.kernel_out_strides`): the recording then holds eager's layout and this does nothing.
+    Where that could not be had (inputs over the value-read limit, another device), the recording
+    holds the fake's layout, which later ops read the memory through, so the real result is copied
+    into that layout: eager's values, in the recorded strides."""
     name, shape, stride = layout
     real = kwargs.get(name)
     if not isinstance(real, torch.Tensor) or (tuple(real.shape), tuple(real.stride())) == (shape, stride):

@@ -389,18 +389,21 @@ class _IntoEmptyOut(nn.Module):
         torch.cholesky_inverse(torch.linalg.cholesky(a @ a.mH + torch.eye(4)), out=inverse)
         transform = torch.zeros(0, dtype=torch.complex64)
         torch.fft.ifft(torch.randn(2, 3, 4), n=5, dim=1, out=transform)
+        q = torch.zeros(0)
+        torch.linalg.qr(torch.randn(3, 3), out=(q, torch.zeros(0)))
         self.register_buffer("inverse", inverse)
         self.register_buffer("transform", transform)
         self.register_buffer("scaled", transform * 2)  # read through the recorded layout
+        self.register_buffer("q_in_memory_order", q.as_strided((9,), (1,)) * 1)
 
 
-def test_a_resized_out_argument_holds_eagers_values_whatever_layout_its_kernel_chose(restore_rng):
+def test_a_resized_out_argument_takes_the_layout_and_values_of_eagers_kernel(restore_rng):
     torch.manual_seed(0)
     eager = _IntoEmptyOut()
     torch.manual_seed(0)
     model = deferred_init(_IntoEmptyOut)
-    recorded = {name: tensor.stride() for name, tensor in model.named_buffers()}
+    assert {n: t.stride() for n, t in model.named_buffers()} == {n: t.stride() for n, t in eager.named_buffers()}
     materialize_module(model)
     for name, tensor in eager.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name
-        assert model.state_dict()[name].stride() == recorded[name], name  # the layout the recording holds
+        assert model.state_dict()[name].stride() == tensor.stride(), name
