@@ -179,8 +179,12 @@ def downloaded_copy(remote: RemoteFile) -> Path | None:
 
 
 def endpoint_folder(endpoint: str) -> str:
-    """A folder name for an endpoint: its host, and a short hash telling apart two on one host."""
-    host = re.sub(r"[^A-Za-z0-9.-]+", "_", re.sub(r"^\w+://", "", endpoint)).strip("_")
+    """A folder name for an endpoint: its host, port and path, and a short hash telling apart two on
+    one host. Never the URL's user, password or query (`https://user:hf_...@mirror`): the folder
+    names stub paths, which recordings, diagrams and `to_fx` code show."""
+    parts = urlsplit(endpoint)
+    visible = f"{parts.hostname or ''}{f'_{parts.port}' if parts.port else ''}{parts.path}"
+    host = re.sub(r"[^A-Za-z0-9.-]+", "_", visible).strip("_")
     return f"{host}-{hashlib.sha256(endpoint.encode()).hexdigest()[:8]}"
 
 

@@ -2,7 +2,7 @@
 
 One node per recorded op in the closure of the module's deferred tensors (the ops
 `materialize_module` would replay), in chronological order, with the aten op the replay runs as its
-target (the recorded op, except `lift_fresh` of a constant, which becomes `lift_fresh_copy`); real
+target (the recorded op, except `lift_fresh` of a constant, which becomes `lifted_copy`); real
 tensors the constructor read are constants (`get_attr` of `_external_<i>`); the output is a dict
 from every deferred parameter/buffer name to its node (tied names share one). Every node carries
 the FX conventions `meta["val"]` (a fake tensor with the recorded shape, stride, dtype and device,
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import fx, nn
 
-from .._torch_compat.dispatch import tree_flatten, tree_map
+from .._torch_compat.dispatch import OpOverload, tree_flatten, tree_map
 from .._torch_compat.fake import FakeTensorMode
 from ..errors import MaterializationError
 from ..graph import ExternalRef, GeneratorState, InitGraph, OpNode, TensorId, TensorRef
@@ -108,7 +108,9 @@ class InitProgram(fx.GraphModule):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            with torch.no_grad():
+            # float32 is the default dtype of ops recorded without one (`OpNode.default_dtype`), as
+            # replay runs them, whatever the caller's default
+            with torch.no_grad(), default_dtype_set(torch.float32):
                 return super().__call__(*args, **kwargs)
         finally:
             rng = getattr(self, "_rng", None)  # absent when the program draws no random numbers
@@ -135,6 +137,15 @@ def under_default_dtype(dtype: torch.dtype, qualified: str, /, *args: Any, **kwa
     input promoted to it: note [Default dtype at record time])."""
     with default_dtype_set(dtype):
         return call_overload(qualified, *args, **kwargs)
+
+
+def under_inference_mode(dtype: torch.dtype | None, qualified: str, /, *args: Any, **kwargs: Any) -> Any:
+    """Op overload `qualified` called under `torch.inference_mode()`, as it was recorded (it makes
+    inference tensors, as eager's did), and under default dtype `dtype` when one was recorded."""
+    with torch.inference_mode():
+        if dtype is None:
+            return call_overload(qualified, *args, **kwargs)
+        return under_default_dtype(dtype, qualified, *args, **kwargs)
 
 
 def generator_in_state(device: str, state: torch.Tensor) -> torch.Generator | None:
@@ -214,7 +225,10 @@ class _Builder:
                     self.rng_node = self.fx_graph.get_attr("_rng")
             self.fx_graph.call_function(rng_seek, (self.rng_node, *op.stream))
         target = replayed_func(op.func)
-        if op.default_dtype is not None:
+        overload = isinstance(target, OpOverload)
+        if op.inference and overload:
+            node = self.fx_graph.call_function(under_inference_mode, (op.default_dtype, str(target), *args), kwargs)
+        elif op.default_dtype is not None and overload:
             node = self.fx_graph.call_function(under_default_dtype, (op.default_dtype, str(target), *args), kwargs)
         elif keyword.iskeyword(getattr(target, "_overloadname", "")):  # `random_.from`: FX's code would not parse
             node = self.fx_graph.call_function(call_overload, (str(target), *args), kwargs)

@@ -301,7 +301,6 @@ class ReplayState:
 # `torch.tensor([...])` records `lift_fresh(constant)`, which returns the constant itself: replaying
 # it as is would let later recorded in-place ops write into the graph's copy of the constant (so a
 # second replay would start from a changed value, and is refused as "modified in place").
-_FRESH_COPIES = {torch.ops.aten.lift_fresh.default: torch.ops.aten.lift_fresh_copy.default}
 
 
 _LEAVES_TO_MAP = (TensorRef, ExternalRef, torch.device, GeneratorState)
@@ -326,8 +325,9 @@ def map_arguments(value: Any, leaf: Callable[[Any], Any]) -> Any:
 
 
 def replayed_func(func: Any) -> Any:
-    """The op to run for a recorded op: the same, except `lift_fresh`, which copies its constant."""
-    return _FRESH_COPIES.get(func, func)
+    """What runs for a recorded op: the op itself, except `lift_fresh`, which copies its constant in
+    its layout (`lifted_copy`)."""
+    return _RUN_AS.get(func, func)
 
 
 def lifted_copy(constant: torch.Tensor) -> torch.Tensor:
@@ -640,7 +640,7 @@ class Replay:
             with default_dtype_set(op.default_dtype or torch.float32):
                 return self._run_op(index, rng, fills)
         args, kwargs = self._resolved(op.args), self._resolved(op.kwargs)
-        func = _RUN_AS.get(op.func, op.func)
+        func = replayed_func(op.func)
         if op.stream is not None and fills.submit(op, args, kwargs):
             return  # in place: the output is args[0], already in env
         if op.stream is not None:

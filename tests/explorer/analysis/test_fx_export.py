@@ -268,3 +268,32 @@ def test_program_of_a_model_deferred_right_after_another_equals_eager(restore_rn
     nn.Linear(3, 3)
     eager = nn.Linear(3, 3)
     assert torch.equal(out["weight"], eager.weight) and torch.equal(out["bias"], eager.bias)
+
+
+class _ConstantsModesAndDefaults(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import numpy as np
+
+        self.register_buffer("transposed", torch.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4).T))
+        self.register_buffer("flat", self.transposed.as_strided((12,), (1,)) * 1)  # reads memory order
+        self.register_buffer("third", torch.arange(4) / 3)  # takes the default dtype
+        with torch.inference_mode():
+            self.register_buffer("frozen", torch.ones(3) * 2)
+
+
+def test_program_keeps_constant_layouts_inference_mode_and_the_recorded_default_dtype():
+    eager = _ConstantsModesAndDefaults()
+    model = deferred_init(_ConstantsModesAndDefaults)
+    program = to_fx(model)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the caller's default: not the one the model was recorded under
+    try:
+        out = program()
+    finally:
+        torch.set_default_dtype(before)
+    for name, tensor in eager.state_dict().items():
+        assert (out[name].dtype, out[name].stride(), out[name].is_inference()) == (
+            tensor.dtype, tensor.stride(), tensor.is_inference()
+        ), name  # fmt: skip
+        assert torch.equal(out[name], tensor), name

@@ -607,3 +607,13 @@ def test_bytes_of_a_file_downloaded_whole_are_read_from_that_copy(local_hub, tmp
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     materialize_module(model)
     _assert_same_bytes(model, eager)
+
+
+def test_an_endpoints_credentials_are_not_in_the_folder_that_names_stub_paths():
+    from explorer.hub_fetch import endpoint_folder
+
+    folder = endpoint_folder("https://user:hf_secret_31337@mirror.example.com:8443/hub?token=also_secret")
+    assert folder.startswith("mirror.example.com_8443_hub-")
+    assert "secret" not in folder and "user" not in folder
+    assert endpoint_folder("http://127.0.0.1:8080").startswith("127.0.0.1_8080-")  # caches keep their names
+    assert endpoint_folder("https://a@h.org") != endpoint_folder("https://b@h.org")  # still told apart
