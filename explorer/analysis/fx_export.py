@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import keyword
 import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -106,7 +107,12 @@ class InitProgram(fx.GraphModule):
     Runs without autograd and closes the RNG session even when an op fails.
     """
 
+    _preflight: Callable[[], None] | None = None  # to_fx's checks, made again at each call
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        preflight = self._preflight
+        if preflight is not None:
+            preflight()  # MaterializationError before anything runs, as materialize_module's
         try:
             # float32 is the default dtype of ops recorded without one (`OpNode.default_dtype`), as
             # replay runs them, whatever the caller's default
@@ -315,4 +321,8 @@ def to_fx(module: nn.Module) -> InitProgram:
     for name, tensor in builder.constants.items():
         root.register_buffer(name, tensor, persistent=False)
     root._rng = rng  # type: ignore[assignment]  # Module.__setattr__'s hint names tensors and modules only
-    return InitProgram(root, builder.fx_graph, class_name=f"{type(module).__name__}Init")
+    program = InitProgram(root, builder.fx_graph, class_name=f"{type(module).__name__}Init")
+    # checked again at each call: a checkpoint rewritten or a constant changed in place since export
+    # would give other values than eager's without a word (materialize_module refuses them too)
+    program._preflight = lambda: check_replayable(graph, rng.replay.routing, ops, tids, dict(zip(tids, names)))
+    return program

@@ -297,3 +297,33 @@ def test_program_keeps_constant_layouts_inference_mode_and_the_recorded_default_
             tensor.dtype, tensor.stride(), tensor.is_inference()
         ), name  # fmt: skip
         assert torch.equal(out[name], tensor), name
+
+
+class _DoublesItsInput(nn.Module):
+    def __init__(self, given: torch.Tensor) -> None:
+        super().__init__()
+        self.w = nn.Parameter(given * 2)
+
+
+def test_a_program_refuses_inputs_changed_since_export_as_materialize_module_does(tmp_path):
+    import time
+
+    from safetensors.torch import save_file
+
+    from explorer import load_checkpoint
+
+    path = tmp_path / "m.safetensors"
+    save_file({"weight": torch.ones(2, 2), "bias": torch.ones(2)}, path)
+    model = deferred_init(nn.Linear, 2, 2)
+    load_checkpoint(model, path)
+    program = to_fx(model)
+    assert torch.equal(program()["weight"], torch.ones(2, 2))
+    time.sleep(0.01)
+    save_file({"weight": torch.full((2, 2), 7.0), "bias": torch.ones(2)}, path)
+    with pytest.raises(MaterializationError, match=r"m\.safetensors changed since it was recorded"):
+        program()
+    given = torch.arange(4.0)
+    program = to_fx(deferred_init(_DoublesItsInput, given))
+    given.add_(100)
+    with pytest.raises(MaterializationError, match="modified in place after deferred_init"):
+        program()
