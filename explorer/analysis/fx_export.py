@@ -33,7 +33,7 @@ from torch import fx, nn
 from .._torch_compat.dispatch import OpOverload, tree_flatten, tree_map
 from .._torch_compat.fake import FakeTensorMode
 from ..errors import MaterializationError
-from ..graph import ExternalRef, GeneratorState, InitGraph, OpNode, TensorId, TensorRef
+from ..graph import ExternalRef, GeneratorState, InitGraph, OpIndex, OpNode, TensorId, TensorRef
 from ..record.fake import handle_of, is_fake
 from ..record.scope import outside_recording
 from ..replay.materialize import TensorSlot, check_materializable, deferred_slots
@@ -260,9 +260,10 @@ def _names_through_shared_modules(
     return [(name, tid_of[id(tensor)]) for name, tensor in everything if id(tensor) in tid_of and name not in named]
 
 
-def _refuse_absent_devices(graph: InitGraph, tids: list[TensorId], names: list[str]) -> None:
+def _refuse_absent_devices(graph: InitGraph, tids: list[TensorId], names: list[str], ops: list[OpIndex]) -> None:
     """The program runs on the recorded devices, which `materialize_module(device=...)` could move
-    and `to_fx` cannot: say so, instead of replay's advice to pass a device."""
+    and `to_fx` cannot: say so, instead of replay's advice to pass a device or an rng mode. The
+    devices of the tensors its ops make count too (a CPU parameter computed from a CUDA draw)."""
     for tid, name in zip(tids, names):
         recorded = graph.tensors[tid].device
         if not is_available(recorded):
@@ -271,6 +272,21 @@ def _refuse_absent_devices(graph: InitGraph, tids: list[TensorId], names: list[s
                 f"{recorded}, but {describe_absence(recorded)}. Export on a machine that has it, or record the "
                 "model on the CPU"
             )
+    checked: set[torch.device] = set()
+    for index in ops:
+        for tid in graph.ops[index].output_ids:
+            recorded = graph.tensors[tid].device
+            if recorded in checked:
+                continue
+            checked.add(recorded)
+            if not is_available(recorded):
+                op = graph.ops[index]
+                raise MaterializationError(
+                    f"to_fx exports the initialization on the devices it was recorded on: {op.label} (recorded at "
+                    f"{op.source or '<unknown source>'}) made a tensor on {recorded}, which the exported tensors "
+                    f"are computed from, but {describe_absence(recorded)}. Export on a machine that has it, or "
+                    "record the model on the CPU"
+                )
 
 
 def to_fx(module: nn.Module) -> InitProgram:
@@ -305,8 +321,8 @@ def to_fx(module: nn.Module) -> InitProgram:
         return InitProgram(nn.Module(), empty, class_name=f"{type(module).__name__}Init")
     graph = next(iter(graphs.values()))
     tids = [handle.tensor_id for handle in handles]
-    _refuse_absent_devices(graph, tids, names)
     ops = graph.closure_of(tids)
+    _refuse_absent_devices(graph, tids, names, ops)
     rng = InitRng(graph)
     check_replayable(graph, rng.replay.routing, ops, tids, dict(zip(tids, names)))
 

@@ -248,6 +248,18 @@ def test_a_model_recorded_on_an_absent_device_is_refused_without_advice_to_fx_ca
         "or record the model on the CPU"
     )
 
+    def cpu_from_a_cuda_draw() -> nn.Module:
+        module = nn.Module()
+        module.w = nn.Parameter(torch.randn(4, device="cuda").cpu())  # the parameter is on the CPU
+        return module
+
+    with pytest.raises(MaterializationError) as error:  # before: replay's advice of rng="fast"
+        to_fx(deferred_init(cpu_from_a_cuda_draw))
+    assert str(error.value).startswith(
+        "to_fx exports the initialization on the devices it was recorded on: aten.randn.default (recorded at "
+    )
+    assert "made a tensor on cuda:0, which the exported tensors are computed from, but device cuda:0" in str(error.value)
+
 
 def test_program_runs_integer_promotions_under_the_default_dtype_they_were_recorded_under():
     from tests.explorer.record.test_recording import PromotesIntegersUnderHalfDefault
