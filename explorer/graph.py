@@ -265,9 +265,9 @@ class OpNode:
     # bool inputs to a floating or complex result (`arange(n) / 3`) under a default other than
     # float32 (note [Default dtype at record time]). None: float32, or its inputs decide.
     default_dtype: torch.dtype | None = None
-    # A resizing op's `out=` arguments as recorded: (name, shape, stride) each. A kernel may pick
-    # other strides for the same out= call (`cholesky_inverse`, `fft.ifft` into an empty out) than
-    # the fake kernel did: note [Out layouts as recorded] in replay/replay.py.
+    # An op's `out=` arguments as recorded: (name, shape, stride) each. A kernel may pick other
+    # strides for the same out= call (`cholesky_inverse`, `fft.ifft` into an empty out, `linalg.solve`)
+    # than the fake kernel did: note [Out layouts as recorded] in replay/replay.py.
     out_layouts: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = ()
 
     @property

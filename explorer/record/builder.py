@@ -145,8 +145,8 @@ def _returned_argument(returned: tuple[int | None, str], args: tuple, kwargs: di
 
 
 def _out_layouts(facts: OpFacts, kwargs: dict) -> tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]:
-    """`OpNode.out_layouts` of a resizing op: its keyword-only written tensors (`out=`, `(Q, R)`) as
-    laid out now, after its kernel ran, each that starts at its storage's beginning."""
+    """`OpNode.out_layouts` of an op with `out=` arguments: its keyword-only written tensors (`out`,
+    `(Q, R)`) as laid out now, after its kernel ran, each that starts at its storage's beginning."""
     return tuple(
         (name, tuple(tensor.shape), tuple(tensor.stride()))
         for position, name in facts.written
@@ -623,7 +623,7 @@ class GraphBuilder:
                 resizes=resizes,
                 inference=torch.is_inference_mode_enabled(),
                 default_dtype=self._deciding_default_dtype(inputs, externals),
-                out_layouts=_out_layouts(facts, kwargs) if resizes else (),
+                out_layouts=_out_layouts(facts, kwargs) if facts.may_resize else (),
             )
         )
         if own_generator is not None:

@@ -101,14 +101,20 @@ def compute_for_real(
 
 
 def kernel_out_strides(
-    graph: InitGraph, read_value: ValueReader, func: Any, args: tuple, kwargs: dict, outs: list[str]
+    graph: InitGraph,
+    read_value: ValueReader,
+    func: Any,
+    args: tuple,
+    kwargs: dict,
+    outs: list[tuple[str, tuple[int, ...], tuple[int, ...]]],
 ) -> list[tuple[int, ...]] | None:
-    """The strides the CPU kernel gives `func`'s `out=` arguments `outs` (keyword names) when it
-    resizes them: the op run on the true values of its other inputs, each out a new empty tensor
-    (note [Out layouts as recorded] in replay/replay.py). None where that cannot be had cheaply:
-    a fake off the CPU, inputs over the value-read limit, or an op that raises (replay then
-    raises as eager did)."""
-    given = {name: kwargs[name] for name in outs}
+    """The strides the CPU kernel gives `func`'s `out=` arguments `outs` ((keyword name, shape and
+    stride before the op) each): the op run on the true values of its other inputs, each out a new
+    tensor laid out as it was before (note [Out layouts as recorded] in replay/replay.py). None
+    where that cannot be had cheaply: a fake off the CPU, inputs over the value-read limit, or an
+    op that raises (replay then raises as eager did). Not for random ops: it would draw."""
+    before = {name: (shape, stride) for name, shape, stride in outs}
+    given = {name: kwargs[name] for name in before}
     inputs = [v for v in tree_flatten((args, {k: v for k, v in kwargs.items() if k not in given}))[0]]
     fakes = [value for value in inputs if isinstance(value, FakeTensor)]
     if any(fake.device.type != "cpu" for fake in (*fakes, *given.values()) if isinstance(fake, FakeTensor)):
@@ -117,15 +123,11 @@ def kernel_out_strides(
         return None
     reals = {id(fake): read_value(fake) for fake in fakes}
     real_args = tree_map(lambda v: reals.get(id(v), v) if isinstance(v, FakeTensor) else v, args)
-    with outside_recording():  # the empty outs made here are real, not fakes of the recording
-        real_kwargs = {
-            k: (
-                torch.empty(0, dtype=v.dtype) if k in given else reals.get(id(v), v) if isinstance(v, FakeTensor) else v
-            )
-            for k, v in kwargs.items()
-        }
+    with outside_recording():  # the outs made here are real, not fakes of the recording
+        real_kwargs = {k: reals.get(id(v), v) if isinstance(v, FakeTensor) else v for k, v in kwargs.items()}
+        real_kwargs |= {k: torch.empty_strided(*before[k], dtype=v.dtype) for k, v in given.items()}
         try:
             func(*real_args, **real_kwargs)
         except Exception:  # eager raises here too: replay will, naming the op
             return None
-    return [tuple(real_kwargs[name].stride()) for name in outs]
+    return [tuple(real_kwargs[name].stride()) for name in before]

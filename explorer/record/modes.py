@@ -153,7 +153,9 @@ class RecordingDispatchMode(TorchDispatchMode):
                 if kind is _WRITING and _inplace_pointwise(func):
                     self._refuse_broadcast_into_self(func, args, source)
                 written = self.builder.before_write(func, args, kwargs, source)
-        outs_before = _resizable_outs(entry.facts, kwargs) if entry.facts.may_resize and kwargs else ()
+        facts = entry.facts
+        # a random op is not run twice: its probe would draw from the real generator
+        outs_before = _resizable_outs(facts, kwargs) if facts.may_resize and kwargs and not facts.random else ()
         try:
             out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
             if out is NotImplemented:
@@ -244,16 +246,16 @@ class RecordingDispatchMode(TorchDispatchMode):
         return out
 
     def _outs_as_the_kernel_lays_them(
-        self, func: Any, args: tuple, kwargs: dict, before: tuple[tuple[str, tuple[int, ...]], ...]
+        self, func: Any, args: tuple, kwargs: dict, before: tuple[OutLayout, ...]
     ) -> None:
-        """`out=` fakes the op resized take the strides the CPU kernel gives them (note [Out
-        layouts as recorded] in replay/replay.py), where those can be had."""
-        resized = [name for name, shape in before if tuple(kwargs[name].shape) != shape]
-        if not resized:
+        """`out=` fakes the op resized or restrided take the strides the CPU kernel gives them
+        (note [Out layouts as recorded] in replay/replay.py), where those can be had."""
+        changed = [layout for layout in before if _layout(kwargs[layout[0]]) != layout[1:]]
+        if not changed:
             return
         with _metadata_access():
-            strides = kernel_out_strides(self.builder.graph, self.read_value, func, args, kwargs, resized)
-        for name, stride in zip(resized, strides or ()):
+            strides = kernel_out_strides(self.builder.graph, self.read_value, func, args, kwargs, changed)
+        for (name, _, _), stride in zip(changed, strides or ()):
             fake = kwargs[name]
             if tuple(fake.stride()) != stride and fake.storage_offset() == 0:
                 fake.as_strided_(fake.shape, stride, 0)
@@ -346,10 +348,17 @@ _RESIZE_AS, _RESIZE = torch.ops.aten.resize_as_.default, torch.ops.aten.resize_.
 _INPLACE_POINTWISE: dict[int, tuple[Any, bool]] = {}  # by id(func), as _KINDS
 
 
-def _resizable_outs(facts: Any, kwargs: dict) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """(name, shape) of an op's keyword-only written fakes (`out=`), before it runs."""
+OutLayout = tuple[str, tuple[int, ...], tuple[int, ...]]  # an `out=` argument's (name, shape, stride)
+
+
+def _layout(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(tensor.shape), tuple(tensor.stride())
+
+
+def _resizable_outs(facts: Any, kwargs: dict) -> tuple[OutLayout, ...]:
+    """(name, shape, stride) of an op's keyword-only written fakes (`out=`), before it runs."""
     return tuple(
-        (name, tuple(tensor.shape))
+        (name, *_layout(tensor))
         for position, name in facts.written
         if position is None and isinstance(tensor := kwargs.get(name), FakeTensor)
     )

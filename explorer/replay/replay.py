@@ -697,14 +697,15 @@ class Replay:
 
 def _lay_out_as_recorded(layout: tuple[str, tuple[int, ...], tuple[int, ...]], kwargs: dict) -> None:
     """Note: [Out layouts as recorded]
-    An op writing a resized `out=` (`torch.cholesky_inverse(a, out=torch.zeros(0))`) lays the result
-    out as its kernel chooses, and the fake kernel may choose other strides than the CPU's (row-major
-    where the CPU kernel writes column-major). While recording on the CPU, the op is run once on its
-    inputs' true values to learn the kernel's strides, and the fake takes them
-    (`computed.kernel_out_strides`): the recording then holds eager's layout and this does nothing.
-    Where that could not be had (inputs over the value-read limit, another device), the recording
-    holds the fake's layout, which later ops read the memory through, so the real result is copied
-    into that layout: eager's values, in the recorded strides."""
+    An op writing an `out=` it resizes (`torch.cholesky_inverse(a, out=torch.zeros(0))`), or even one
+    of the right shape (`linalg.solve`), lays the result out as its kernel chooses, and the fake kernel
+    may choose other strides than the CPU's (row-major where the CPU kernel writes column-major).
+    While recording on the CPU, such an op (not a random one: it would draw) is run once on its
+    inputs' true values, its outs laid out as they were, to learn the kernel's strides, and the fakes
+    take them (`computed.kernel_out_strides`): the recording then holds eager's layout and this does
+    nothing. Where that could not be had (a random op, inputs over the value-read limit, another
+    device), the recording holds the fake's layout, which later ops read the memory through, so the
+    real result is copied into that layout: eager's values, in the recorded strides."""
     name, shape, stride = layout
     real = kwargs.get(name)
     if not isinstance(real, torch.Tensor) or (tuple(real.shape), tuple(real.stride())) == (shape, stride):

@@ -407,3 +407,31 @@ def test_a_resized_out_argument_takes_the_layout_and_values_of_eagers_kernel(res
     for name, tensor in eager.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name
         assert model.state_dict()[name].stride() == tensor.stride(), name
+
+
+class _RandomAndFullOuts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        picked = torch.zeros(0, dtype=torch.long)
+        torch.multinomial(torch.rand(3, 10), 3, out=picked)  # a random op into an empty out
+        own = torch.Generator().manual_seed(1)
+        drawn = torch.zeros(0)
+        torch.rand(3, generator=own, out=drawn)
+        solved = torch.full((2, 5, 3), 7.0)  # already the result's shape: the CPU kernel keeps its strides
+        torch.linalg.solve(torch.randn(2, 5, 5), torch.randn(2, 5, 3), out=solved)
+        self.register_buffer("picked", picked)
+        self.register_buffer("drawn", drawn)
+        self.register_buffer("later", torch.rand(3, generator=own))
+        self.register_buffer("solved", solved)
+        self.register_buffer("after", torch.rand(2))
+
+
+def test_out_arguments_of_random_ops_and_of_the_right_shape_replay_as_eager(restore_rng):
+    torch.manual_seed(0)
+    eager = _RandomAndFullOuts()
+    torch.manual_seed(0)
+    model = deferred_init(_RandomAndFullOuts)  # refused before: a probe run of multinomial drew for real
+    materialize_module(model)
+    for name, tensor in eager.state_dict().items():  # "later" and "after": no draw taken twice
+        assert torch.equal(model.state_dict()[name], tensor), name
+        assert model.state_dict()[name].stride() == tensor.stride(), name
