@@ -149,13 +149,8 @@ class RecordingDispatchMode(TorchDispatchMode):
             return args[0]
         written = None
         if kind is _WRITING or kind is _INPLACE_RANDOM or kind is _INPLACE_VIEW_OP:  # the last: a real self
-            with _metadata_access():
-                if kind is _WRITING and _inplace_pointwise(func):
-                    self._refuse_broadcast_into_self(func, args, source)
-                written = self.builder.before_write(func, args, kwargs, source)
-        facts = entry.facts
-        # a random op is not run twice: its probe would draw from the real generator
-        outs_before = _resizable_outs(facts, kwargs) if facts.may_resize and kwargs and not facts.random else ()
+            written = self._before_write(kind, func, args, kwargs, source)
+        outs_before = _probed_outs(entry.facts, kwargs)
         try:
             out = lean_dispatch(self.fake_mode, self.make_fake, func, args, kwargs)
             if out is NotImplemented:
@@ -244,6 +239,13 @@ class RecordingDispatchMode(TorchDispatchMode):
             self.builder.record(func, args, kwargs, out, source, written)
         self.builder.graph.ops[-1].from_values = True
         return out
+
+    def _before_write(self, kind: Any, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:
+        """`builder.before_write` of an op that writes, after refusing what eager refuses up front."""
+        with _metadata_access():
+            if kind is _WRITING and _inplace_pointwise(func):
+                self._refuse_broadcast_into_self(func, args, source)
+            return self.builder.before_write(func, args, kwargs, source)
 
     def _outs_as_the_kernel_lays_them(
         self, func: Any, args: tuple, kwargs: dict, before: tuple[OutLayout, ...]
@@ -355,8 +357,11 @@ def _layout(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(tensor.shape), tuple(tensor.stride())
 
 
-def _resizable_outs(facts: Any, kwargs: dict) -> tuple[OutLayout, ...]:
-    """(name, shape, stride) of an op's keyword-only written fakes (`out=`), before it runs."""
+def _probed_outs(facts: Any, kwargs: dict) -> tuple[OutLayout, ...]:
+    """(name, shape, stride) of an op's keyword-only written fakes (`out=`), before it runs: those
+    note [Out layouts as recorded] may probe. None for a random op, whose probe would draw."""
+    if not facts.may_resize or not kwargs or facts.random:
+        return ()
     return tuple(
         (name, *_layout(tensor))
         for position, name in facts.written
