@@ -34,6 +34,9 @@ __all__ = ["Measured", "Measurements", "RankPeak", "Refused", "measure_in_worker
 
 # A layout the engines refuse for this model: the refusal becomes the layout's stated problem.
 REFUSALS = (LayoutError, TensorParallelPlanError, PipelineSplitError, TrainStepError)
+# Refusals a forked worker may give for the layout itself; a step that could not run there
+# (TrainStepError) is measured again in this process, where it may run (note on `_WorkerFailed`).
+_LAYOUT_REFUSALS = (LayoutError, TensorParallelPlanError, PipelineSplitError)
 
 
 def composable(layout: Layout) -> bool:
@@ -115,11 +118,11 @@ class Measurements:
             self.cache[key] = self.measure(layout)
         return self.cache[key]
 
-    def measure(self, layout: Layout) -> Measured | Refused:
-        """`layout`'s measurement, uncached."""
+    def measure(self, layout: Layout, refusals: tuple[type[Exception], ...] = REFUSALS) -> Measured | Refused:
+        """`layout`'s measurement, uncached; the errors among `refusals` make it `Refused`."""
         try:
             return self._pipelined(layout) if layout.pp > 1 else self._measured(layout)
-        except REFUSALS as error:
+        except refusals as error:
             return Refused(str(error))
 
     @staticmethod
@@ -301,8 +304,8 @@ def _measure_forked(layout: Layout) -> tuple[tuple, Measured | Refused | _Worker
     torch.set_num_threads(1)
     hold_fake_groups_until_exit()  # this worker's steps share fake groups and DTensor's caches until it exits
     try:
-        return Measurements.key(layout), _FORKED.measure(layout)
-    except Exception as error:  # any failure here is measured again, and raised, in the parent
+        return Measurements.key(layout), _FORKED.measure(layout, _LAYOUT_REFUSALS)
+    except Exception as error:  # any failure here is measured again, and raised or refused, in the parent
         return Measurements.key(layout), _WorkerFailed(f"{type(error).__name__}: {error}")
 
 
