@@ -377,8 +377,18 @@ def _inplace_pointwise(func: Any) -> bool:
         arguments = schema.arguments
         first_written = bool(arguments) and arguments[0].alias_info is not None and arguments[0].alias_info.is_write
         inplace = first_written and not arguments[0].kwarg_only and schema.name.endswith("_")
-        entry = _INPLACE_POINTWISE[id(func)] = (func, inplace and torch.Tag.pointwise in func.tags)
+        entry = _INPLACE_POINTWISE[id(func)] = (func, inplace and _pointwise(func))
     return entry[1]
+
+
+def _pointwise(inplace: Any) -> bool:
+    """Whether an in-place overload is pointwise: by its tag, or (`copysign_`, `eq_`, `gcd_` carry
+    none) by its functional overload's (`copysign.Tensor`)."""
+    if torch.Tag.pointwise in inplace.tags:
+        return True
+    packet = getattr(getattr(torch.ops, inplace.namespace), inplace._schema.name.split("::")[-1][:-1], None)
+    functional = getattr(packet, inplace._overloadname, None) if packet is not None else None
+    return functional is not None and torch.Tag.pointwise in functional.tags
 
 
 _PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLVE, _CREATE, _DETACH_OP, _OTHER = (

@@ -364,7 +364,7 @@ def test_a_value_check_eager_raises_in_the_constructor_is_replayed_and_raises_at
     assert is_deferred(model.factor)
 
 
-@pytest.mark.parametrize("op", ["atan2_", "clamp_min_", "add_"])
+@pytest.mark.parametrize("op", ["atan2_", "clamp_min_", "add_", "copysign_", "eq_", "heaviside_"])
 def test_an_in_place_op_whose_other_operand_would_grow_self_is_refused_as_eager_refuses_it(op):
     def build() -> nn.Module:
         module = nn.Module()
