@@ -240,7 +240,9 @@ def redefer_given_data(module: nn.Module) -> None:
     materialized tensor given deferred data] in record/redeferred.py), as the block does at its end."""
     graphs: dict[int, InitGraph] = {}
     for tensor in (*module.parameters(), *module.buffers()):
-        if tensor.is_meta and not is_fake(tensor) and (form := deferred_form_of(tensor)) is not None:
+        # a fake first: a fake's `is_meta` is a query its recording answers (note [Recording after
+        # deferred_init] in record/extension.py), costly per tensor
+        if not is_fake(tensor) and tensor.is_meta and (form := deferred_form_of(tensor)) is not None:
             graph = cast(DeferredHandle, handle_of(form.fake)).graph
             graphs[id(graph)] = graph
     for tensor in (*module.parameters(), *module.buffers()):
@@ -266,7 +268,7 @@ def made_on_meta_slots(
         return []
 
     def meta_made(tensor: torch.Tensor) -> bool:
-        if not tensor.is_meta or (form := deferred_form_of(tensor)) is None:
+        if (form := deferred_form_of(tensor)) is None or not tensor.is_meta:  # a fake has no form
             return False
         return (target or form.fake.device.type) != "meta"
 
