@@ -198,6 +198,9 @@ class ExternalTensor:
             return torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, shape, stride)
 
 
+OutLayout = tuple[str, tuple[int, ...], tuple[int, ...]]  # an `out=` argument's (name, shape, stride)
+
+
 def _schema_returns(func: Any) -> int:
     """How many values an op's schema returns (0 for checks; a Python function recorded as an op
     counts as returning something)."""
@@ -268,7 +271,7 @@ class OpNode:
     # An op's `out=` arguments as recorded: (name, shape, stride) each. A kernel may pick other
     # strides for the same out= call (`cholesky_inverse`, `fft.ifft` into an empty out, `linalg.solve`)
     # than the fake kernel did: note [Out layouts as recorded] in replay/replay.py.
-    out_layouts: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = ()
+    out_layouts: tuple[OutLayout, ...] = ()
 
     @property
     def label(self) -> str:

@@ -324,7 +324,11 @@ def to_fx(module: nn.Module) -> InitProgram:
     ops = graph.closure_of(tids)
     _refuse_absent_devices(graph, tids, names, ops)
     rng = InitRng(graph)
-    check_replayable(graph, rng.replay.routing, ops, tids, dict(zip(tids, names)))
+
+    def preflight() -> None:
+        check_replayable(graph, rng.replay.routing, ops, tids, dict(zip(tids, names)))
+
+    preflight()
 
     builder = _Builder(graph)
     for index in ops:
@@ -340,5 +344,5 @@ def to_fx(module: nn.Module) -> InitProgram:
     program = InitProgram(root, builder.fx_graph, class_name=f"{type(module).__name__}Init")
     # checked again at each call: a checkpoint rewritten or a constant changed in place since export
     # would give other values than eager's without a word (materialize_module refuses them too)
-    program._preflight = lambda: check_replayable(graph, rng.replay.routing, ops, tids, dict(zip(tids, names)))
+    program._preflight = preflight
     return program

@@ -25,6 +25,7 @@ from ..graph import (
     InitGraph,
     OpIndex,
     OpNode,
+    OutLayout,
     SourceLocation,
     StorageId,
     StorageInfo,
@@ -144,9 +145,10 @@ def _returned_argument(returned: tuple[int | None, str], args: tuple, kwargs: di
     return value if isinstance(value, torch.Tensor) else out
 
 
-def _out_layouts(facts: OpFacts, kwargs: dict) -> tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]:
-    """`OpNode.out_layouts` of an op with `out=` arguments: its keyword-only written tensors (`out`,
-    `(Q, R)`) as laid out now, after its kernel ran, each that starts at its storage's beginning."""
+def out_layouts(facts: OpFacts, kwargs: dict) -> tuple[OutLayout, ...]:
+    """An op's keyword-only written tensors (`out`, `(Q, R)`) as laid out now, each that starts at
+    its storage's beginning: `OpNode.out_layouts` after its kernel ran, and what the recorder
+    compares it with before (note [Out layouts as recorded] in replay/replay.py)."""
     return tuple(
         (name, tuple(tensor.shape), tuple(tensor.stride()))
         for position, name in facts.written
@@ -623,7 +625,7 @@ class GraphBuilder:
                 resizes=resizes,
                 inference=torch.is_inference_mode_enabled(),
                 default_dtype=self._deciding_default_dtype(inputs, externals),
-                out_layouts=_out_layouts(facts, kwargs) if facts.may_resize else (),
+                out_layouts=out_layouts(facts, kwargs) if facts.may_resize else (),
             )
         )
         if own_generator is not None:

@@ -25,7 +25,7 @@ import torch
 from .._torch_compat.dispatch import disable_torch_dispatch, tree_flatten, tree_map
 from .._torch_compat.fake import FakeTensor
 from ..errors import DeferredInitError
-from ..graph import InitGraph
+from ..graph import InitGraph, OutLayout
 from ..naming import format_bytes
 from .fake import describe, handle_of
 from .lean_fake import FakeFactory
@@ -106,7 +106,7 @@ def kernel_out_strides(
     func: Any,
     args: tuple,
     kwargs: dict,
-    outs: list[tuple[str, tuple[int, ...], tuple[int, ...]]],
+    outs: list[OutLayout],
 ) -> list[tuple[int, ...]] | None:
     """The strides the CPU kernel gives `func`'s `out=` arguments `outs` ((keyword name, shape and
     stride before the op) each): the op run on the true values of its other inputs, each out a new

@@ -26,9 +26,18 @@ from .._torch_compat.fake import (
     in_kernel_invocation,
 )
 from ..errors import DeferredInitError, MaterializationError
-from ..graph import InitGraph, TensorId, is_inplace_random
+from ..graph import InitGraph, OutLayout, TensorId, is_inplace_random
 from .batch_norm import BATCH_NORMS, as_kernels_run_it, with_kernel_layout
-from .builder import PLAIN_ARGUMENTS, SELF_ONLY, GraphBuilder, OpFacts, all_plain, op_facts, written_arguments
+from .builder import (
+    PLAIN_ARGUMENTS,
+    SELF_ONLY,
+    GraphBuilder,
+    OpFacts,
+    all_plain,
+    op_facts,
+    out_layouts,
+    written_arguments,
+)
 from .computed import compute_for_real, kernel_out_strides
 from .fake import DeferredTensor, handle_of
 from .foreign import reads_other_recordings, run_in_other_recording, runs_in_other_recording, with_reads_adopted
@@ -350,23 +359,16 @@ _RESIZE_AS, _RESIZE = torch.ops.aten.resize_as_.default, torch.ops.aten.resize_.
 _INPLACE_POINTWISE: dict[int, tuple[Any, bool]] = {}  # by id(func), as _KINDS
 
 
-OutLayout = tuple[str, tuple[int, ...], tuple[int, ...]]  # an `out=` argument's (name, shape, stride)
-
-
 def _layout(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(tensor.shape), tuple(tensor.stride())
 
 
 def _probed_outs(facts: Any, kwargs: dict) -> tuple[OutLayout, ...]:
-    """(name, shape, stride) of an op's keyword-only written fakes (`out=`), before it runs: those
-    note [Out layouts as recorded] may probe. None for a random op, whose probe would draw."""
+    """An op's `out=` layouts before it runs: those note [Out layouts as recorded] may probe. None
+    for a random op, whose probe would draw."""
     if not facts.may_resize or not kwargs or facts.random:
         return ()
-    return tuple(
-        (name, *_layout(tensor))
-        for position, name in facts.written
-        if position is None and isinstance(tensor := kwargs.get(name), FakeTensor)
-    )
+    return out_layouts(facts, kwargs)
 
 
 def _inplace_pointwise(func: Any) -> bool:

@@ -245,8 +245,10 @@ def redefer_given_data(module: nn.Module) -> None:
         if not is_fake(tensor) and tensor.is_meta and (form := deferred_form_of(tensor)) is not None:
             graph = cast(DeferredHandle, handle_of(form.fake)).graph
             graphs[id(graph)] = graph
+    if not graphs:
+        return
     for tensor in (*module.parameters(), *module.buffers()):
-        if graphs and (handle := handle_of(tensor)) is not None:
+        if (handle := handle_of(tensor)) is not None:
             graphs.setdefault(id(handle.graph), handle.graph)
     for graph in graphs.values():
         if graph.recorder is not None:

@@ -25,6 +25,7 @@ from ..graph import (
     GeneratorState,
     InitGraph,
     OpIndex,
+    OutLayout,
     StorageId,
     TensorId,
     TensorRef,
@@ -695,7 +696,7 @@ class Replay:
         return [results[tid] for tid in tids]
 
 
-def _lay_out_as_recorded(layout: tuple[str, tuple[int, ...], tuple[int, ...]], kwargs: dict) -> None:
+def _lay_out_as_recorded(layout: OutLayout, kwargs: dict) -> None:
     """Note: [Out layouts as recorded]
     An op writing an `out=` it resizes (`torch.cholesky_inverse(a, out=torch.zeros(0))`), or even one
     of the right shape (`linalg.solve`), lays the result out as its kernel chooses, and the fake kernel
