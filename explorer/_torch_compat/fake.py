@@ -55,9 +55,11 @@ in-place results, tuples, constants) with FakeTensorMode's own on the same calls
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -90,6 +92,7 @@ __all__ = [
     "set_in_kernel_invocation",
     "in_kernel_invocation",
     "kernel_memory_format",
+    "meta_failures_unlogged",
     "unset_fake_temporarily",
 ]
 
@@ -460,3 +463,39 @@ def _plainly_cached(entry: object) -> bool:
         if any(type(size) is not int for size in sizes) or metadata.layout is not torch.strided:
             return False
     return True
+
+
+# Note: [Meta failures, unlogged]
+# FakeTensorMode logs the whole traceback of a meta kernel that raises, at ERROR level, before
+# re-raising it ("failed while attempting to run meta for aten.div_.Tensor", `_dispatch_impl`).
+# Under deferred_init the recorder re-raises such an error itself, naming the op and the user's
+# line, or handles it as eager would (a constructor's own `try`): the log would print a stack
+# trace eager never prints. The filter drops that one message, from that one logger, while a
+# recording runs. Re-check the message and the logger's name on upgrades.
+_META_FAILURE_MESSAGE = "failed while attempting to run meta for"
+_FAKE_TENSOR_LOG = logging.getLogger(FakeTensor.__module__)
+
+
+class _MetaFailureFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(_META_FAILURE_MESSAGE))
+
+
+_META_FAILURE_FILTER = _MetaFailureFilter()
+_unlogged_depth = 0
+
+
+@contextlib.contextmanager
+def meta_failures_unlogged() -> Iterator[None]:
+    """While active, FakeTensorMode does not log a failing meta kernel's traceback (note [Meta
+    failures, unlogged]); the error itself still propagates. Nestable; undone on every exit."""
+    global _unlogged_depth
+    if _unlogged_depth == 0:
+        _FAKE_TENSOR_LOG.addFilter(_META_FAILURE_FILTER)
+    _unlogged_depth += 1
+    try:
+        yield
+    finally:
+        _unlogged_depth -= 1
+        if _unlogged_depth == 0:
+            _FAKE_TENSOR_LOG.removeFilter(_META_FAILURE_FILTER)

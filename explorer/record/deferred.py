@@ -15,7 +15,7 @@ from torch import nn
 
 from .._torch_compat.devices import allow_fake_cuda
 from .._torch_compat.dispatch import metadata_access
-from .._torch_compat.fake import FakeTensor, FakeTensorMode
+from .._torch_compat.fake import FakeTensor, FakeTensorMode, meta_failures_unlogged
 from ..errors import DeferredInitError, MaterializationError
 from ..graph import InitGraph
 from ..replay.replay import Replay
@@ -179,6 +179,7 @@ def _recording_into() -> Iterator[_Session]:
     try:
         with (
             recording(RecordingScope(graph, reader)),
+            meta_failures_unlogged(),  # note [Meta failures, unlogged]
             _collector_paused(),
             fake_mode,
             RecordingDispatchMode(builder, reader, fake_mode),

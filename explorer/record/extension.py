@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .._torch_compat.dispatch import tree_flatten
-from .._torch_compat.fake import FakeTensorMode
+from .._torch_compat.fake import FakeTensorMode, meta_failures_unlogged
 from .lean_fake import FakeFactory
 from .modes import RecordingDispatchMode
 from .redeferred import redefer_swapped_tensors
@@ -80,6 +80,7 @@ class Recorder:
         """The recording of this graph, open again for the ops of the block."""
         with (
             recording(RecordingScope(self.builder.graph, self.read_value)),
+            meta_failures_unlogged(),  # note [Meta failures, unlogged]
             self.fake_mode,
             RecordingDispatchMode(self.builder, self.read_value, self.fake_mode),
         ):

@@ -41,6 +41,7 @@ from .builder import (
 from .computed import compute_for_real, kernel_out_strides
 from .fake import DeferredTensor, handle_of
 from .foreign import reads_other_recordings, run_in_other_recording, runs_in_other_recording, with_reads_adopted
+from .inplace_refusals import broadcast_refusal, cast_refusal, inplace_pointwise
 from .lean_fake import (
     FACTORIES,
     FakeFactory,
@@ -252,8 +253,10 @@ class RecordingDispatchMode(TorchDispatchMode):
     def _before_write(self, kind: Any, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:
         """`builder.before_write` of an op that writes, after refusing what eager refuses up front."""
         with _metadata_access():
-            if kind is _WRITING and _inplace_pointwise(func):
-                self._refuse_broadcast_into_self(func, args, source)
+            if kind is _WRITING and inplace_pointwise(func):
+                refusal = broadcast_refusal(args) or cast_refusal(func, args, kwargs)
+                if refusal is not None:  # eager refuses these up front (record/inplace_refusals.py)
+                    raise self.builder.failure(func, refusal, source)
             return self.builder.before_write(func, args, kwargs, source)
 
     def _outs_as_the_kernel_lays_them(
@@ -270,25 +273,6 @@ class RecordingDispatchMode(TorchDispatchMode):
             fake = kwargs[name]
             if tuple(fake.stride()) != stride and fake.storage_offset() == 0:
                 fake.as_strided_(fake.shape, stride, 0)
-
-    def _refuse_broadcast_into_self(self, func: Any, args: tuple, source: Any) -> None:
-        """Note: [In-place ops do not grow self]
-        An in-place pointwise op writes its result into `self`, which eager's TensorIterator never
-        resizes: `x[10, 1, 5].atan2_(y[10, 10, 5])` raises. Some fake kernels resize `self` instead
-        (with a warning), which would record a tensor of another shape than eager can make and
-        fail only at materialization. Refused here, before anything runs, with eager's words."""
-        if not args or not isinstance(args[0], torch.Tensor):
-            return  # a list of tensors (`_foreach_add_`): each pair is checked by its own kernel
-        shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
-        try:
-            broadcast = tuple(torch.broadcast_shapes(*shapes))
-        except RuntimeError:
-            return  # not broadcastable at all: the op's own check says so
-        if broadcast != shapes[0]:
-            error = RuntimeError(
-                f"output with shape {list(shapes[0])} doesn't match the broadcast shape {list(broadcast)}"
-            )
-            raise self.builder.failure(func, error, source)
 
     def _record_directly(self, entry: _Kind, func: Any, args: tuple, kwargs: dict, source: Any) -> Any:
         """The op run and recorded by a direct record (note [Direct records]), or NotImplemented
@@ -318,6 +302,10 @@ class RecordingDispatchMode(TorchDispatchMode):
                     return NotImplemented
         if kwargs and not all_plain(kwargs.values()):
             return NotImplemented
+        if kind is _WRITING and (
+            not tensor.dtype.is_floating_point or any(type(value) is complex for value in (*args, *kwargs.values()))
+        ):
+            return NotImplemented  # the result may not cast to self's dtype: the general path checks it
         builder = self.builder
         target = builder.direct_write_target(tensor, source)
         if target is None:
@@ -356,7 +344,6 @@ class RecordingDispatchMode(TorchDispatchMode):
 
 _PRIM_DEVICE = torch.ops.prim.device.default
 _RESIZE_AS, _RESIZE = torch.ops.aten.resize_as_.default, torch.ops.aten.resize_.default
-_INPLACE_POINTWISE: dict[int, tuple[Any, bool]] = {}  # by id(func), as _KINDS
 
 
 def _layout(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -369,28 +356,6 @@ def _probed_outs(facts: Any, kwargs: dict) -> tuple[OutLayout, ...]:
     if not facts.may_resize or not kwargs or facts.random:
         return ()
     return out_layouts(facts, kwargs)
-
-
-def _inplace_pointwise(func: Any) -> bool:
-    """Whether `func` is an in-place pointwise op writing its first argument (`atan2_`, `add_`)."""
-    entry = _INPLACE_POINTWISE.get(id(func))
-    if entry is None:
-        schema = func._schema
-        arguments = schema.arguments
-        first_written = bool(arguments) and arguments[0].alias_info is not None and arguments[0].alias_info.is_write
-        inplace = first_written and not arguments[0].kwarg_only and schema.name.endswith("_")
-        entry = _INPLACE_POINTWISE[id(func)] = (func, inplace and _pointwise(func))
-    return entry[1]
-
-
-def _pointwise(inplace: Any) -> bool:
-    """Whether an in-place overload is pointwise: by its tag, or (`copysign_`, `eq_`, `gcd_` carry
-    none) by its functional overload's (`copysign.Tensor`)."""
-    if torch.Tag.pointwise in inplace.tags:
-        return True
-    packet = getattr(getattr(torch.ops, inplace.namespace), inplace._schema.name.split("::")[-1][:-1], None)
-    functional = getattr(packet, inplace._overloadname, None) if packet is not None else None
-    return functional is not None and torch.Tag.pointwise in functional.tags
 
 
 _PASS_THROUGH, _VALUE_READ, _INPLACE_VIEW_OP, _INPLACE_RANDOM, _WRITING, _RESOLVE, _CREATE, _DETACH_OP, _OTHER = (

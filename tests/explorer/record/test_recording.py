@@ -1,6 +1,7 @@
 """What deferred_init records and what the fake tensors report."""
 
 import gc
+import logging
 import re
 
 import psutil
@@ -377,6 +378,58 @@ def test_an_in_place_op_whose_other_operand_would_grow_self_is_refused_as_eager_
         deferred_init(build)
     assert re.match(rf"aten\.{op}\.\w+ failed under deferred_init", str(caught.value))
     assert "RuntimeError: output with shape [10, 1, 5] doesn't match the broadcast shape [10, 10, 5]" in str(caught.value)
+
+
+_UNCASTABLE_WRITES = {
+    "an integer tensor times a float": (torch.long, lambda b: b.mul_(1.5), "Float", "Long"),
+    "an integer tensor's logit": (torch.long, lambda b: b.logit_(), "Float", "Long"),
+    "a bool tensor plus a float tensor": (torch.bool, lambda b: b.add_(torch.ones(3)), "Float", "Bool"),
+    "a float tensor times a complex number": (torch.float32, lambda b: b.mul_(1j), "ComplexFloat", "Float"),
+}
+
+
+@pytest.mark.parametrize("case", list(_UNCASTABLE_WRITES))
+def test_an_in_place_op_whose_result_cannot_be_cast_to_self_is_refused_while_recording(case):
+    dtype, write, result, output = _UNCASTABLE_WRITES[case]
+
+    def build() -> nn.Module:
+        module = nn.Module()
+        module.register_buffer("b", torch.ones(3, dtype=dtype))
+        write(module.b)
+        return module
+
+    message = f"result type {result} can't be cast to the desired output type {output}"
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        build()  # eager's own words
+    with pytest.raises(DeferredInitError) as caught:
+        deferred_init(build)
+    assert f"RuntimeError: {message}" in str(caught.value)
+    assert "test_recording.py" in str(caught.value)  # the line that wrote, not a later materialization
+
+
+def test_an_in_place_op_whose_result_casts_to_self_is_recorded_as_eager_runs_it():
+    def build() -> nn.Module:
+        module = nn.Module()
+        module.register_buffer("counts", torch.arange(4).add_(2).mul_(3))  # integer results stay integer
+        module.register_buffer("halves", torch.ones(4, dtype=torch.half).add_(torch.ones(4)))  # same kind
+        return module
+
+    eager, model = build(), deferred_init(build)
+    materialize_module(model)
+    for name, tensor in eager.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor) and model.state_dict()[name].dtype == tensor.dtype
+
+
+def test_a_meta_kernel_that_fails_while_recording_logs_no_traceback(caplog):
+    def build() -> nn.Module:
+        module = nn.Module()
+        module.register_buffer("b", torch.arange(3))
+        module.b.div_(2)  # int / int is a float: the meta kernel refuses, and FakeTensorMode would log it
+        return module
+
+    with caplog.at_level(logging.DEBUG), pytest.raises(DeferredInitError, match=r"aten\.div_\.Tensor failed under"):
+        deferred_init(build)
+    assert [record.getMessage() for record in caplog.records] == []
 
 
 class _IntoEmptyOut(nn.Module):
