@@ -26,7 +26,7 @@ import ctypes
 import difflib
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -75,7 +75,7 @@ def fully_shard_deferred(
 
     if shard is not None and fully_shard_kwargs:
         raise TypeError(f"pass fully_shard options {sorted(fully_shard_kwargs)} inside shard(), not beside it")
-    target, slots = _checked_on_every_rank(module, mesh, device, rng)
+    target, slots = _checked_on_every_rank(module, mesh, device, rng, _FSDP)
     error: BaseException | None = None
     try:
         _swap_for_meta(slots)
@@ -111,7 +111,7 @@ def distribute_deferred(
     `fully_shard_deferred`; a failure on any rank leaves every rank's module as it was, still
     deferred. Returns `module`.
     """
-    chosen = _placements_lookup(placements)
+    chosen = _placements_lookup(placements, mesh.ndim)
 
     def check_placements(slots: list[tuple[TensorSlot, torch.Tensor]]) -> None:
         _refuse_unknown_names(placements, module)
@@ -119,7 +119,7 @@ def distribute_deferred(
             if kind == "_parameters":
                 _check_placements(name, fake, mesh, tuple(chosen(name, fake)))
 
-    target, slots = _checked_on_every_rank(module, mesh, device, rng, check_placements)
+    target, slots = _checked_on_every_rank(module, mesh, device, rng, _DTENSOR, check_placements)
     error: BaseException | None = None
     try:
 
@@ -189,6 +189,7 @@ def _checked_on_every_rank(
     mesh: DeviceMesh,
     device: torch.device | str | None,
     rng: RngMode,
+    caller: _Caller,
     check_more: Callable[[list[tuple[TensorSlot, torch.Tensor]]], None] | None = None,
 ) -> tuple[torch.device, list[tuple[TensorSlot, torch.Tensor]]]:
     """This rank's device and the module's deferred slots, once every rank has checked, before
@@ -199,7 +200,7 @@ def _checked_on_every_rank(
     target, slots = torch.device("meta"), []
     try:
         target = _rank_device(mesh, device)
-        _refuse_materialized(module)
+        _refuse_materialized(module, caller)
         slots = deferred_slots(module)
         distinct = list({id(fake): (slot[3], fake) for slot, fake in slots}.values())
         check_fakes([fake for _, fake in distinct], [name for name, _ in distinct], target, rng)
@@ -236,15 +237,27 @@ def _rank_device(mesh: DeviceMesh, device: torch.device | str | None) -> torch.d
     return torch.device(mesh.device_type, module.current_device())
 
 
-def _refuse_materialized(module: nn.Module) -> None:
-    """`to_empty` would overwrite a real tensor with garbage: only wholly deferred modules qualify."""
+class _Caller(NamedTuple):
+    """Which entry point refuses a partly materialized module, and what to use on it instead."""
+
+    name: str
+    instead: str
+
+
+_FSDP = _Caller("fully_shard_deferred", "shard this module with torch.distributed.fsdp.fully_shard directly")
+_DTENSOR = _Caller(
+    "distribute_deferred", "distribute its tensors with torch.distributed.tensor.distribute_tensor directly"
+)
+
+
+def _refuse_materialized(module: nn.Module, caller: _Caller) -> None:
+    """A real tensor cannot be drawn again by rank: only wholly deferred modules qualify."""
     deferred = {id(t) for _, t in deferred_slots(module)}
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         if id(tensor) not in deferred:
             raise MaterializationError(
-                f"{name!r} is already materialized; fully_shard_deferred shards modules whose parameters "
-                "and buffers are all still deferred (materialize nothing before it, or shard this "
-                "module with torch.distributed.fsdp.fully_shard directly)"
+                f"{name!r} is already materialized; {caller.name} takes modules whose parameters and buffers "
+                f"are all still deferred (materialize nothing before it, or {caller.instead})"
             )
 
 
@@ -436,15 +449,24 @@ def _check_placements(name: str, fake: torch.Tensor, mesh: DeviceMesh, placement
                 f"placements for {name!r} shard dimension {dim} of a {fake.dim()}-d parameter of shape "
                 f"{tuple(fake.shape)}"
             )
+    if not _one_block(placements):
+        raise MaterializationError(
+            f"placements for {name!r} are {tuple(placements)}: only Shard, Replicate and FSDP2-over-TP placements "
+            "can be materialized (a Partial or a lone strided shard gives no block of the tensor to draw)"
+        )
 
 
-def _placements_lookup(placements: PlacementsFor | None) -> Callable[[str, torch.Tensor], Sequence[Placement]]:
+def _placements_lookup(
+    placements: PlacementsFor | None, mesh_dims: int
+) -> Callable[[str, torch.Tensor], Sequence[Placement]]:
+    """The placements of each parameter: those given, else replicated over every mesh dimension."""
+    replicated = (Replicate(),) * mesh_dims
     if placements is None:
-        return lambda name, fake: (Replicate(),)
+        return lambda name, fake: replicated
     if callable(placements):
         return placements
     table = dict(placements)
-    return lambda name, fake: table.get(name, (Replicate(),))
+    return lambda name, fake: table.get(name, replicated)
 
 
 def _agree(mesh: DeviceMesh, error: BaseException | None, after_failure: str) -> None:

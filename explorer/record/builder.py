@@ -41,6 +41,7 @@ from .generators import capture_start_state, stream_key
 from .initializers import INITIALIZER_OPS
 from .plans import FactoryPlan, Layout
 from .private_generators import given_generator, move_on_like_eager, recorded_generator
+from .scope import outside_recording
 from .source import building_modules
 
 _aten = torch.ops.aten
@@ -180,6 +181,21 @@ def _copied_by_to(func: Any, args: tuple, out: Any) -> bool:
         return False
     device = fake_device_of(out) if isinstance(out, FakeTensor) else out.device
     return out.dtype != args[0].dtype or device != args[0].device
+
+
+def _snapshot_of_foreign_memory(tensor: torch.Tensor) -> torch.Tensor:
+    """Note: [Constants made from foreign memory]
+    `torch.tensor(ndarray)`, `torch.from_numpy(a)`, `torch.as_tensor(a)` and `torch.frombuffer(b)`
+    lift a tensor over memory torch did not allocate (its storage cannot be resized): numpy's or a
+    buffer's. Eager copies the values out of it when the constructor runs (`torch.tensor`, then
+    `.clone()` or a dtype change); a later write into the array (a scratch array refilled in a
+    loop, the caller's table reused after deferred_init) must not change what materializes. So the
+    recording keeps a copy of that memory as it is now: its storage's bytes, with the same layout.
+    Eager's `from_numpy` tensor keeps sharing the array, which the copy does not: a write into the
+    array after that, or through the tensor into the array, is not followed (README, Limitations)."""
+    with outside_recording(), torch.inference_mode(tensor.is_inference()):
+        copy = torch.empty((0,), dtype=tensor.dtype, device=tensor.device)
+        return copy.set_(_storage(tensor).clone(), tensor.storage_offset(), tensor.shape, tensor.stride())
 
 
 def _argument(args: tuple, kwargs: dict, position: int | None, name: str) -> Any:
@@ -488,6 +504,8 @@ class GraphBuilder:
     def _external(self, tensor: torch.Tensor, func: Any) -> int:
         """Keep a real argument for replay as it is now; see note [External tensors are kept as read]."""
         fresh = func in _LIFTS
+        if fresh and not _storage(tensor).resizable():
+            tensor = _snapshot_of_foreign_memory(tensor)
         as_read = None
         # A conjugate or negative view (`x.conj()`, `torch._neg_view`) is kept itself: its memory
         # laid out again would lose the bit that says how to read it.

@@ -17,7 +17,7 @@ import torch
 from .._torch_compat.dispatch import never_traced_by_dynamo, tree_flatten
 from .._torch_compat.fake import FakeTensor, fake_instance_attributes
 from ..naming import dtype_name
-from .no_data import DeferredStorage, named_tensors_of, no_data_error
+from .no_data import DeferredStorage, deferred_data_ptr, named_tensors_of, no_data_error
 from .parameter_classes import PARAMETER_CLASS_ATTR
 from .scope import active_scope, outside_recording, recording_graph
 
@@ -112,8 +112,10 @@ class DeferredTensor(FakeTensor):
         return object.__format__(self, format_spec)
 
     def numpy(self, *, force: bool = False):  # numpy is optional for users
-        """Inside the deferred_init that made it: the true values (as eager construction has them).
-        Elsewhere: NoDataError, since a fake tensor has no data until it is materialized."""
+        """Inside the deferred_init that made it: the true values (as eager construction has them), in
+        a read-only array: eager's shares the tensor's memory, and a write into this one could not
+        reach the tensor. Elsewhere: NoDataError, since a fake tensor has no data until it is
+        materialized."""
         return self._values_for_numpy("Tensor.numpy()", force)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None):  # np.asarray / np.array
@@ -129,13 +131,18 @@ class DeferredTensor(FakeTensor):
             raise no_data_error(call, describe(self), handle.graph if handle is not None else None)
         real = scope.read_value(self)
         with outside_recording():
-            return real.numpy(force=force)
+            array = real.numpy(force=force)
+        # Eager's array is the tensor's memory, so writes into it change the tensor; this one is
+        # the values, made afresh: refused (numpy's "read-only" error) rather than silently lost.
+        array.flags.writeable = False
+        return array
 
     def data_ptr(self) -> int:
-        """0 inside a recording (fake mode's answer: no memory); outside one, NoDataError, since the
-        caller means to read bytes (`safetensors.torch.save_file` does)."""
+        """Inside a recording, an address of the tensor's own (distinct storages differ, views of one
+        storage are offset as in eager: note [Addresses of deferred storages]); outside one,
+        NoDataError, since the caller means to read bytes (`safetensors.torch.save_file` does)."""
         self._refuse_bytes_outside_recording("Tensor.data_ptr()")
-        return super().data_ptr()
+        return deferred_data_ptr(self, self.untyped_storage())
 
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:  # np.from_dlpack, torch.from_dlpack
         self._refuse_bytes_outside_recording("Tensor.__dlpack__() (from_dlpack)")
@@ -291,6 +298,22 @@ def user_attributes(tensor: torch.Tensor) -> dict[str, Any]:
     `_is_hf_initialized`): its instance attributes less the fake's own state. Materialization puts
     them on the real tensor, where eager construction has them."""
     return _without_fake_state(tensor.__dict__)
+
+
+# Where `register_hook` and `register_post_accumulate_grad_hook` keep a tensor's hooks: C-level
+# attributes of the tensor object (not in its `__dict__`), whose setters register them with autograd.
+_GRADIENT_HOOK_ATTRIBUTES = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+
+def carry_gradient_hooks(source: torch.Tensor, target: torch.Tensor) -> None:
+    """The gradient hooks registered on `source` (a mask on an embedding's gradient, a
+    post-accumulate step) registered on `target` too: the same hook dicts, so a handle taken on
+    either removes the hook from both. Materialization hands them from a fake to its real tensor,
+    where eager construction has them; a release hands them back."""
+    for name in _GRADIENT_HOOK_ATTRIBUTES:
+        hooks = getattr(source, name, None)
+        if hooks and getattr(target, name, None) is not hooks:
+            setattr(target, name, hooks)
 
 
 def _without_fake_state(attributes: dict[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,19 @@
 """Refusing foreign code that asks a deferred tensor for its bytes, with the way out.
 
-A fake's memory is a meta storage: `data_ptr()` is 0, `np.asarray` has nothing to read, a DLPack
+A fake's memory is a meta storage: it has no address, `np.asarray` has nothing to read, a DLPack
 capsule would point at nothing, and savers such as `safetensors.torch.save_file` fail far away with
 their own words ("invalid shape, data type, or offset for tensor"). Outside a recording these calls
 raise `NoDataError`, naming the tensor and the call and saying to materialize first. Inside one they
 keep what they do (`numpy()` reads the true value; see `DeferredTensor.numpy`).
+
+Note: [Addresses of deferred storages]
+Constructors compare addresses to find shared memory (`a.data_ptr() == b.data_ptr()`, a set of
+`untyped_storage().data_ptr()`, as Hugging Face's and accelerate's tie finders do). A meta storage's
+address is 0, so every fake would look tied to every other. Inside a recording each deferred storage
+gets an address of its own instead, handed out once per storage, in a range no process maps (from
+2**56 up, each storage in a slot of its size or more): equal exactly for views of one storage, with
+a view's offset added as eager adds it. They name no memory and outlive nothing: the materialized
+tensor has its real address.
 
 Limitations: `torch.utils.dlpack.to_dlpack(t)` is a C function that asks no Python method of the
 tensor, so it still returns a capsule pointing at nothing; the buffer protocol (`memoryview(t)`) is
@@ -13,6 +22,7 @@ not offered by any tensor, real or fake, so it already fails with Python's own T
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +37,28 @@ if TYPE_CHECKING:
     from ..graph import InitGraph
 
 _GRAPH_ATTR = "_deferred_graph"
+_ADDRESS_ATTR = "_deferred_address"
+
+# note [Addresses of deferred storages]
+_FIRST_ADDRESS, _SLOT_ALIGNMENT = 1 << 56, 1 << 20
+_next_address = _FIRST_ADDRESS
+_address_lock = threading.Lock()
+
+
+def _address_of(storage: torch.UntypedStorage) -> int:
+    """The address a deferred storage answers with inside a recording (0 when it holds no bytes, as
+    eager's empty storages do)."""
+    global _next_address
+    size = storage.nbytes()
+    if size == 0:
+        return 0
+    address = storage.__dict__.get(_ADDRESS_ATTR)
+    if address is None:
+        with _address_lock:
+            address = storage.__dict__.setdefault(_ADDRESS_ATTR, _next_address)
+            if address == _next_address:
+                _next_address += (size // _SLOT_ALIGNMENT + 2) * _SLOT_ALIGNMENT
+    return address
 
 
 def no_data_error(call: str, name: str, graph: InitGraph | None) -> NoDataError:
@@ -69,9 +101,9 @@ class DeferredStorage(torch.UntypedStorage):
 
             raise no_data_error(call, describe_storage(self, graph), graph)
 
-    def data_ptr(self) -> int:  # see the class
+    def data_ptr(self) -> int:  # see the class; note [Addresses of deferred storages]
         self._refuse("UntypedStorage.data_ptr()")
-        return super().data_ptr()
+        return _address_of(self)
 
     def __getitem__(self, *args: Any, **kwargs: Any) -> Any:
         self._refuse("UntypedStorage.__getitem__")
@@ -92,6 +124,13 @@ class DeferredStorage(torch.UntypedStorage):
     def __reduce__(self) -> Any:  # pickle and torch.save of the storage itself
         self._refuse("pickling an UntypedStorage (pickle, torch.save)")
         return super().__reduce__()
+
+
+def deferred_data_ptr(tensor: torch.Tensor, storage: torch.UntypedStorage) -> int:
+    """`tensor.data_ptr()` of a deferred tensor inside a recording: its storage's address plus its
+    offset in bytes (note [Addresses of deferred storages])."""
+    base = _address_of(storage)
+    return base + int(tensor.storage_offset()) * tensor.element_size() if base else 0
 
 
 def describe_storage(storage: torch.UntypedStorage, graph: InitGraph | None) -> str:

@@ -11,7 +11,7 @@ import torch
 
 from .._torch_compat.dispatch import neg_view
 from ..graph import TensorInfo
-from ..record.fake import user_attributes
+from ..record.fake import carry_gradient_hooks, user_attributes
 from ..record.parameter_classes import parameter_class
 
 
@@ -67,6 +67,7 @@ def as_recorded_kind(real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
         real.requires_grad_(True)
     for name, value in user_attributes(fake).items():
         setattr(real, name, value)
+    carry_gradient_hooks(fake, real)
     return real
 
 
@@ -82,4 +83,5 @@ def as_fake_now(real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
         real.requires_grad_(fake.requires_grad)
     for name, value in user_attributes(fake).items():
         setattr(real, name, value)
+    carry_gradient_hooks(fake, real)
     return real

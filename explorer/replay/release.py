@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import ReleaseError
 from ..graph import InitGraph
-from ..record.fake import DeferredHandle, handle_of
+from ..record.fake import DeferredHandle, carry_gradient_hooks, handle_of
 from .deferred_forms import DeferredForm, deferred_form_of, forget_deferred_form
 from .materialize import TensorSlot, module_slots, roots_of
 from .replay import ReplayState
@@ -86,6 +86,7 @@ def _carry_user_state(real: torch.Tensor, fake: torch.Tensor) -> None:
     if fake.requires_grad != real.requires_grad and fake.is_leaf:
         fake.requires_grad_(real.requires_grad)
     fake.__dict__.update(real.__dict__)
+    carry_gradient_hooks(real, fake)
 
 
 def _form(real: torch.Tensor) -> DeferredForm:

@@ -6,6 +6,11 @@ disk, so tests can stand in for a full disk) into a hidden temporary (`.<name>.p
 or a full disk therefore leaves no partial file under a final name, and files written before are
 not touched. A write that fails is re-raised as the same OSError subclass with a message naming
 the file, the bytes it needed and the space left (`disk_error`).
+
+A set of files read together (a sharded checkpoint: its shards and its index) is renamed together
+(`written_together`): every file first goes to its temporary name, and only when all are complete
+are they renamed, so a failed save never leaves some new shards beside an earlier save's others,
+and a model saved back into the directory it was read from reads the old files to the end.
 """
 
 from __future__ import annotations
@@ -56,23 +61,34 @@ def _free_bytes(directory: Path) -> int | None:
         return None
 
 
-def write_then_rename(
-    path: Path, needed: int, write: Callable[[IO[bytes]], object], remaining: int | None = None
-) -> None:
-    """Write a file through `write(stream)` into its partial name, then rename it to `path`.
+WriteFile = Callable[..., None]  # (path, needed bytes, write(stream), remaining=None)
 
-    On any exception (a cancel included) the partial file is removed; an OSError comes back as
-    `disk_error`'s, naming `path` and the `needed` bytes."""
-    temporary = partial_name(path)
+
+@contextlib.contextmanager
+def written_together() -> Iterator[WriteFile]:
+    """A function that writes a file through `write(stream)`, for the block: each file goes to its
+    partial name; when the block completes, all are renamed to their final names in the order
+    written; when it raises (a cancel included), every partial file is removed and no final name
+    changes. A failed write's OSError comes back as `disk_error`'s, naming the file and the bytes
+    it needed."""
+    staged: list[tuple[Path, Path]] = []
+
+    def write_file(path: Path, needed: int, write: Callable[[IO[bytes]], object], remaining: int | None = None) -> None:
+        temporary = partial_name(path)
+        staged.append((temporary, path))
+        try:
+            with open_for_writing(temporary) as stream:
+                write(stream)
+        except OSError as error:
+            raise disk_error(error, path, needed, remaining) from error
+
     try:
-        with open_for_writing(temporary) as stream:
-            write(stream)
-        os.replace(temporary, path)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)
-        raise disk_error(error, path, needed, remaining) from error
+        yield write_file
+        for temporary, path in staged:
+            os.replace(temporary, path)
     except BaseException:
-        temporary.unlink(missing_ok=True)
+        for temporary, _ in staged:
+            temporary.unlink(missing_ok=True)
         raise
 
 

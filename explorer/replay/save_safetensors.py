@@ -28,7 +28,7 @@ import torch
 
 from ..checkpoint_headers import safetensors_dtype
 from ..errors import MaterializationError
-from .save_files import write_then_rename
+from .save_files import written_together
 from .save_hub import hub_copy
 from .save_progress import SaveReport
 
@@ -127,31 +127,28 @@ def write_safetensors(
     names = shard_names(len(shards))
     report.start(len(tensors), sum(saved_nbytes(t, dtype) for t in tensors.values()))
     written = []
-    for name, keys in zip(names, shards):
-        path = target / name
-        shard = {key: tensors[key] for key in keys}
-        header = _header(shard, dtype)
-        size = len(header) + sum(saved_nbytes(tensor, dtype) for tensor in shard.values())
-        last: list[int] = []  # the shard's last tensor is reported once the file has its final name
-        write_then_rename(
-            path,
-            size,
-            partial(
-                _write_shard, header=header, shard=shard, dtype=dtype, materialize=materialize, report=report, last=last
-            ),
-            remaining=report.total_bytes - report.done_bytes + len(header),
-        )
-        written.append(path)
-        report.advance(1, last[0])
-    if len(shards) > 1:
-        index = {
-            "metadata": {"total_size": report.total_bytes},
-            "weight_map": {key: name for name, keys in zip(names, shards) for key in keys},
-        }
-        text = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
-        path = target / INDEX_NAME
-        write_then_rename(path, len(text), lambda stream: stream.write(text))
-        written.append(path)
+    with written_together() as write_file:  # a failed save leaves the earlier checkpoint whole
+        for name, keys in zip(names, shards):
+            path = target / name
+            shard = {key: tensors[key] for key in keys}
+            header = _header(shard, dtype)
+            size = len(header) + sum(saved_nbytes(tensor, dtype) for tensor in shard.values())
+            write_file(
+                path,
+                size,
+                partial(_write_shard, header=header, shard=shard, dtype=dtype, materialize=materialize, report=report),
+                remaining=report.total_bytes - report.done_bytes + len(header),
+            )
+            written.append(path)
+        if len(shards) > 1:
+            index = {
+                "metadata": {"total_size": report.total_bytes},
+                "weight_map": {key: name for name, keys in zip(names, shards) for key in keys},
+            }
+            text = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
+            path = target / INDEX_NAME
+            write_file(path, len(text), lambda stream: stream.write(text))
+            written.append(path)
     _remove_earlier_saves(target, written)
     return written
 
@@ -175,17 +172,11 @@ def _write_shard(
     dtype: torch.dtype | None,
     materialize: Materialize,
     report: SaveReport,
-    last: list[int],
 ) -> None:
-    """The header, then each tensor's bytes; every tensor but the last is reported as written
-    (the last one's size goes to `last`, reported by the caller after the rename)."""
+    """The header, then each tensor's bytes, each reported as written."""
     stream.write(header)
-    for position, (key, tensor) in enumerate(shard.items()):
-        nbytes = _write_tensor(stream, key, tensor, dtype, materialize)
-        if position + 1 < len(shard):
-            report.advance(1, nbytes)
-        else:
-            last.append(nbytes)
+    for key, tensor in shard.items():
+        report.advance(1, _write_tensor(stream, key, tensor, dtype, materialize))
 
 
 def _header(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> bytes:

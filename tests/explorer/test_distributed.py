@@ -92,10 +92,12 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Launch]:
     started = {
         # memory first, while the allocator is fresh
         "two": Ranks(tmp_path_factory.mktemp("ws2"), 2,
-                     ["memory", "llama-eager", "llama-fast", "tied-fsdp", "tied-dtensor", "tied-outside-units", "vit-fsdp",
+                     ["memory", "llama-eager", "llama-fast", "tied-fsdp", "tied-dtensor", "tied-dtensor-2d", "tied-outside-units",
+                      "vit-fsdp",
                       "failing-rank-1", "refused-then-sharded"]),
         "one": Ranks(tmp_path_factory.mktemp("ws1"), 1,
-                     ["llama-eager", "llama-fast", "tied-fsdp", "partly-materialized", "placement-mistakes"]),
+                     ["llama-eager", "llama-fast", "tied-fsdp", "partly-materialized", "partly-materialized-dtensor",
+                      "placement-mistakes"]),
         "exit": Ranks(tmp_path_factory.mktemp("exit"), 2, ["exiting-rank-1"]),
     }
     try:
@@ -191,7 +193,12 @@ def test_placements_that_fit_no_parameter_are_refused_naming_it_and_change_nothi
         prefix + "name '5.weight', a parameter tied to '0.weight': give its placements under '0.weight', its first name"
         + unchanged
     )
-    assert [info[f"{label} deferred"] for label in ("too many", "no such dim", "typo", "tied second name")] == [True] * 4
+    assert info["partial"] == (
+        prefix + "for '4.weight' are (Partial(sum),): only Shard, Replicate and FSDP2-over-TP placements can be "
+        "materialized (a Partial or a lone strided shard gives no block of the tensor to draw)" + unchanged
+    )
+    labels = ("too many", "no such dim", "typo", "tied second name", "partial")
+    assert [info[f"{label} deferred"] for label in labels] == [True] * 5
     assert info["flaky"] == "  rank 0: RuntimeError: placement service unavailable" + unchanged
     assert info["flaky deferred"] == [True] * len(_eager_tied().state_dict())
     assert info["flaky tied"] is True
@@ -234,6 +241,15 @@ def test_dtensor_placements_given_gather_to_eager_bitwise(two_ranks: Launch) -> 
         assert info["local_shapes"]["4.weight"] == [8, 8]
         assert info["placements"]["1.weight"] == "(Shard(dim=1),)"
         assert info["placements"]["4.weight"] == "(Replicate(),)"
+
+
+def test_parameters_left_out_are_replicated_over_every_dimension_of_a_2d_mesh(two_ranks: Launch) -> None:
+    _assert_bitwise_equal(two_ranks.saved("tied-dtensor-2d")["state"], _eager_tied().state_dict())
+    for rank in (0, 1):
+        info = two_ranks.info("tied-dtensor-2d", rank)
+        assert info["placements"]["1.weight"] == "(Replicate(), Shard(dim=1))"
+        assert info["placements"]["4.weight"] == info["placements"]["0.weight"] == "(Replicate(), Replicate())"
+        assert info["local_shapes"]["1.weight"] == [8, 4] and info["local_shapes"]["4.weight"] == [8, 8]
 
 
 def test_fsdp_timm_vit_drawn_by_rows_gathers_to_eager_bitwise(two_ranks: Launch) -> None:
@@ -302,14 +318,20 @@ def test_a_rank_that_exits_does_not_leave_the_others_waiting(launches: dict[str,
     assert info["error"].startswith("could not agree with the other ranks whether materialization succeeded")
 
 
-def test_fsdp_refuses_a_module_with_materialized_tensors(one_rank: Launch) -> None:
+def test_fsdp_and_dtensor_refuse_a_module_with_materialized_tensors_naming_themselves(one_rank: Launch) -> None:
     info = one_rank.info("partly-materialized", 0)
     assert info["failed_ranks"] == [0]
     assert info["error"] == (
         "materialization failed on rank 0\n  rank 0: MaterializationError: '3.weight' is already "
-        "materialized; fully_shard_deferred shards modules whose parameters and buffers are all still "
+        "materialized; fully_shard_deferred takes modules whose parameters and buffers are all still "
         "deferred (materialize nothing before it, or shard this module with "
         "torch.distributed.fsdp.fully_shard directly) (the module is unchanged, still deferred)"
+    )
+    assert one_rank.info("partly-materialized-dtensor", 0)["error"] == (
+        "materialization failed on rank 0\n  rank 0: MaterializationError: '3.weight' is already "
+        "materialized; distribute_deferred takes modules whose parameters and buffers are all still "
+        "deferred (materialize nothing before it, or distribute its tensors with "
+        "torch.distributed.tensor.distribute_tensor directly) (the module is unchanged, still deferred)"
     )
 
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from explorer import deferred_init, plan_devices
 from explorer.distributed import distribute_deferred, fully_shard_deferred
@@ -193,6 +193,7 @@ def placement_mistakes(mesh: DeviceMesh) -> dict[str, Any]:
         "no such dim": {"1.weight": [Shard(2)]},
         "typo": {"1.wieght": [Shard(0)]},
         "tied second name": {"5.weight": [Shard(0)]},
+        "partial": {"4.weight": [Partial()]},
     }.items():
         model = deferred_init(tied_sequential)
         try:
@@ -227,6 +228,16 @@ def tied_dtensor(mesh: DeviceMesh) -> dict[str, Any]:
     return {"state": gathered_state(model), "local_shapes": local_shapes(model),
             "placements": {n: str(p.placements) for n, p in model.named_parameters()},
             "tied": model[0].weight is model[5].weight}
+
+
+def tied_dtensor_2d(mesh: DeviceMesh) -> dict[str, Any]:
+    """`distribute_deferred` over a 2-D mesh (1 × world), one parameter named, the rest left to the default."""
+    grid = init_device_mesh("cpu", (1, mesh.size()), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(SEED)
+    model = deferred_init(tied_sequential)
+    distribute_deferred(model, grid, {"1.weight": [Replicate(), Shard(1)]})
+    return {"state": gathered_state(model), "local_shapes": local_shapes(model),
+            "placements": {n: str(p.placements) for n, p in model.named_parameters()}}
 
 
 def vit_fsdp(mesh: DeviceMesh) -> dict[str, Any]:
@@ -323,6 +334,16 @@ def partly_materialized(mesh: DeviceMesh) -> dict[str, Any]:
     return {"state": None}
 
 
+def partly_materialized_dtensor(mesh: DeviceMesh) -> dict[str, Any]:
+    from explorer import materialize_module
+
+    torch.manual_seed(SEED)
+    model = deferred_init(tied_sequential)
+    materialize_module(model[3])
+    distribute_deferred(model, mesh)
+    return {"state": None}
+
+
 def exiting_rank_1(mesh: DeviceMesh) -> dict[str, Any]:
     torch.manual_seed(SEED)
     model = deferred_init(tied_sequential)
@@ -337,6 +358,7 @@ SCENARIOS: dict[str, Callable[[DeviceMesh], dict[str, Any]]] = {
     "llama-fast": lambda mesh: llama_fsdp(mesh, "fast"),
     "tied-fsdp": tied_fsdp,
     "tied-dtensor": tied_dtensor,
+    "tied-dtensor-2d": tied_dtensor_2d,
     "tied-outside-units": tied_outside_units,
     "placement-mistakes": placement_mistakes,
     "vit-fsdp": vit_fsdp,
@@ -344,6 +366,7 @@ SCENARIOS: dict[str, Callable[[DeviceMesh], dict[str, Any]]] = {
     "failing-rank-1": failing_rank_1,
     "refused-then-sharded": refused_then_sharded,
     "partly-materialized": partly_materialized,
+    "partly-materialized-dtensor": partly_materialized_dtensor,
     "exiting-rank-1": exiting_rank_1,
 }
 

@@ -136,6 +136,35 @@ def test_constants_from_numpy_views_materialize_in_eagers_layout():
     assert module.transposed.data_ptr() != eager.transposed.data_ptr()  # a copy, not numpy's memory
 
 
+class _CopiesFromScratchArrays(nn.Module):
+    """Copies out of numpy memory that changes afterwards: a scratch array refilled in a loop, an
+    array scaled after its copy was taken, and the caller's table."""
+
+    def __init__(self, table: np.ndarray) -> None:
+        super().__init__()
+        scratch = np.zeros(4, dtype=np.float32)
+        for i in range(3):
+            scratch[:] = np.arange(4) * (i + 1)
+            self.register_buffer(f"row{i}", torch.tensor(scratch))  # torch.tensor copies
+        weights = np.ones((2, 2), dtype=np.float32)
+        self.scale = nn.Parameter(torch.as_tensor(weights).clone())
+        weights *= 100
+        self.halves = nn.Buffer(torch.from_numpy(weights[0]).half())  # a dtype change copies too
+        weights *= 2
+        self.emb = nn.Embedding.from_pretrained(torch.tensor(table), freeze=False)
+
+
+def test_copies_of_numpy_memory_hold_the_values_the_array_had_when_the_constructor_copied_it():
+    table = np.ones((3, 2), dtype=np.float32)
+    eager, module = _CopiesFromScratchArrays(table), deferred_init(_CopiesFromScratchArrays, table)
+    table[:] = 0  # the caller reuses its array before materializing
+    materialize_module(module)
+    assert [module.row0.tolist(), module.row2.tolist()] == [[0, 1, 2, 3], [0, 3, 6, 9]]
+    assert module.halves.tolist() == [100, 100] and module.emb.weight.tolist() == [[1, 1]] * 3
+    for name, tensor in eager.state_dict().items():
+        assert torch.equal(module.state_dict()[name], tensor), name
+
+
 def test_a_callers_conjugate_or_negative_view_is_read_with_its_bit():
     conjugate = torch.randn(3, dtype=torch.complex64).conj()  # the conjugate bit: read as conj(memory)
     negative = torch._neg_view(torch.randn(3))

@@ -220,9 +220,9 @@ class AsksForBytesWhileBuilding(nn.Module):
         self.doubled = (torch.arange(3) * 2).numpy()
 
 
-def test_inside_deferred_init_pointers_are_zero_and_numpy_reads_true_values():
+def test_inside_deferred_init_pointers_are_the_storages_own_and_numpy_reads_true_values():
     module = deferred_init(AsksForBytesWhileBuilding)
-    assert (module.pointer, module.storage_pointer) == (0, 0)
+    assert module.pointer == module.storage_pointer != 0
     assert module.table.tolist() == [0, 1, 2, 3]
     assert module.doubled.tolist() == [0, 2, 4]
 
@@ -284,3 +284,40 @@ def test_a_read_of_fake_values_in_cpp_names_the_line_and_what_works_instead():
     )
     assert "`torch.stack([t0, t1])` for `torch.tensor([t0, t1])`" in str(caught.value)
     assert isinstance(caught.value, RuntimeError) and caught.value.partial_module is not None
+
+
+class _TiesByAddress(nn.Module):
+    """Finds shared memory by address, as tie finders do, and keeps what it saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.dec = nn.Linear(3, 3), nn.Linear(3, 3)
+        self.table = nn.Parameter(torch.zeros(4, 3))
+        self.rows = self.table[1:]  # a view: same storage, offset by one row
+        self.empty = torch.zeros(0)
+        self.seen = {
+            "distinct weights": self.enc.weight.data_ptr() != self.dec.weight.data_ptr(),
+            "storages": len({p.untyped_storage().data_ptr() for p in self.parameters()}),
+            "view offset": self.rows.data_ptr() - self.table.data_ptr(),
+            "same storage": self.rows.untyped_storage().data_ptr() == self.table.untyped_storage().data_ptr(),
+            "empty": self.empty.data_ptr(),
+        }
+
+
+def test_addresses_inside_a_recording_tell_storages_apart_and_offset_views_as_eager():
+    eager = _TiesByAddress()
+    module = deferred_init(_TiesByAddress)
+    assert module.seen == eager.seen == {
+        "distinct weights": True, "storages": 5, "view offset": 12, "same storage": True, "empty": 0,
+    }
+
+
+def test_an_array_of_a_deferred_tensor_read_while_recording_refuses_writes_that_would_be_lost():
+    def build() -> nn.Module:
+        module = nn.Embedding(3, 2)
+        module.weight.data.numpy()[0] = 0  # eager: writes row 0 of the weight
+        return module
+
+    build()  # eager takes it
+    with pytest.raises(ValueError, match="read-only"):
+        deferred_init(build)

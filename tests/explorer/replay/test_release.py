@@ -358,6 +358,16 @@ def test_release_module_is_exported():
     assert "release_module" in explorer.__all__ and "ReleaseError" in explorer.__all__
 
 
+def test_a_gradient_hook_registered_after_materializing_survives_release_and_materializing_again():
+    model = deferred_init(nn.Linear, 2, 2)
+    materialize_module(model)
+    model.weight.register_hook(lambda grad: torch.zeros_like(grad))
+    release_module(model)
+    materialize_module(model)
+    model(torch.ones(1, 2)).sum().backward()
+    assert model.weight.grad.tolist() == [[0.0, 0.0], [0.0, 0.0]] and model.bias.grad.tolist() == [1.0, 1.0]
+
+
 def test_a_freeze_and_attributes_set_after_materializing_survive_release_and_materializing_again():
     torch.manual_seed(0)
     eager = nn.Linear(4, 4)

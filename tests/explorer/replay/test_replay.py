@@ -115,6 +115,43 @@ def test_materialized_tensors_keep_attributes_set_on_them_as_eager():
     assert module.mask.tag is not eager.mask.tag  # each construction makes its own list
 
 
+def _halve_the_gradient(parameter: nn.Parameter) -> None:
+    parameter.grad.mul_(0.5)
+
+
+class GradientMasked(nn.Module):
+    """Gradient hooks registered in a constructor: rows of an embedding kept frozen by a mask, and a
+    step after each gradient is accumulated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(4, 2)
+        self.register_buffer("mask", torch.tensor([[0.0], [1.0], [1.0], [1.0]]))
+        self.emb.weight.register_hook(lambda grad: grad * self.mask)
+        self.lin = nn.Linear(2, 2)
+        self.lin.weight.register_post_accumulate_grad_hook(_halve_the_gradient)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.emb(idx)).sum()
+
+
+@pytest.mark.parametrize("order", ["whole", "one tensor, then the rest"])
+def test_gradient_hooks_registered_in_the_constructor_act_on_the_materialized_parameters(order):
+    torch.manual_seed(0)
+    eager = GradientMasked()
+    torch.manual_seed(0)
+    module = deferred_init(GradientMasked)
+    if order != "whole":
+        materialize_tensor(module.lin.weight)
+    materialize_module(module)
+    idx = torch.tensor([0, 1, 2])
+    eager(idx).backward()
+    module(idx).backward()
+    assert module.emb.weight.grad[0].tolist() == [0.0, 0.0]  # the masked row
+    for name, parameter in eager.named_parameters():
+        assert torch.equal(module.get_parameter(name).grad, parameter.grad), name
+
+
 class ScaledParameter(nn.Parameter):
     """A parameter subclass with its own `__new__` and an attribute, as quantization libraries have."""
 

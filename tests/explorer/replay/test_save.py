@@ -205,10 +205,28 @@ def cancel_at(count: int):
     return progress
 
 
-def test_a_cancel_mid_way_leaves_only_complete_shards(tmp_path):
+def test_a_cancel_mid_way_leaves_no_new_shard_and_the_previous_sharded_checkpoint_intact(tmp_path):
+    torch.manual_seed(0)
+    previous = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
+    save_checkpoint(previous, tmp_path, max_shard_size="17KB")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert len(before) == 5  # four shards and the index, under the names the new save writes too
+    torch.manual_seed(1)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(four_linears(), tmp_path, max_shard_size="17KB", progress=cancel_at(4))
-    assert listing(tmp_path) == ["model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors"]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    stored = {key: load_file(tmp_path / file)[key] for key, file in index.items()}
+    assert_bitwise(stored, previous.state_dict())
+
+
+def test_a_model_saved_back_into_the_directory_it_was_read_from_reads_the_old_shards_to_the_end(tmp_path):
+    torch.manual_seed(0)
+    source = transformers.LlamaForCausalLM(tiny_config())
+    source.save_pretrained(tmp_path, max_shard_size="50KB")
+    model = deferred_init(transformers.LlamaForCausalLM.from_pretrained, tmp_path)
+    save_checkpoint(model, tmp_path, max_shard_size="50KB")  # the same file names, other boundaries than HF's
+    assert_bitwise(saved(tmp_path), source.state_dict())
 
 
 def test_a_dcp_cancel_mid_way_leaves_no_file_and_the_previous_checkpoint_intact(tmp_path):
@@ -238,16 +256,17 @@ def test_a_process_killed_mid_way_leaves_no_partial_file_under_a_final_name(tmp_
     child.join(60)
     assert child.exitcode == 7
     final = [path for path in tmp_path.iterdir() if not path.name.startswith(".")]
-    if format == "safetensors":  # shards 1 complete, shard 2 half written under its temporary name
-        assert [p.name for p in final] == ["model-00001-of-00004.safetensors"]
-        assert listing(tmp_path) == [".model-00002-of-00004.safetensors.partial", *[p.name for p in final]]
-        assert_bitwise(load_file(final[0]), {k: v for k, v in eager.state_dict().items() if k.startswith("0.")})
-    else:  # nothing is moved into place before the whole checkpoint is written
-        assert final == []
+    assert final == []  # nothing is moved into place before the whole checkpoint is written
+    if format == "safetensors":  # shard 1 complete, shard 2 half written, both under temporary names
+        assert listing(tmp_path) == [".model-00001-of-00004.safetensors.partial",
+                                     ".model-00002-of-00004.safetensors.partial"]
+        assert_bitwise(load_file(tmp_path / ".model-00001-of-00004.safetensors.partial"),
+                       {k: v for k, v in eager.state_dict().items() if k.startswith("0.")})
+    else:
         assert [p.name.startswith(".dcp-") and p.name.endswith(".partial") for p in tmp_path.iterdir()] == [True]
 
 
-def test_a_full_disk_names_the_file_and_bytes_and_keeps_the_complete_shards(tmp_path, monkeypatch):
+def test_a_full_disk_names_the_file_and_bytes_and_leaves_no_shard(tmp_path, monkeypatch):
     eager, model = eager_and_deferred(lambda: nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)]))
     fill_disk_after(monkeypatch, 20_000)  # room for the first shard (16,640 bytes and its header), not the second
     with pytest.raises(OSError) as raised:
@@ -258,9 +277,7 @@ def test_a_full_disk_names_the_file_and_bytes_and_keeps_the_complete_shards(tmp_
         f"[Errno 28] writing {shard} failed: No space left on device; the file needs 16.4 KiB (16816 bytes), "
         "the checkpoint 48.9 KiB more in all, ")
     assert str(raised.value).endswith("; nothing under a final name was left half written")
-    assert listing(tmp_path) == ["model-00001-of-00004.safetensors"]
-    assert_bitwise(load_file(tmp_path / "model-00001-of-00004.safetensors"),
-                   {k: v for k, v in eager.state_dict().items() if k.startswith("0.")})
+    assert listing(tmp_path) == []  # shard 1 was complete, but a set of shards is renamed whole or not at all
 
 
 def test_a_full_disk_during_dcp_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
