@@ -13,6 +13,7 @@ the rounding.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -34,7 +35,11 @@ class Measured(NamedTuple):
 
 
 def measure(tensor: torch.Tensor) -> Measured:
-    """The moments, range and NaN/Inf counts of a tensor with memory (not a fake, not meta)."""
+    """The moments, range and NaN/Inf counts of a tensor with memory (not a fake, not meta). All
+    NaN for one whose values have no float64 reading (packed `float4_e2m1fn_x2`, `bits8`,
+    quantized, sparse or other unstrided layouts): nothing to compare with an init's moments."""
+    if tensor.layout is not torch.strided or tensor.is_quantized or not _converts_to_float(tensor.dtype):
+        return Measured(math.nan, math.nan, math.nan, math.nan, 0, 0)
     with torch.no_grad():
         values = tensor.detach()
         if values.is_complex():
@@ -56,11 +61,24 @@ def measure(tensor: torch.Tensor) -> Measured:
         )
 
 
+@functools.cache
+def _converts_to_float(dtype: torch.dtype) -> bool:
+    """Whether `.to(torch.float64)` has a kernel for `dtype` (not bit containers such as `bits8`,
+    nor packed sub-byte floats such as `float4_e2m1fn_x2`, whose element is not one number)."""
+    try:
+        torch.empty(1, dtype=dtype).to(torch.float64)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
+
+
 def disagrees(measured: Measured, mean: float, std: float, count: int, random: bool, dtype: torch.dtype) -> bool:
     """Whether `measured` is further from the expected `mean`/`std` than sampling error and the
     dtype's rounding allow. False when nothing is expected (NaN)."""
     if math.isnan(mean) or math.isnan(std) or count == 0:
         return False
+    if math.isnan(measured.mean) and not measured.nan:
+        return False  # no values measured (none there, or none with a float reading)
     if measured.nan or measured.inf:
         return True
     rounding = (torch.finfo(dtype).eps if dtype.is_floating_point else 0.0) * 2

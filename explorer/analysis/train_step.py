@@ -53,6 +53,7 @@ from .fake_fsdp import (
     shard_blocks,
 )
 from .module_parts import ModuleParts, module_parts, nested, split_by_part
+from .running_modules import RunningModules
 from .train_budget import parse_budget
 from .train_modules import block_peak_snapshots, forward_activation_table, module_table
 from .train_render import summary_text, train_step_html, verdict_text
@@ -286,12 +287,17 @@ def _peak_total(tracker: MemTracker) -> int:
     return max((device_snap["Total"] for device_snap in snapshot.values()), default=0)
 
 
-def _running(tracker: MemTracker, twin: nn.Module) -> str:
+def _running(tracker: MemTracker, twin: nn.Module, running: RunningModules) -> str:
     """The innermost module running when the step failed, as its path and class ("layers.0.mlp
-    (LlamaMLP)"), `<root> (Class)` for the root and `no module` outside every module."""
+    (LlamaMLP)"), `<root> (Class)` for the root and `no module` outside every module: where an op
+    raised, else where Python code raised (analysis/running_modules.py)."""
     name = getattr(tracker, "failed_in", None) or innermost_module(tracker._mod_tracker)
     if name is None:
-        return "no module"
+        left = running.innermost()
+        if left is None:
+            return "no module"
+        path, module = left
+        return f"{path or '<root>'} ({type(module).__name__})"
     path = name.partition(".")[2]  # ModTracker names modules "<root class>.<path>"
     try:
         return f"{path or '<root>'} ({type(twin.get_submodule(path)).__name__})"
@@ -361,11 +367,11 @@ def run_step(
         tracker.track_external(twin, optimizer, *tensor_leaves((args, kwargs)))
     running = "no module"
     try:
-        with tracker:
+        with tracker, RunningModules(twin) as forwards:
             try:
                 _run_loop(run, twin, args, kwargs, optimizer, loss, loop)
             except Exception:
-                running = _running(tracker, twin)  # leaving the tracker empties its module stack
+                running = _running(tracker, twin, forwards)  # leaving the tracker empties its module stack
                 raise
     except TrainStepError:
         raise

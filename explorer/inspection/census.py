@@ -144,8 +144,32 @@ class _KeyUnion:
         self.parent[self.find(second)] = self.find(first)
 
 
+def is_strided(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` lies in one storage by strides (not sparse, mkldnn or nested), so that
+    storage, stride and offset mean something for it."""
+    return tensor.layout is torch.strided and not tensor.is_nested
+
+
+def strides_of(tensor: torch.Tensor) -> tuple[tuple[int, ...] | None, int]:
+    """(stride, storage offset) of a strided tensor; (None, 0) for one with no strides."""
+    if not is_strided(tensor):
+        return None, 0
+    return tuple(tensor.stride()), int(tensor.storage_offset())
+
+
+def memory_nbytes(tensor: torch.Tensor) -> int:
+    """The bytes of the memory a real tensor is on: its storage's, or its dense size for a tensor
+    with no storage of its own (sparse, mkldnn, nested)."""
+    if not is_strided(tensor):
+        return tensor.numel() * tensor.element_size()
+    return tensor.untyped_storage().nbytes()
+
+
 def _memory_key(tensor: torch.Tensor) -> tuple[str, int]:
-    """Which real memory a tensor is on (its storage's address in the process)."""
+    """Which real memory a tensor is on (its storage's address in the process); a tensor with no
+    storage of its own is its own memory."""
+    if not is_strided(tensor):
+        return ("object", id(tensor))
     return ("memory", tensor.untyped_storage()._cdata)
 
 
@@ -236,7 +260,7 @@ def _storages(
             storages.append(
                 StorageRecord(
                     sid,
-                    entry.tensor.untyped_storage().nbytes() if entry.graph is None else -1,
+                    memory_nbytes(entry.tensor) if entry.graph is None else -1,
                     str(entry.tensor.device),
                     dtype_name(entry.tensor.dtype),
                     entry.state,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .._torch_compat.dispatch import metadata_access
-from .census import Census
+from .census import Census, strides_of
 
 STORAGE_COLUMNS = [
     "storage_id",
@@ -45,9 +45,10 @@ def storages_table(census: Census) -> pd.DataFrame:
             columns["graph"].append(record.graph)
             columns["recorded_id"].append(record.recorded_id)
             columns["tensors"].append([view.name for view in views])
-            columns["offsets"].append([view.tensor.storage_offset() for view in views])
+            layouts = [strides_of(view.tensor) for view in views]
+            columns["offsets"].append([offset for _, offset in layouts])
             columns["shapes"].append([tuple(view.tensor.size()) for view in views])
-            columns["strides"].append([tuple(view.tensor.stride()) for view in views])
+            columns["strides"].append([stride for stride, _ in layouts])
     for column in ("graph", "recorded_id"):
         columns[column] = pd.array(columns[column], dtype="Int64")
     return pd.DataFrame(columns, columns=STORAGE_COLUMNS)

@@ -6,7 +6,7 @@ import pandas as pd
 
 from .._torch_compat.dispatch import metadata_access
 from ..naming import dtype_name
-from .census import Census
+from .census import Census, strides_of
 from .checkpoint_sources import CheckpointRead
 
 TENSOR_COLUMNS = [
@@ -77,11 +77,10 @@ def tensors_table(census: Census) -> pd.DataFrame:
         for position, entry in enumerate(census.tensors):
             tensor = entry.tensor
             shape = tuple(tensor.size())  # not `.shape`: a lazy parameter refuses it, even here
-            stride = tuple(tensor.stride())
-            offset = tensor.storage_offset()
+            stride, offset = strides_of(tensor)
             numel = entry.numel
             nbytes = numel * tensor.element_size()
-            contiguous = tensor.is_contiguous()
+            contiguous = stride is not None and tensor.is_contiguous()
             storage = storages[entry.storage]
             columns["name"].append(entry.name)
             columns["module"].append(entry.module)

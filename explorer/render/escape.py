@@ -33,8 +33,9 @@ _HTML_ENTITIES = {
     "\n": "<br/>",
     "\r": "",
     "\t": " ",
+    "]": "&#93;",  # Graphviz's label lexer refuses a text item of `]` alone (`<b>]</b>`)
 }
-_HTML_SPECIAL = re.compile(r"[&<>\"'\\\n\r\t]")
+_HTML_SPECIAL = re.compile(r"[&<>\"'\\\n\r\t\]]")
 
 
 def _visible(text: str) -> str:

@@ -119,9 +119,18 @@ def checkpoint_check_html(check: Any) -> str:
     )
 
 
+def _storage_size(tensor: torch.Tensor) -> tuple[int, int]:
+    """(a key of the memory `tensor` is on, that memory's bytes); a tensor with no storage (sparse,
+    mkldnn) is its own memory."""
+    if tensor.layout is not torch.strided:
+        return id(tensor), tensor.numel() * tensor.element_size()
+    storage = torch.Tensor.untyped_storage(tensor)
+    return storage._cdata, storage.nbytes()
+
+
 def _module_line(name: str, module: nn.Module) -> str:
     tensors = [*module.parameters(), *module.buffers()]
-    sizes = {id(t): t.numel() * t.element_size() for t in tensors}
+    sizes = dict(_storage_size(t) for t in tensors)  # each storage once, as the tables count it
     fake = sum(1 for t in tensors if isinstance(t, FakeTensor))
     state = (
         "fake" if fake == len(tensors) and tensors else ("materialized" if not fake else f"{fake}/{len(tensors)} fake")

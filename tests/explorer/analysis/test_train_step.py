@@ -318,6 +318,40 @@ def test_a_failing_step_names_the_module_that_was_running():
     )
 
 
+class _ChecksItsInput(nn.Module):
+    """Raises from its own Python code, as BatchNorm does for a batch of one in training."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] < 2:
+            raise ValueError(f"expected a batch of at least 2, got {x.shape[0]}")
+        return x
+
+
+class _Guarded(nn.Module):
+    """Calls a submodule that raises and catches it, then runs on: the caught error is no failure."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.check = _ChecksItsInput()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            self.check(x)
+        except ValueError:
+            pass
+        return x
+
+
+def test_a_step_failing_in_a_modules_python_code_names_that_module():
+    model = deferred_init(nn.Sequential, nn.Linear(4, 4), _Guarded(), nn.Linear(4, 4), _ChecksItsInput())
+    with pytest.raises(TrainStepError) as error:
+        train_step(model, (1, 4))
+    assert str(error.value) == (
+        "the forward of Sequential cannot run on fake tensors, in 3 (_ChecksItsInput): "
+        "ValueError: expected a batch of at least 2, got 1"
+    )
+
+
 class _GrowingCacheBlock(nn.Module):
     """Attends over every input it has seen, as a decoder layer with a KV cache does (transformers 4
     keeps `use_cache=True` in training): a recompute sees one more key than the forward did."""

@@ -80,6 +80,24 @@ def test_eager_and_copied_modules_are_real():
     assert copied.tensors["tensor_id"].isna().all()
 
 
+def test_an_eager_module_holding_sparse_buffers_is_inspected_with_no_strides_for_them():
+    from torch import nn
+
+    from explorer import module_graph, op_graph
+
+    module = nn.Module()
+    module.lin = nn.Linear(3, 3)
+    module.register_buffer("adjacency", torch.eye(3).to_sparse())  # a graph convolution's
+    module.register_buffer("rows", torch.eye(2).to_sparse_csr())
+    found = inspect(module)
+    tensors = found.tensors.set_index("name")
+    assert tensors.loc["adjacency", "stride"] is None and tensors.loc["rows", "stride"] is None
+    assert tensors.loc["lin.weight", "stride"] == (3, 1)
+    assert list(found.storages["bytes"]) == [36, 16, 36, 12]  # buffers first; sparse: each its own memory, dense size
+    assert found.summary().startswith("Module: 12 parameters, 4 names (2 parameters, 2 buffers) on 4 storages, 100 B")
+    assert module_graph(module) is not None and op_graph(module) is not None
+
+
 def test_inspect_changes_nothing_and_materialization_still_matches_eager():
     torch.manual_seed(7)
     module = deferred_init(Tiny, table())

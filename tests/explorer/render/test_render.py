@@ -314,6 +314,7 @@ class Hostile(nn.Module):
         self.add_module("<script>", nn.Linear(2, 2))
         self.add_module('say "hi" {x}', nn.Linear(2, 2, bias=False))
         self.add_module("a&b\\N", nn.Linear(2, 2, bias=False))
+        self.add_module("]", nn.Linear(2, 2, bias=False))  # Graphviz's lexer refuses `<b>]</b>` unescaped
 
 
 @pytest.mark.parametrize("draw", [op_graph, module_graph], ids=["op_graph", "module_graph"])
@@ -327,10 +328,10 @@ def test_hostile_module_names_render_as_text_in_valid_svg(draw):
     if draw is op_graph:
         assert {"cluster_module:<script>", 'cluster_module:say "hi" {x}', "cluster_module:a&b\\N",
                 "tensor:<script>.weight", 'tensor:say "hi" {x}.weight', "tensor:a&b\\N.weight"} <= titles
-        assert {"<script>", "<script>.weight", 'say "hi" {x}.weight', "a&b\\N.weight"} <= texts
+        assert {"<script>", "<script>.weight", 'say "hi" {x}.weight', "a&b\\N.weight", "]", "].weight"} <= texts
     else:
         assert {"module:<script>", 'module:say "hi" {x}', "module:a&b\\N"} <= titles
-        assert {"<script>", 'say "hi" {x}', "a&b\\N"} <= texts
+        assert {"<script>", 'say "hi" {x}', "a&b\\N", "]"} <= texts
     page = to_html(digraph)
     assert "<script" not in page and "&lt;script&gt;" in page
 

@@ -32,6 +32,22 @@ def test_dry_run_shows_shapes_bytes_and_flops_per_module():
     assert "<td>[(2, 4)]</td>" in html and "<td>128</td>" in html
 
 
+def test_the_module_tree_counts_each_storage_once_as_the_summary_does():
+    from explorer.render.rich import module_html
+
+    class Views(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.Parameter(torch.zeros(100, 100))
+            self.register_buffer("rows", self.table.detach()[:50])  # views of the table's storage
+            self.register_buffer("column", self.table.detach()[:, 0])
+
+    holder = nn.Module()
+    holder.add_module("views", explorer.deferred_init(Views))
+    html = module_html(holder, "summary")
+    assert "<b>views</b> Views · 39.1 KiB · fake" in html  # one storage of 40,000 bytes
+
+
 def test_text_is_escaped():
     class Odd(nn.Module):
         def __init__(self) -> None:
