@@ -91,7 +91,8 @@ class MaterializeBar(w.VBox):
         self.preview_of = preview  # (what: "selection" | "whole module", device) → preview
         self.error: BaseException | None = None
         self.disabled_reason = ""
-        self._pending: tuple | None = None  # the click waiting for confirmation
+        # the click waiting for confirmation: (what, chosen module ids or None, device, rng)
+        self._pending: tuple[str, set[int] | None, str, RngMode] | None = None
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._step_texts: list[str] = []
@@ -186,7 +187,9 @@ class MaterializeBar(w.VBox):
         (over CONFIRM_ABOVE_BYTES) or does not fit the device's free memory."""
         result = self.update_preview(what) if self.preview_of is not None else None
         if result is not None and result.needs_confirmation:
-            self._pending = (what,)
+            # what was asked about, kept: a selection or device changed before Confirm is not it
+            chosen = {id(module) for module in self.selected_modules()} if what == "selection" else None
+            self._pending = (what, chosen, self.device.value, self.rng.value)
             reason = "does not fit the free memory" if not result.fits else "is large"
             self.confirm_text.value = f"{result.text()}. This {reason}: materialize anyway?"
             self.confirm_box.layout.display = None
@@ -197,9 +200,10 @@ class MaterializeBar(w.VBox):
         """The user confirmed the pending click."""
         if self._pending is None:
             return None
-        (what,) = self._pending
+        what, chosen, device, rng = self._pending
         self._hide_confirmation("")
-        return self.materialize_selected() if what == "selection" else self.materialize_all()
+        check_fn = None if chosen is None else (lambda module: id(module) in chosen)
+        return self._start(check_fn, what, wait=False, device=device, rng=rng)
 
     def _hide_confirmation(self, message: str) -> None:
         self._pending = None
@@ -272,12 +276,20 @@ class MaterializeBar(w.VBox):
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _start(self, check_fn: Callable[[nn.Module], bool] | None, what: str, wait: bool) -> threading.Thread | None:
+    def _start(
+        self,
+        check_fn: Callable[[nn.Module], bool] | None,
+        what: str,
+        wait: bool,
+        device: str | None = None,
+        rng: RngMode | None = None,
+    ) -> threading.Thread | None:
+        """Materialize in the background on `device` with `rng` (default: the dropdowns' now)."""
         if self.disabled_reason:
             self._set_status(self.disabled_reason, error=True)
             return None
-        device: str = self.device.value
-        rng: RngMode = self.rng.value  # the dropdown offers RngMode's values only
+        device = device or self.device.value
+        rng = rng or self.rng.value  # the dropdown offers RngMode's values only
         return self._launch(
             f"materializing {what} on {device} (rng={rng})…", lambda: self._run(check_fn, what, device, rng), wait
         )

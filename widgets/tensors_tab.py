@@ -85,7 +85,7 @@ class TensorsTab(w.VBox):
         self.state_filter = w.Dropdown(options=[ALL], description="state", layout=w.Layout(width="200px"))
         for control in (self.name_filter, self.dtype_filter, self.device_filter, self.state_filter):
             control.add_class("de-tensors-filter")
-            control.observe(lambda _: self._draw(), names="value")
+            control.observe(self._on_filter, names="value")
         self.columns = w.TagsInput(
             value=list(COLUMNS),
             allowed_tags=COLUMNS + OPTIONAL_COLUMNS,
@@ -117,6 +117,9 @@ class TensorsTab(w.VBox):
         )
         self.add_class("de-tensors-tab")
 
+    def _on_filter(self, change: object) -> None:
+        self._draw()
+
     def update(self, tensors: pd.DataFrame, scope: Collection[str] | None) -> None:
         """Show `tensors` (an inspection's tensors table) restricted to modules in `scope`."""
         self._tensors, self._scope = tensors, scope
@@ -129,10 +132,11 @@ class TensorsTab(w.VBox):
                 options = _options(tensors[column])
                 if list(control.options) != options:
                     keep = control.value if control.value in options else ALL
-                    control.unobserve_all("value")
+                    # only our observer: unobserve_all would also drop the widget's own value → index sync
+                    control.unobserve(self._on_filter, names="value")
                     control.options = options
                     control.value = keep
-                    control.observe(lambda _: self._draw(), names="value")
+                    control.observe(self._on_filter, names="value")
         self._draw()
 
     def set_search(self, names: Collection[str] | None) -> None:

@@ -404,13 +404,15 @@ def _fill_tied_slots_elsewhere(module: nn.Module, real_of: dict[int, torch.Tenso
     """Note: [Ties across a partial materialization]
     A tensor tied outside the materialized submodule (`lm_head.weight is embed_tokens.weight`,
     materializing `lm_head` alone) is held by slots of the recording's root that `module` does not
-    reach. Left fake there, the tie is broken until both sides are materialized: two objects where
-    eager has one, and a save stores both. So every slot of the recording's top-level modules (a
-    `deferred()` block's several) that holds one of the materialized fakes gets the same real
-    tensor. A module no top-level module reaches (the root dropped, a submodule kept) keeps its fake
-    until it is materialized itself; a write recorded on it meanwhile still reaches the real tensor
-    (note [Writes after a tensor was made] in replay/replay.py)."""
-    roots = {id(root): root for fake in fakes for root in roots_of(fake) if root is not module}
+    reach, or that `check_fn` did not choose. Left fake there, the tie is broken until both sides
+    are materialized: two objects where eager has one, and a save stores both. So every slot of
+    `module` and of the recording's top-level modules (a `deferred()` block's several) that holds
+    one of the materialized fakes gets the same real tensor. A module no top-level module reaches
+    (the root dropped, a submodule kept) keeps its fake until it is materialized itself; a write
+    recorded on it meanwhile still reaches the real tensor (note [Writes after a tensor was made]
+    in replay/replay.py)."""
+    # `module` too: with `check_fn`, the other side of a tie may be in a part of it not chosen
+    roots = {id(module): module, **{id(root): root for fake in fakes for root in roots_of(fake)}}
     for root in roots.values():
         for (owner, kind, key, _), fake in deferred_slots(root, attributes=True):
             real = real_of.get(id(fake))

@@ -69,10 +69,8 @@ def _release_tied_slots_elsewhere(module: nn.Module, reals: dict[int, torch.Tens
     """The other side of note [Ties across a partial materialization] (replay/materialize.py): a
     released tensor the recording's root also holds outside `module` is released there too, so the
     tie stays one tensor and its memory can go."""
-    roots = {id(root): root for real in reals.values() for root in roots_of(_form(real).fake)}
-    for root in roots.values():
-        if root is module:
-            continue
+    roots = {id(module): module, **{id(root): root for real in reals.values() for root in roots_of(_form(real).fake)}}
+    for root in roots.values():  # `module` too: the other side may be in a part `check_fn` did not choose
         for (owner, kind, key, _), real in module_slots(
             root, tuple(_KINDS), None, lambda t: id(t) in reals, "released"
         ):

@@ -47,6 +47,19 @@ def test_a_click_that_does_not_fit_asks_first_and_a_big_one_too(ui, monkeypatch)
     assert big.fits and big.needs_confirmation  # over CONFIRM_ABOVE_BYTES
 
 
+def test_confirm_materializes_what_was_asked_about_not_what_is_selected_when_it_is_pressed(ui, monkeypatch):
+    monkeypatch.setattr(materialize_preview, "free_bytes", lambda device: 100)  # nothing fits: every click asks
+    ui.select("blocks.0")
+    ui.bar.click("selection")
+    asked = ui.bar.confirm_text.value
+    ui.select("head")  # the user moves on while the question is still on screen
+    ui.bar.device.value = "meta"
+    ui.bar.confirm().join()
+    assert asked.startswith("selection: ") and " on cpu " in asked
+    assert not explorer.is_deferred(ui.module.blocks[0].attn) and ui.module.blocks[0].attn.weight.device.type == "cpu"
+    assert explorer.is_deferred(ui.module.head)
+
+
 def test_a_small_click_that_fits_starts_at_once(ui, monkeypatch):
     monkeypatch.setattr(materialize_preview, "free_bytes", lambda device: 1 << 40)
     ui.select("head")

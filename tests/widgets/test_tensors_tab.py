@@ -77,6 +77,18 @@ def test_device_and_state_filters(ui):
     assert ui.tensors_tab.state_filter.options == ("all", "fake", "materialized")
 
 
+def test_a_filter_keeps_its_place_in_the_browser_when_a_materialization_adds_options(ui):
+    state = ui.tensors_tab.state_filter
+    state.set_state({"index": list(state.options).index("fake")})  # what the browser sends when one picks "fake"
+    ui.select("blocks.0.norm")
+    ui.materialize_selected(wait=True)  # "materialized" joins the options
+    ui.tree.clear()
+    assert state.options == ("all", "fake", "materialized")
+    assert state.options[state.get_state()["index"]] == state.value == "fake"  # the browser shows what filters
+    state.value = "materialized"  # set from Python: the browser follows
+    assert state.get_state()["index"] == 2 and keys(ui) == ["blocks.0.norm.weight", "blocks.0.norm.bias"]
+
+
 def test_header_sort_orders_by_the_raw_values(ui):
     ui.select("blocks.0")
     ui.tensors_tab.table.sort_by = "bytes"  # what clicking the header sends

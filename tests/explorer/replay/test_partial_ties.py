@@ -38,6 +38,19 @@ def test_releasing_one_side_of_a_tie_releases_the_other(restore_rng):
     assert model.head.weight is fake and model.embed.weight is fake
 
 
+def test_one_side_of_a_tie_chosen_by_check_fn_keeps_the_tie_on_materializing_and_releasing(restore_rng):
+    torch.manual_seed(0)
+    eager = TiedLM()
+    torch.manual_seed(0)
+    model = deferred_init(TiedLM)
+    fake = model.embed.weight
+    materialize_module(model, check_fn=lambda module: module is model.head)  # as the notebook's selection does
+    assert model.embed.weight is model.head.weight and torch.equal(model.head.weight, eager.head.weight)
+    assert is_fake(model.body.weight)
+    release_module(model, check_fn=lambda module: module is model.head)
+    assert model.head.weight is fake and model.embed.weight is fake
+
+
 def test_a_checkpoint_loaded_after_one_side_was_materialized_reaches_both(tmp_path, restore_rng):
     # before: the load went into the fake side only, and the real side kept its init values
     torch.manual_seed(3)
