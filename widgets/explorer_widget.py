@@ -334,6 +334,9 @@ class ExplorerWidget(w.VBox):
             self._update_views(stale=True)
             if self.init_tab.audited:  # an audit shown is kept current; an unopened tab stays lazy
                 self.init_tab.refresh()
+            if self.tensor is not None and self.tensor not in set(self.inspection.tensors["name"]):
+                self.tensor = None  # gone with its module (surgery in a deferred block): the pane closes
+                self.details.hide()
             if self.tensor is not None:
                 self.details.show(self.inspection.tensors, self.inspection.storages, self.tensor)
             self.set_overlay(self.overlay_mode.value)

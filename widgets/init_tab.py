@@ -154,6 +154,12 @@ class InitTab(w.VBox):
             )
             return
         tensor = self.module.get_parameter(name) if row["kind"] == "parameter" else self.module.get_buffer(name)
+        if tensor.device.type == "meta":  # materialized onto meta: shapes only, no values to draw
+            self.histogram.value = (
+                f"<div class='de-init-no-values'>{html.escape(name)} was materialized on meta (shapes only): "
+                "materialize it on a device to see its values</div>"
+            )
+            return
         with torch.no_grad():
             self.histogram.value = histogram_svg(
                 tensor, row["family"], row["params"], row["mean"], row["std"], title=f"{name}: {row['init']}"

@@ -254,8 +254,8 @@ class MaterializeBar(w.VBox):
 
     def show_held(self, storages: pd.DataFrame) -> None:
         """Say how much memory materialized tensors hold, from the storages table of `explorer.inspect`
-        (eager tensors are not counted: releasing cannot give them back)."""
-        held = storages.loc[storages["state"] == "materialized", "bytes"]
+        (eager tensors are not counted: releasing cannot give them back; nor meta ones, which hold none)."""
+        held = storages.loc[(storages["state"] == "materialized") & (storages["device"] != "meta"), "bytes"]
         if held.empty:
             self.held.value = "materialized tensors hold no memory"
             return
@@ -391,7 +391,8 @@ class MaterializeBar(w.VBox):
             self._finish(f"materialization failed ({type(error).__name__}): {error}", error=True)
             return
         elapsed = time.perf_counter() - started
-        if self.total_bytes >= THROUGHPUT_MIN_BYTES and elapsed > 0:  # small ones measure overheads
+        # small ones measure overheads, and meta tensors (shapes only) no work at all
+        if self.total_bytes >= THROUGHPUT_MIN_BYTES and elapsed > 0 and torch.device(device).type != "meta":
             MaterializeBar.throughput = self.total_bytes / elapsed
         if self.total == 0:
             message = f"nothing to materialize in the {what}: no fake tensors left"

@@ -101,7 +101,17 @@ class ModuleTree(anywidget.AnyWidget):
         self.on_msg(self._on_front_end_msg)
 
     def update(self, modules: pd.DataFrame) -> None:
-        """Redraw states, sizes and devices from a fresh modules table (same module paths)."""
+        """Redraw states, sizes and devices from a fresh modules table. When the paths changed
+        (surgery in a `deferred(model)` block), the selection follows the new tree: modules gone
+        are unchecked, unfolded and no longer active."""
+        paths = modules["name"].tolist()
+        if paths != self.selection.paths:
+            self.selection = ModuleSelection(paths)
+            present = set(paths)
+            self.checked = self.selection.ordered([path for path in self.checked if path in present])
+            self.expanded = [path for path in self.expanded if path in present]
+            if self.active not in present:
+                self.active = ""
         self.nodes = tree_nodes(modules, self.root_class)
 
     def set_checked(self, path: str, value: bool) -> None:

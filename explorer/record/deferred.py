@@ -180,6 +180,7 @@ def _recording_into() -> Iterator[_Session]:
         with (
             recording(RecordingScope(graph, reader)),
             meta_failures_unlogged(),  # note [Meta failures, unlogged]
+            torch.compiler.set_stance("force_eager"),  # note [Compiled code in a constructor]
             _collector_paused(),
             fake_mode,
             RecordingDispatchMode(builder, reader, fake_mode),
@@ -214,6 +215,14 @@ def _recording_into() -> Iterator[_Session]:
             pass
         raise
 
+
+# Note: [Compiled code in a constructor]
+# A constructor may call a `torch.compile`d submodule (a warm-up pass, a buffer computed by it).
+# Dynamo would trace the recorder's fakes and fail in its own internals; the recording needs the
+# ops, which the module's Python forward issues. So compiled code runs eagerly while a constructor
+# is recorded (`torch.compiler.set_stance("force_eager")`, undone on exit), as it does under a
+# deferred model's forward (note [A deferred model under torch.compile]); the compiled module
+# compiles for real once its model is materialized.
 
 # What PyTorch says when C++ code reads the memory of a tensor that has none (a fake's).
 _C_READ_OF_FAKE = "but its data is not allocated yet"

@@ -248,6 +248,14 @@ def _reseeded(state: torch.Tensor | None) -> None:
         _ledger.cache_known = cache_known or not _ledger.owed
 
 
+def owes_nothing(state: torch.Tensor) -> None:
+    """`state` is eager's own (computed, not read off the real generator): set back as bytes, it owes
+    no draws, whatever a state of the same bytes owed when an earlier recording saved it."""
+    with _lock, outside_recording():
+        if _ledger.saved:
+            _ledger.saved.pop(_digest(state), None)
+
+
 def _saved(state: torch.Tensor) -> None:
     with _lock, outside_recording():
         saved = _ledger.saved

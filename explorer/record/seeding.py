@@ -109,8 +109,14 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
     left eager's generator (note [Reseeding while recording])."""
     originals = torch.random.manual_seed, torch.random.seed, torch.random.get_rng_state, torch.random.set_rng_state
     original_manual_seed, original_seed, original_get_state, original_set_state = originals
-    # states handed out by get_rng_state, with the draws and the calls here made by then
-    read_at: dict[int, tuple[torch.Tensor, int, int]] = {}
+    # Note: [States handed out while recording]
+    # `torch.get_rng_state()` while recording hands out eager's state (the real generator drew
+    # nothing), and remembers the real state it was read at. That state given back
+    # (`torch.random.fork_rng` on exit) sets the real generator to the real state, which the ledger
+    # saved with the draws it owed then (rng_ledger.py): recording moves the real generator nowhere
+    # (eager's state is the ledger's to compute), and eager's state, set as bytes, owes nothing.
+    # states handed out by get_rng_state, with the draws and the calls here made by then, and the real state
+    read_at: dict[int, tuple[torch.Tensor, int, int, torch.Tensor]] = {}
     # the real CPU state after the last of these calls (recording draws nothing), and how many
     left: list[torch.Tensor | None] = [graph.rng_start["cpu"]]
     calls = [0]
@@ -137,18 +143,20 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
 
     def get_rng_state() -> torch.Tensor:
         _refuse_a_generator_moved_directly(left[0])
-        state = original_get_state()  # the ledger hears it: a state read while draws were owed
+        real = state = original_get_state()  # the ledger hears it: a state read while draws were owed
         if graph.random_streams.get("cpu") or graph.rng_restarts.get("cpu"):
             state = _eager_state_now(graph, f"torch.get_rng_state at {user_location(2) or '<unknown source>'}")
-        read_at[id(state)] = (state, _drawn(graph), calls[0])
+            rng_ledger.owes_nothing(state)
+        read_at[id(state)] = (state, _drawn(graph), calls[0], real)
         return state
 
     def set_rng_state(new_state: torch.Tensor) -> None:
         _refuse_a_generator_moved_directly(left[0])
         read = read_at.get(id(new_state))
-        if read is not None and read[0] is new_state and read[1:] == (_drawn(graph), calls[0]):
+        if read is not None and read[0] is new_state and read[1:3] == (_drawn(graph), calls[0]):
             return  # a no-op in eager: nothing was drawn or set since it was read
-        original_set_state(_true_value(new_state))
+        # note [States handed out while recording]
+        original_set_state(read[3] if read is not None and read[0] is new_state else _true_value(new_state))
         moved("torch.set_rng_state", reseeds_cuda=False)
 
     replaced = manual_seed, seed, get_rng_state, set_rng_state
@@ -176,7 +184,9 @@ def eager_state_reads(graph: InitGraph) -> Iterator[None]:
         original()  # the ledger hears the read
         where = f"torch.get_rng_state at {user_location(2) or '<unknown source>'}"
         with outside_recording():
-            return rng_ledger.eager_state_now(graph, where)
+            state = rng_ledger.eager_state_now(graph, where)
+        rng_ledger.owes_nothing(state)  # eager's own: set back as bytes, it owes nothing
+        return state
 
     torch.get_rng_state = torch.random.get_rng_state = get_rng_state
     try:

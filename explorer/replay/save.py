@@ -111,6 +111,7 @@ def save_checkpoint(
             target.mkdir(parents=True, exist_ok=True)
             return write_dcp(state, target, dtype, materialize, report, rng, device)
         _refuse_sharded(state)
+        _refuse_non_tensors(state)
         target.mkdir(parents=True, exist_ok=True)
         written = write_safetensors(stored_once(state), target, limit, dtype, materialize, report)
     finally:
@@ -147,6 +148,17 @@ def _first_floating_dtype(module: nn.Module) -> torch.dtype | None:
         if tensor.is_floating_point():
             return tensor.dtype
     return None
+
+
+def _refuse_non_tensors(state: dict) -> None:
+    """A state-dict entry that is no tensor (a module's `get_extra_state()`) has no place in a
+    safetensors file: refused, naming it, before any file is written."""
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(
+                f"{name!r} is a {type(value).__name__}, not a tensor (a module's extra state), which safetensors "
+                'cannot store: save with format="dcp", which keeps it'
+            )
 
 
 def _refuse_sharded(state: dict[str, torch.Tensor]) -> None:

@@ -10,7 +10,8 @@ and tensors tied to an earlier name are stored once, under that name.
 
 Note: [safetensors layout] header = u64 little-endian length N, then N bytes of JSON padded with
 spaces to a multiple of 8; `data_offsets` are relative to the end of the header and tile the data
-without gaps (the reader checks this). Mirrors safetensors' `serialize`; re-check on upgrades
+without gaps (the reader checks this); wider elements first, so each tensor is aligned to its
+element size (`aligned_order`). Mirrors safetensors' `serialize`; re-check on upgrades
 (tests load every file written here with `safetensors.torch.load_file`).
 """
 
@@ -90,6 +91,13 @@ def stored_once(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return kept
 
 
+def aligned_order(tensors: dict[str, torch.Tensor], keys: list[str], dtype: torch.dtype | None) -> list[str]:
+    """A shard's keys as its data is laid out: wider elements first, state-dict order among equals
+    (stable), so every tensor starts at a multiple of its element size, as safetensors' `serialize`
+    lays them out for readers that map the file without copying."""
+    return sorted(keys, key=lambda key: -saved_dtype(tensors[key], dtype).itemsize)
+
+
 def shard_keys(tensors: dict[str, torch.Tensor], limit: int, dtype: torch.dtype | None) -> list[list[str]]:
     """Keys grouped in state-dict order into shards of at most `limit` bytes (a bigger tensor alone)."""
     shards: list[list[str]] = []
@@ -130,7 +138,7 @@ def write_safetensors(
     with written_together() as write_file:  # a failed save leaves the earlier checkpoint whole
         for name, keys in zip(names, shards):
             path = target / name
-            shard = {key: tensors[key] for key in keys}
+            shard = {key: tensors[key] for key in aligned_order(tensors, keys, dtype)}
             header = _header(shard, dtype)
             size = len(header) + sum(saved_nbytes(tensor, dtype) for tensor in shard.values())
             write_file(

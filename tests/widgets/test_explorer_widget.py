@@ -63,3 +63,26 @@ def test_front_end_modules_are_shipped_beside_the_widgets():
     for cls, name in ((GraphView, "graph.js"), (ModuleTree, "tree.js"), (DataTable, "table.js")):
         source = str(cls._esm)
         assert "export default" in source and "render" in source, name
+
+
+class _Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(3, 3) for _ in range(3)])
+
+
+def test_a_refresh_after_surgery_follows_the_new_module_tree():
+    torch.manual_seed(0)
+    ui = widgets.explore(_Blocks)
+    model = ui.module
+    ui.select("blocks.2")
+    ui.show_tensor("blocks.2.weight")
+    with explorer.deferred(model):  # documented surgery: a head added, the last block dropped
+        model.extra = nn.Linear(3, 4)
+        del model.blocks[2]
+    ui.refresh()
+    assert [node["path"] for node in ui.tree.nodes] == ["", "blocks", "blocks.0", "blocks.1", "extra"]
+    assert ui.selection == [] and ui.tensor is None  # the removed block is no longer checked or open
+    ui.tree.select("extra")  # the new module can be chosen, and materialized
+    ui.materialize_selected(wait=True)
+    assert not explorer.is_deferred(model.extra) and explorer.is_deferred(model.blocks[0])

@@ -82,6 +82,16 @@ def test_a_fake_tensor_asks_to_be_materialized():
                                    "its values</div>")
 
 
+def test_a_tensor_materialized_on_meta_says_it_has_no_values_to_draw():
+    module = deferred_init(Audited)
+    tab = InitTab(module)
+    materialize_module(module.proj, device="meta")
+    tab.refresh()
+    tab.table.selected = "proj.weight"
+    assert tab.histogram.value == ("<div class='de-init-no-values'>proj.weight was materialized on meta (shapes "
+                                   "only): materialize it on a device to see its values</div>")
+
+
 def test_a_materialized_tensor_shows_its_histogram_with_the_expected_density():
     torch.manual_seed(0)
     module = deferred_init(Audited)

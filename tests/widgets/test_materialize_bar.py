@@ -206,6 +206,22 @@ def test_release_selected_puts_the_fakes_back_and_the_held_line_follows(net_pair
         assert torch.equal(bits(snapshot(deferred)[name]), bits(tensor)), name
 
 
+def test_tensors_materialized_on_meta_hold_no_memory_and_measure_no_throughput(ui, monkeypatch):
+    from widgets import materialize_bar
+    from widgets.materialize_bar import MaterializeBar
+
+    monkeypatch.setattr(MaterializeBar, "throughput", None)
+    monkeypatch.setattr(materialize_bar, "THROUGHPUT_MIN_BYTES", 1)  # the toy model is small
+    ui.bar.device.value = "meta"
+    ui.materialize_all(wait=True)  # shapes only
+    assert ui.bar.held.value == "materialized tensors hold no memory"
+    assert MaterializeBar.throughput is None  # nothing was filled: no speed to estimate from
+    ui.bar.device.value = "cpu"
+    ui.materialize_all(wait=True)
+    assert ui.bar.held.value.startswith("materialized tensors hold 1.0 KiB in 18 storages")
+    assert MaterializeBar.throughput is not None
+
+
 def test_release_of_a_changed_tensor_is_refused_with_the_engine_message(ui):
     ui.materialize_all(wait=True)
     weight = ui.module.blocks[0].attn.weight

@@ -222,6 +222,35 @@ def test_a_saved_transformers_model_loads_into_a_deferred_one(tmp_path, restore_
 
 
 
+def test_a_compiled_submodule_called_by_a_constructor_is_recorded_as_its_forward(tmp_path) -> None:
+    # note [Compiled code in a constructor]: before, dynamo traced the recorder's fakes and failed in
+    # its own internals (aten::equal on meta tensors). In a process of its own, as the test below.
+    script = tmp_path / "compiled_in_init.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        from explorer import deferred_init, materialize_module
+
+        class WarmedUp(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = torch.compile(nn.Linear(4, 4), backend="eager")
+                with torch.no_grad():
+                    self.register_buffer("warm", self.proj(torch.ones(1, 4)))  # a warm-up pass
+
+        torch.manual_seed(0)
+        eager = WarmedUp()
+        torch.manual_seed(0)
+        model = materialize_module(deferred_init(WarmedUp))
+        after = model.proj(torch.ones(1, 4))  # compiles for real now
+        print([torch.equal(model.warm, eager.warm), torch.equal(model.proj.weight, eager.proj.weight),
+               torch.equal(after, eager.proj(torch.ones(1, 4)))])
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "[True, True, True]"
+
+
 def test_torch_compile_of_a_deferred_model_records_the_forward_as_calling_it_does(tmp_path) -> None:
     # note [A deferred model under torch.compile]: before, dynamo compiled the recorder's own frames
     # and AOT autograd failed with "Invalid mt19937 state". In a process of its own: dynamo, once

@@ -114,6 +114,38 @@ def test_each_tensor_of_a_reseeding_model_made_alone_latest_first_equals_eager(b
             assert torch.equal(materialize_tensor(fake[1:]), eager[name][1:]), name
 
 
+class SeedsInTwoForks(nn.Module):
+    """Seeds inside `fork_rng` twice, with draws before, between and after (PEFT's PSOFT, per layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Parameter(torch.rand(4))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+        self.second = nn.Parameter(torch.rand(4))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+        self.third = nn.Parameter(torch.rand(4))
+
+
+@pytest.mark.parametrize("materialize_first", [True, False], ids=["materialized-first", "recorded-twice"])
+def test_a_model_seeding_in_forks_recorded_again_equals_eager_and_leaves_the_generator(materialize_first, restore_rng):
+    torch.manual_seed(0)
+    eager = SeedsInTwoForks()
+    torch.manual_seed(0)
+    first = deferred_init(SeedsInTwoForks)
+    if materialize_first:
+        materialize_module(first)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    second = deferred_init(SeedsInTwoForks)  # a notebook cell run again
+    assert torch.equal(torch.get_rng_state(), before)  # deferred_init draws nothing, forks or not
+    materialize_module(second)
+    materialize_module(first)
+    assert_module_equals_eager("SeedsInTwoForks (first)", first, eager)
+    assert_module_equals_eager("SeedsInTwoForks (second)", second, eager)
+
+
 def test_the_submodules_of_a_reseeding_model_materialized_one_by_one_in_reverse_equal_eager(restore_rng) -> None:
     torch.manual_seed(0)
     eager = SeedsEachLayer()

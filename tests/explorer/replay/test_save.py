@@ -325,7 +325,43 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path):
         save_checkpoint(deferred_init(nn.Linear, 4, 4), tmp_path, progress="yes")
     with pytest.raises(explorer.MaterializationError, match=r"unknown device 'gpu'"):
         save_checkpoint(deferred_init(nn.Linear, 4, 4), tmp_path, device="gpu")
+    with pytest.raises(ValueError, match=r"^'_extra_state' is a dict, not a tensor \(a module's extra state\), which "
+                                         r'safetensors cannot store: save with format="dcp", which keeps it$'):
+        save_checkpoint(deferred_init(_WithExtraState), tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+class _MixedDtypes(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.halves = nn.Parameter(torch.ones(3, dtype=torch.float16))
+        self.register_buffer("single", torch.ones(5))
+        self.register_buffer("flags", torch.ones(3, dtype=torch.bool))
+        self.register_buffer("counts", torch.ones(2, dtype=torch.int64))
+
+
+def test_each_tensor_of_a_shard_starts_at_a_multiple_of_its_element_size(tmp_path):
+    # as safetensors' own writer lays them out, for readers that map the file without copying
+    save_checkpoint(deferred_init(_MixedDtypes), tmp_path)
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + length])
+    header.pop("__metadata__")
+    sizes = {"F16": 2, "F32": 4, "BOOL": 1, "I64": 8}
+    assert {key: (8 + length + entry["data_offsets"][0]) % sizes[entry["dtype"]] for key, entry in header.items()} == {
+        "halves": 0, "single": 0, "flags": 0, "counts": 0}
+    assert_bitwise(saved(tmp_path), _MixedDtypes().state_dict())
+
+
+class _WithExtraState(nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(2, 2)
+
+    def get_extra_state(self) -> dict:
+        return {"step": 3}
+
+    def set_extra_state(self, state: dict) -> None:
+        pass
 
 
 @pytest.mark.parametrize("first_shard_size,second_shard_size", [("2KB", "5GB"), ("5GB", "2KB")])
