@@ -50,10 +50,13 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
     current = module.state_dict(keep_vars=True)
     expected = set(current)
     stored = {key for key, entry in headers.entries.items() if entry.shape is not None}
+    # Non-tensor values of a torch.save dict: a module's `get_extra_state()`, or keys of no module
+    # (a step count), unexpected as load_state_dict finds them. DCP flattens values into its own keys.
+    values = set() if headers.format == "dcp" else set(headers.entries) - stored
     # A name tied to a stored one is filled through the tie (save_pretrained stores ties once).
     stored_objects = {id(current[key]) for key in stored & expected}
-    missing = sorted(key for key in expected - stored if id(current[key]) not in stored_objects)
-    unexpected = sorted(stored - expected)
+    missing = sorted(key for key in expected - stored - values if id(current[key]) not in stored_objects)
+    unexpected = sorted((stored | values) - expected)
     if strict and (missing or unexpected):
         parts = []
         if missing:
@@ -76,7 +79,21 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
     if deferred_keys:
         with deferred(module):
             module.load_state_dict({key: read(key) for key in deferred_keys}, strict=False)
+    if wanted_values := sorted(expected & values):  # extra states: Python values, set as they are
+        module.load_state_dict(_stored_values(headers, Path(local), wanted_values), strict=False)
     return module
+
+
+def _stored_values(headers: CheckpointHeaders, path: Path, keys: list[str]) -> dict[str, object]:
+    """The non-tensor values stored under `keys` in `torch.save` files (read with `weights_only`;
+    tensors in them stay on the meta device, unread)."""
+    root = path if path.is_dir() else path.parent
+    found: dict[str, object] = {}
+    for key in keys:
+        inner = state_dict_in(meta_load(str((root / headers.entries[key].file).resolve())))
+        assert inner is not None  # the headers were read from this same mapping
+        found[key] = inner[key]
+    return found
 
 
 def _refuse_other_shapes(

@@ -235,17 +235,21 @@ def deferred_slots(
 
 def redefer_given_data(module: nn.Module) -> None:
     """Real tensors of `module` given a deferred tensor's data outside a `deferred(model)` block
-    (`real.data = fake`; `vector_to_parameters` after a partial materialization) hold the fake's
+    (`real.data = fake`; `vector_to_parameters` after a partial materialization; a tensor made real
+    after `deferred_init`, as PEFT's PiSSA init does with its adapters) hold the fake's
     meta storage, neither real nor deferred: each is deferred again by its recording (note [A
     materialized tensor given deferred data] in record/redeferred.py), as the block does at its end."""
     graphs: dict[int, InitGraph] = {}
+    swapped = False
     for tensor in (*module.parameters(), *module.buffers()):
         # a fake first: a fake's `is_meta` is a query its recording answers (note [Recording after
         # deferred_init] in record/extension.py), costly per tensor
-        if not is_fake(tensor) and tensor.is_meta and (form := deferred_form_of(tensor)) is not None:
-            graph = cast(DeferredHandle, handle_of(form.fake)).graph
-            graphs[id(graph)] = graph
-    if not graphs:
+        if not is_fake(tensor) and tensor.is_meta:
+            swapped = True  # materialized before, or never deferred (made real after deferred_init)
+            if (form := deferred_form_of(tensor)) is not None:
+                graph = cast(DeferredHandle, handle_of(form.fake)).graph
+                graphs[id(graph)] = graph
+    if not swapped:
         return
     for tensor in (*module.parameters(), *module.buffers()):
         if (handle := handle_of(tensor)) is not None:

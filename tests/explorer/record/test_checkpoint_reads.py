@@ -298,6 +298,37 @@ def test_load_checkpoint_from_a_torch_save_file_is_recorded_and_equals_load_stat
     assert_same(model, reference)
 
 
+class _Counted(nn.Linear):
+    """A module with extra state (`get_extra_state`), as quantization and schedulers keep theirs."""
+
+    def __init__(self) -> None:
+        super().__init__(3, 3)
+        self.steps = 0
+
+    def get_extra_state(self) -> dict:
+        return {"steps": self.steps}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.steps = state["steps"]
+
+
+def test_load_checkpoint_restores_extra_state_and_refuses_a_stray_value_as_load_state_dict_does(tmp_path):
+    torch.manual_seed(0)
+    saved = _Counted()
+    saved.steps = 7
+    torch.save(saved.state_dict(), tmp_path / "counted.pt")
+    model = load_checkpoint(deferred_init(_Counted), tmp_path / "counted.pt")  # strict: every key is there
+    assert model.steps == 7
+    materialize_module(model)
+    assert torch.equal(model.weight, saved.weight)
+    stray = {**nn.Linear(3, 3).state_dict(), "step": 5}
+    torch.save(stray, tmp_path / "stray.pt")
+    with pytest.raises(RuntimeError, match='Unexpected key\\(s\\) in state_dict: "step"'):
+        nn.Linear(3, 3).load_state_dict(torch.load(tmp_path / "stray.pt"))  # eager
+    with pytest.raises(CheckpointError, match=r"does not fit Linear: unexpected 1 key\(s\): step \(strict=False"):
+        load_checkpoint(deferred_init(nn.Linear, 3, 3), tmp_path / "stray.pt")
+
+
 def test_load_checkpoint_from_a_dcp_directory_is_recorded_and_equals_load_state_dict(tmp_path):
     import torch.distributed.checkpoint as dcp
 

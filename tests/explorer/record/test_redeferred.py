@@ -140,3 +140,19 @@ def test_a_materialized_parameter_given_deferred_data_outside_a_block_materializ
         assert model.state_dict()[name].device.type == "cpu", name
         assert torch.equal(model.state_dict()[name], tensor), name
     assert model(torch.ones(1, 4)).shape == (1, 2)
+
+
+def test_a_tensor_made_real_after_deferred_init_and_given_deferred_data_materializes_to_eagers_values():
+    # PEFT's PiSSA init outside a block: adapters made real, then given data computed from the base
+    torch.manual_seed(0)
+    eager = nn.Linear(4, 4)
+    eager.extra = nn.Linear(4, 4)
+    eager.extra.weight.data = eager.weight.data * 2
+    torch.manual_seed(0)
+    model = deferred_init(nn.Linear, 4, 4)
+    torch.manual_seed(0)
+    model.extra = nn.Linear(4, 4)  # real: made outside any block
+    model.extra.weight.data = model.weight.data * 2  # now on the fake's meta storage
+    materialize_module(model)
+    assert model.extra.weight.device.type == "cpu" and not is_deferred(model)
+    assert torch.equal(model.extra.weight, model.weight * 2) and torch.equal(model.weight, eager.weight)
