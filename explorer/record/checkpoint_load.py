@@ -72,13 +72,15 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
     wanted = sorted(expected & stored)
     _refuse_other_shapes(path, module, headers, {key: current[key] for key in wanted})
     read = _reader(headers, Path(local))
-    real_keys = [key for key in wanted if not is_fake(current[key])]
-    deferred_keys = [key for key in wanted if is_fake(current[key])]
-    if real_keys:  # already materialized (or never deferred): loaded for real now
-        module.load_state_dict({key: read(key) for key in real_keys}, strict=False)
-    if deferred_keys:
+    # Tensors already materialized (or never deferred) get the bytes now; deferred ones a recorded
+    # read. One load_state_dict over both, in the module's order as eager's: a deferred buffer that
+    # views a materialized weight is written after that weight, as eager writes it.
+    tensors: dict[str, torch.Tensor] = {key: read(key) for key in wanted if not is_fake(current[key])}
+    if len(tensors) < len(wanted):
         with deferred(module):
-            module.load_state_dict({key: read(key) for key in deferred_keys}, strict=False)
+            tensors |= {key: read(key) for key in wanted if is_fake(current[key])}
+    if tensors:
+        module.load_state_dict({key: tensors[key] for key in wanted}, strict=False)
     if wanted_values := sorted(expected & values):  # extra states: Python values, set as they are
         module.load_state_dict(_stored_values(headers, Path(local), wanted_values), strict=False)
     return module

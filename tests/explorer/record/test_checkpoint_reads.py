@@ -278,6 +278,28 @@ def test_load_checkpoint_into_a_partly_materialized_module_reads_the_real_part_n
     assert_same(model, source)
 
 
+class _ViewsItsWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(5, 3)
+        self.register_buffer("row", self.lin.weight.detach()[1])  # a buffer viewing the weight
+
+
+def test_load_checkpoint_after_materializing_a_weight_a_deferred_buffer_views_equals_eager(tmp_path):
+    torch.manual_seed(3)
+    state = {key: torch.randn_like(value).contiguous() for key, value in _ViewsItsWeight().state_dict().items()}
+    save_file(state, str(tmp_path / "v.safetensors"))
+    torch.manual_seed(0)
+    eager = _ViewsItsWeight()
+    eager.load_state_dict(state)  # the row, written last, wins in the weight too
+    torch.manual_seed(0)
+    model = deferred_init(_ViewsItsWeight)
+    materialize_module(model.lin)
+    load_checkpoint(model, tmp_path / "v.safetensors")
+    materialize_module(model)
+    assert_same(model, eager)
+
+
 def source_and_copy(tmp_path):  # noqa: ANN001, ANN201
     torch.manual_seed(5)
     source = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).to(torch.bfloat16)
