@@ -133,6 +133,11 @@ def _source(graph: InitGraph, ops: list[OpNode], base: TensorInfo) -> Positional
         return _constant(first_write, _CONSTANT_FILLS[first_write.func](first_write))
     if creator.func in _CONSTANT_FACTORIES:
         return _constant(creator, _CONSTANT_FACTORIES[creator.func](creator))
+    if creator.random and first_write is None:
+        return (
+            f"it is made by a random factory ({creator.label}), whose draws are not placed by row here: "
+            "torch.empty(...) then an in-place fill (.normal_(), .uniform_()) draws the same numbers and is"
+        )
     return f"the value is not one random fill or constant of the whole storage (ops: {_labels(ops)})"
 
 

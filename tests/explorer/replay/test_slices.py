@@ -281,3 +281,20 @@ def test_a_view_the_module_holds_is_made_with_its_base_and_shares_its_memory(res
     row, table = materialize_tensor(deferred.row), materialize_tensor(deferred.table)
     assert row.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
     assert _bits(row).equal(_bits(eager.row)) and _bits(table).equal(_bits(eager.table))
+
+
+def test_a_random_factory_is_made_whole_and_the_reason_says_which_fill_would_be_drawn_by_rows():
+    class Factories(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.by_factory = nn.Parameter(torch.randn(64, 8))
+            self.by_fill = nn.Parameter(torch.empty(64, 8).normal_())  # the same draws, placed by row
+
+    model = deferred_init(Factories)
+    assert slice_plan(model.by_fill[3]).sliced
+    assert slice_plan(model.by_factory[3]) == SlicePlan(
+        False, 64 * 8 * 4, None,
+        "its base is not made by position: it is made by a random factory (aten.randn.default), whose draws are "
+        "not placed by row here: torch.empty(...) then an in-place fill (.normal_(), .uniform_()) draws the same "
+        "numbers and is",
+    )
