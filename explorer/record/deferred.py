@@ -114,7 +114,9 @@ def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
 
     Parameters and buffers of the returned module are fake tensors (metadata, no storage) that
     `materialize_module` / `materialize_tensor` turn into the values eager construction would have
-    produced from the RNG state at this call. The global RNG state is not advanced.
+    produced from the RNG state at this call. The global RNG state is not advanced, except by a
+    constructor that sets a state it read (`torch.random.fork_rng`): the generator is then left at
+    eager's state of that point (note [States handed out while recording] in record/seeding.py).
 
     Raises TypeError for a non-callable `module_fn` or a non-Module result, DeferredInitError when
     an op cannot run without storage (naming op, module chain and source line) or when called inside

