@@ -71,6 +71,8 @@ def load_checkpoint(module: nn.Module, path: str | os.PathLike, *, strict: bool 
         )
     wanted = sorted(expected & stored)
     _refuse_other_shapes(path, module, headers, {key: current[key] for key in wanted})
+    for key in wanted:
+        _layout(headers, key)  # a dtype this torch cannot load is refused before anything is read or recorded
     read = _reader(headers, Path(local))
     # Tensors already materialized (or never deferred) get the bytes now; deferred ones a recorded
     # read. One load_state_dict over both, in the module's order as eager's: a deferred buffer that

@@ -278,6 +278,27 @@ def test_load_checkpoint_into_a_partly_materialized_module_reads_the_real_part_n
     assert_same(model, source)
 
 
+def test_load_checkpoint_refuses_a_dtype_this_torch_cannot_load_before_recording_anything(tmp_path):
+    # an MXFP4 checkpoint's "F4" entry, after keys torch can load
+    header = {"a.weight": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]},
+              "a.bias": {"dtype": "F32", "shape": [4], "data_offsets": [64, 80]},
+              "b.weight": {"dtype": "F4", "shape": [4, 4], "data_offsets": [80, 88]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    (tmp_path / "f4.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + bytes(88))
+
+    def build() -> nn.Module:
+        module = nn.Module()
+        module.a, module.b = nn.Linear(4, 4), nn.Linear(4, 4, bias=False)
+        return module
+
+    model = deferred_init(build)
+    ops_before = len(explorer.inspect(model).ops)
+    with pytest.raises(CheckpointError, match=r"'b.weight' is stored as F4, which this torch cannot load"):
+        load_checkpoint(model, tmp_path / "f4.safetensors")
+    assert len(explorer.inspect(model).ops) == ops_before  # nothing recorded
+
+
 class _ViewsItsWeight(nn.Module):
     def __init__(self) -> None:
         super().__init__()
