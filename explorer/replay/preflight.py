@@ -37,7 +37,7 @@ def needing(graph: InitGraph, tids: Sequence[TensorId], ops: set[OpIndex]) -> li
     return needing or list(tids)
 
 
-def _refuse_changed_files(
+def refuse_changed_files(
     graph: InitGraph, ops: Sequence[OpIndex], tids: Sequence[TensorId], names: dict[TensorId, str]
 ) -> None:
     """note [A checkpoint changed since recording] in record/file_stamps.py"""
@@ -88,7 +88,7 @@ def check_replayable(
                 f"materialized there, but {describe_absence(target)}; pass device= (e.g. device='cpu' "
                 f"or device={{'{recorded.type}': 'cpu'}})"
             )
-    _refuse_changed_files(graph, ops, tids, names)
+    refuse_changed_files(graph, ops, tids, names)
     for index in ops:
         op = graph.ops[index]
         for external in op.externals:

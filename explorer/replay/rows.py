@@ -38,7 +38,7 @@ from .philox import DeviceProperties, device_properties, kernel_of
 from .philox_rows import Draw, cuda_draw, draw_elements, row_launches
 from .pointwise import apply_tail
 from .positional import PositionalValue, positional_value
-from .preflight import check_materializable
+from .preflight import check_materializable, refuse_changed_files
 from .replay import Replay, ReplayState
 from .rng import RngMode, RngSession
 from .routing import DeviceMap, DeviceRouting, route_devices
@@ -65,7 +65,7 @@ def draw_rows(
     graph, tid = handle.graph, handle.tensor_id
     routing = route_devices(device, rng)
     target = routing.target(graph.tensors[tid].device)
-    read = checkpoint_rows(graph, tid, start, stop)
+    read = checkpoint_rows(graph, tid, start, stop, name)
     if read is not None:
         return read.to(target)
     info = graph.tensors[tid]
@@ -274,15 +274,19 @@ def _same_whole(graph: InitGraph, first: TensorId, second: TensorId) -> bool:
     return same and _whole(graph, first)
 
 
-def checkpoint_rows(graph: InitGraph, tid: TensorId, start: int, stop: int) -> torch.Tensor | None:
+def checkpoint_rows(
+    graph: InitGraph, tid: TensorId, start: int, stop: int, name: str | None = None
+) -> torch.Tensor | None:
     """Rows [start, stop) of tensor `tid` when its value is one checkpoint read (`checkpoint_read`):
     read from the file alone (safetensors slices and memory-mapped torch.save files read only those
     bytes), then converted as the whole was. None otherwise; the caller then materializes the whole
-    tensor."""
+    tensor. A file changed since it was recorded is refused, naming `name`, as a whole replay
+    refuses it (note [A checkpoint changed since recording])."""
     found = checkpoint_read(graph, tid)
     if found is None:
         return None
     read = found.read
+    refuse_changed_files(graph, [read.index], [tid], {tid: name} if name else {})
     path, key, shape, dtype = read.args[:4]
     with outside_recording():
         remote = remote_file(path) if read.func is READ_SAFETENSORS else None

@@ -232,7 +232,7 @@ def materialize_slice(
         if known is not None:
             return known
         with outside_recording():
-            made = _made(graph, recipe, info, rng, routing)
+            made = _made(graph, recipe, info, rng, routing, name if name != "<tensor>" else _view_name(graph, tensor))
         if made is None:
             return None  # the device replay runs on cannot place the fill's draws: the ordinary path
         real = _with_recorded_strides(made.to(target), info)
@@ -279,14 +279,14 @@ def _view_name(graph: InitGraph, view: torch.Tensor) -> str:
 
 
 def _made(
-    graph: InitGraph, recipe: _Recipe, info: TensorInfo, rng: RngMode, routing: DeviceRouting
+    graph: InitGraph, recipe: _Recipe, info: TensorInfo, rng: RngMode, routing: DeviceRouting, name: str
 ) -> torch.Tensor | None:
     """The view's elements, or None when the device cannot make them alone after all (a pointwise
     op that fails its probe there)."""
     window = recipe.window
     if recipe.source == "checkpoint read":
         start, stop = cast(tuple[int, int], recipe.rows)
-        return cast(torch.Tensor, checkpoint_rows(graph, window.base.id, start, stop)).reshape(info.shape)
+        return cast(torch.Tensor, checkpoint_rows(graph, window.base.id, start, stop, name)).reshape(info.shape)
     value = cast(PositionalValue, recipe.value)  # set for the other sources by _recipe
     flat = made_by_position(graph, value, window.base, rng, routing, window.first, window.first + window.count)
     return None if flat is None else flat.view(info.shape)

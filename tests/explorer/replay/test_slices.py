@@ -298,3 +298,22 @@ def test_a_random_factory_is_made_whole_and_the_reason_says_which_fill_would_be_
         "not placed by row here: torch.empty(...) then an in-place fill (.normal_(), .uniform_()) draws the same "
         "numbers and is",
     )
+
+
+def test_rows_of_a_checkpoint_changed_since_it_was_recorded_are_refused_as_the_whole_tensor_is(tmp_path):
+    import os
+
+    from explorer import MaterializationError
+
+    path = tmp_path / "emb.safetensors"
+    save_file({"weight": torch.arange(160.0).reshape(20, 8)}, str(path))
+    model = deferred_init(nn.Embedding, 20, 8)
+    load_checkpoint(model, path)
+    save_file({"weight": torch.arange(160.0).reshape(20, 8) + 1000}, str(path))  # rewritten after the load
+    os.utime(path, (1, 1))
+    message = r"checkpoint .*emb\.safetensors changed since it was recorded .*: \"a \[2, 8\] view of parameter 'weight'\""
+    with pytest.raises(MaterializationError, match=message):
+        materialize_tensor(model.weight[3:5])
+    path.unlink()  # removed: refused the same way, naming the tensor
+    with pytest.raises(MaterializationError, match="changed since it was recorded"):
+        materialize_tensor(model.weight[6:8])
