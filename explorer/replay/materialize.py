@@ -350,6 +350,7 @@ def materialize_module(
         raise TypeError(f"explorer.materialize_module expects an nn.Module, got {type(module).__name__} {module!r:.80}")
     if check_fn is not None and not callable(check_fn):
         raise TypeError(f"check_fn must be a function of a submodule returning bool, got {type(check_fn).__name__}")
+    route_devices(None if isinstance(device, TensorPlacement) else device, rng)  # refused before anything changes
     redefer_given_data(module)
     slots = deferred_slots(module, buffers_only, check_fn, attributes=True)
     slots += made_on_meta_slots(module, buffers_only, check_fn, device)

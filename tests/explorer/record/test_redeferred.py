@@ -156,3 +156,15 @@ def test_a_tensor_made_real_after_deferred_init_and_given_deferred_data_material
     materialize_module(model)
     assert model.extra.weight.device.type == "cpu" and not is_deferred(model)
     assert torch.equal(model.extra.weight, model.weight * 2) and torch.equal(model.weight, eager.weight)
+
+
+def test_a_materialization_refused_for_its_arguments_leaves_a_tensor_given_deferred_data_as_it_was():
+    from explorer import MaterializationError, inspect
+
+    model = deferred_init(_two_linears)
+    materialize_module(model[0])
+    model[0].weight.data = model[1].weight.data  # deferred again only by a materialization that runs
+    held, ops = model[0].weight, len(inspect(model).ops)
+    with pytest.raises(MaterializationError, match="unknown device 'nodevice'"):
+        materialize_module(model, device="nodevice")
+    assert model[0].weight is held and len(inspect(model).ops) == ops
